@@ -1,0 +1,29 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,cli]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m toolrelay demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src plugins tests bench
+	$(BIN)/ruff format --check src plugins tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/dispatch.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

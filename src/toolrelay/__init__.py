@@ -1,0 +1,33 @@
+"""toolrelay: run an agent's tool calls through one resilient pipeline.
+
+Every call gets a deadline, a per-key circuit breaker, bounded retries and a concurrency
+limit, and always comes back as an answer the model can act on.
+"""
+
+from .breakers import BreakerConfig, Breakers
+from .contract import AuthContext, ErrorType, ToolDeclaration, ToolError, ToolPlugin
+from .dispatcher import Dispatcher
+from .policy import Profile
+from .registry import RegistrationError, ToolRegistry
+from .result import ToolCall, ToolResult
+from .slot import ModelSlot, SlotLease
+
+__all__ = [
+    "AuthContext",
+    "BreakerConfig",
+    "Breakers",
+    "Dispatcher",
+    "ErrorType",
+    "ModelSlot",
+    "Profile",
+    "RegistrationError",
+    "SlotLease",
+    "ToolCall",
+    "ToolDeclaration",
+    "ToolError",
+    "ToolPlugin",
+    "ToolRegistry",
+    "ToolResult",
+]
+
+__version__ = "0.1.0"

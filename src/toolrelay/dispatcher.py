@@ -1,0 +1,192 @@
+"""The dispatcher: composes the stages once and turns every tool call into a ToolResult."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import anyio
+
+from .breakers import BreakerConfig, Breakers
+from .contract import AuthContext, ErrorType
+from .formats import FORMATS
+from .outcome import Outcome, failure
+from .pipeline import Invocation, Observer, Stage, compose
+from .pipeline.approve import Approve, Approver
+from .pipeline.deadline import Deadline
+from .pipeline.decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, Decode
+from .pipeline.invoke import Invoke
+from .pipeline.resolve import Resolve
+from .pipeline.shape import DEFAULT_MAX_OUTPUT_BYTES, Shape
+from .pipeline.validate import Validate
+from .policy import EVERYTHING, NOTHING, Profile
+from .registry import ToolRegistry
+from .result import ToolCall, ToolResult
+from .slot import SlotLease
+from .workers import WorkerPools
+
+__all__ = ["Dispatcher"]
+
+log = logging.getLogger("toolrelay")
+
+ANONYMOUS = AuthContext()
+Unavailable = Literal["hide", "mark", "show"]
+
+
+class Dispatcher:
+    """Runs tool calls through the pipeline, in this order (outermost first)::
+
+        decode → resolve + policy → validate → approve → shape (on the way out)
+        → deadline → retry → breaker → bulkhead → faults → invoke
+
+    Stages before the deadline never touch the breaker: a caller's mistake is not a
+    service failure. Several dispatchers may share one registry.
+    """
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        *,
+        profiles: Mapping[str, Profile] | None = None,
+        approver: Approver | None = None,
+        breakers: Mapping[str, BreakerConfig] | None = None,
+        default_breaker: BreakerConfig | None = None,
+        max_argument_bytes: int = DEFAULT_MAX_BYTES,
+        max_argument_depth: int = DEFAULT_MAX_DEPTH,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        truncate_output: bool = False,
+        observers: Iterable[Observer] = (),
+    ) -> None:
+        self.registry = registry
+        self.profiles: dict[str, Profile] = dict(profiles or {})
+        self.breaker_configs: dict[str, BreakerConfig] = dict(breakers or {})
+        self.default_breaker = default_breaker or BreakerConfig()
+        self.observers: tuple[Observer, ...] = tuple(observers)
+        self.breakers = Breakers(self.breaker_config)
+        self.workers = WorkerPools(lambda key: self.breaker_config(key).max_concurrent)
+        stages: list[Stage] = [
+            Decode(max_argument_bytes, max_argument_depth),
+            Resolve(registry),
+            Validate(),
+            Approve(approver),
+            Shape(max_output_bytes, truncate_output),
+            Deadline(),
+        ]
+        self._chain = compose(stages, Invoke(self.workers))
+
+    def breaker_config(self, key: str) -> BreakerConfig:
+        return self.breaker_configs.get(key, self.default_breaker)
+
+    def profile(self, name: str | None) -> Profile:
+        """The profile a caller naming ``name`` gets: every tool for ``None``, none if unknown."""
+        if name is None:
+            return EVERYTHING
+        return self.profiles.get(name, NOTHING)
+
+    # -- dispatch -----------------------------------------------------------------------
+    async def dispatch(
+        self,
+        name: str,
+        raw_args: str | bytes | Mapping[str, Any] | None = "{}",
+        ctx: AuthContext | None = None,
+        *,
+        profile: str | None = None,
+        call_id: str | None = None,
+        slot: SlotLease | None = None,
+    ) -> ToolResult:
+        """Run one tool call; always returns a :class:`ToolResult` (cancellation propagates)."""
+        inv = Invocation(
+            name,
+            raw_args,
+            ANONYMOUS if ctx is None else ctx,
+            self.profile(profile),
+            call_id,
+            slot,
+            self.observers,
+        )
+        started = anyio.current_time()
+        try:
+            out = await self._chain(inv)
+        except Exception:
+            log.exception("toolrelay: internal error while dispatching %r", inv.name)
+            out = failure(ErrorType.INTERNAL_ERROR, "toolrelay could not run this call")
+        return self._result(inv, out, anyio.current_time() - started)
+
+    @staticmethod
+    def _result(inv: Invocation, out: Outcome, duration: float) -> ToolResult:
+        return ToolResult(
+            out.ok,
+            inv.name if isinstance(inv.name, str) else "",
+            inv.call_id,
+            out.data,
+            out.error_type,
+            out.message,
+            out.retryable,
+            out.retry_after_s,
+            duration,
+            inv.attempts,
+            inv.key,
+        )
+
+    async def dispatch_many(
+        self,
+        calls: Sequence[ToolCall],
+        ctx: AuthContext | None = None,
+        *,
+        profile: str | None = None,
+        slot: SlotLease | None = None,
+        on_result: Callable[[int, ToolResult], Any] | None = None,
+    ) -> list[ToolResult]:
+        """Run calls concurrently, each with its own deadline; results in input order.
+
+        ``on_result(index, result)`` is called as each call is answered, so a host can hand
+        a fast answer to the model without waiting for a slow one.
+        """
+        results: list[ToolResult | None] = [None] * len(calls)
+
+        async def run(index: int, call: ToolCall) -> None:
+            result = await self.dispatch(
+                call.name, call.arguments, ctx, profile=profile, call_id=call.call_id, slot=slot
+            )
+            results[index] = result
+            if on_result is not None:
+                on_result(index, result)
+
+        async with anyio.create_task_group() as tg:
+            for index, call in enumerate(calls):
+                tg.start_soon(run, index, call)
+        return [r for r in results if r is not None]
+
+    # -- specs --------------------------------------------------------------------------
+    def specs(
+        self,
+        profile: str | None = None,
+        format: str = "openai",
+        *,
+        unavailable: Unavailable = "hide",
+    ) -> list[dict[str, Any]]:
+        """The tools a caller with ``profile`` may call, in ``format``.
+
+        Tools whose breaker is open (and not yet due a trial) are hidden, marked as
+        unavailable in their description, or shown anyway, as ``unavailable`` says.
+        """
+        try:
+            render = FORMATS[format]
+        except KeyError:
+            raise ValueError(f"unknown format {format!r}; choose from {sorted(FORMATS)}") from None
+        chosen = self.profile(profile)
+        out = []
+        for tool in self.registry.tools():
+            decl = tool.decl
+            if not chosen.permits(decl):
+                continue
+            description = decl.description
+            if unavailable != "show":
+                wait = self.breakers.blocked_for(decl.key)
+                if wait is not None:
+                    if unavailable == "hide":
+                        continue
+                    description = f"[unavailable for about {wait:.0f} s] {description}"
+            out.append(render(decl, description))
+        return out

@@ -1,0 +1,62 @@
+"""Tool declarations in the shapes model APIs and MCP expect."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .contract import ToolDeclaration
+
+__all__ = ["FORMATS", "to_anthropic", "to_mcp", "to_openai", "to_openai_responses"]
+
+
+def to_openai(decl: ToolDeclaration, description: str) -> dict[str, Any]:
+    """OpenAI Chat Completions ``tools`` entry."""
+    return {
+        "type": "function",
+        "function": {
+            "name": decl.name,
+            "description": description,
+            "parameters": dict(decl.parameters),
+        },
+    }
+
+
+def to_openai_responses(decl: ToolDeclaration, description: str) -> dict[str, Any]:
+    """OpenAI Responses API ``tools`` entry."""
+    return {
+        "type": "function",
+        "name": decl.name,
+        "description": description,
+        "parameters": dict(decl.parameters),
+    }
+
+
+def to_anthropic(decl: ToolDeclaration, description: str) -> dict[str, Any]:
+    """Anthropic Messages API ``tools`` entry."""
+    return {"name": decl.name, "description": description, "input_schema": dict(decl.parameters)}
+
+
+def to_mcp(decl: ToolDeclaration, description: str) -> dict[str, Any]:
+    """MCP ``tools/list`` entry, with annotations derived from risk and idempotency."""
+    entry: dict[str, Any] = {
+        "name": decl.name,
+        "description": description,
+        "inputSchema": dict(decl.parameters),
+        "annotations": {
+            "readOnlyHint": decl.risk == "read",
+            "destructiveHint": decl.risk == "dangerous",
+            "idempotentHint": decl.is_idempotent,
+        },
+    }
+    if decl.output_schema is not None:
+        entry["outputSchema"] = dict(decl.output_schema)
+    return entry
+
+
+FORMATS: dict[str, Callable[[ToolDeclaration, str], dict[str, Any]]] = {
+    "openai": to_openai,
+    "openai-responses": to_openai_responses,
+    "anthropic": to_anthropic,
+    "mcp": to_mcp,
+}

@@ -1,0 +1,67 @@
+"""What a pipeline stage returns: an outcome, never an exception.
+
+``Outcome`` is internal; the host sees :class:`toolrelay.ToolResult`, the model sees
+``ToolResult.to_model()``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from .contract import ErrorType
+
+MAX_MESSAGE_CHARS = 240
+
+
+class Verdict(enum.Enum):
+    """How a breaker should count an outcome."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    IGNORE = "ignore"
+
+
+@dataclass(slots=True)
+class Outcome:
+    ok: bool
+    data: Any = None
+    error_type: ErrorType | None = None
+    message: str = ""
+    retryable: bool = False
+    retry_after_s: float | None = None
+    verdict: Verdict = Verdict.SUCCESS
+    final: bool = False
+    """Set when no further attempt may be made (e.g. this failure opened the breaker)."""
+
+
+def success(data: Any) -> Outcome:
+    return Outcome(True, data)
+
+
+def failure(
+    error_type: ErrorType,
+    message: str,
+    *,
+    retryable: bool = False,
+    retry_after_s: float | None = None,
+    verdict: Verdict = Verdict.IGNORE,
+) -> Outcome:
+    return Outcome(
+        False,
+        None,
+        error_type,
+        short(message),
+        retryable,
+        retry_after_s,
+        verdict,
+    )
+
+
+def short(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """One line, capped: what the model may read of a message."""
+    text = " ".join(str(message).split())
+    if len(text) > limit:
+        text = text[: limit - 1].rstrip() + "…"
+    return text

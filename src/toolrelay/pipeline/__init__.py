@@ -1,0 +1,91 @@
+"""The dispatch pipeline: one stage a module, composed once by the dispatcher.
+
+A stage is an object with ``async def __call__(self, call_next, inv) -> Outcome``. It may
+answer at once (returning an :class:`~toolrelay.outcome.Outcome`) or pass the invocation on
+by awaiting ``call_next(inv)``. Stages never raise for a failure of the call; only a
+cancellation (and bugs) propagate.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..contract import AuthContext
+from ..events import Event
+from ..outcome import Outcome
+
+if TYPE_CHECKING:
+    from ..policy import Profile
+    from ..registry import CompiledTool
+    from ..slot import SlotLease
+
+__all__ = ["Invocation", "Next", "Observer", "Stage", "compose"]
+
+
+class Observer(Protocol):
+    def __call__(self, inv: Invocation, event: Event) -> None: ...
+
+
+class Invocation:
+    """The state of one call as it moves through the stages."""
+
+    __slots__ = (
+        "args",
+        "attempts",
+        "call_id",
+        "ctx",
+        "deadline",
+        "key",
+        "name",
+        "observers",
+        "profile",
+        "raw_args",
+        "slot",
+        "slot_bound",
+        "tool",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        raw_args: Any,
+        ctx: AuthContext,
+        profile: Profile,
+        call_id: str | None,
+        slot: SlotLease | None,
+        observers: tuple[Observer, ...],
+    ) -> None:
+        self.name = name
+        self.raw_args = raw_args
+        self.ctx = ctx
+        self.profile = profile
+        self.call_id = call_id
+        self.slot = slot
+        self.observers = observers
+        self.args: dict[str, Any] = {}
+        self.tool: CompiledTool | None = None
+        self.key: str | None = None
+        self.deadline: float = float("inf")
+        self.slot_bound = False
+        self.attempts = 0
+
+    def emit(self, event: Event) -> None:
+        for observer in self.observers:
+            observer(self, event)
+
+
+Next = Callable[[Invocation], Awaitable[Outcome]]
+
+
+class Stage(Protocol):
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]: ...
+
+
+def compose(stages: Sequence[Stage], terminal: Next) -> Next:
+    """Build the chain once: ``stages[0]`` is outermost, ``terminal`` runs the tool."""
+    handler = terminal
+    for stage in reversed(stages):
+        handler = functools.partial(stage, handler)
+    return handler

@@ -1,0 +1,122 @@
+"""Stage 1: raw arguments (JSON text, bytes or a mapping) into a dict, within limits."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ..contract import ErrorType
+from ..outcome import Outcome, failure
+from . import Invocation, Next
+
+DEFAULT_MAX_BYTES = 256 * 1024
+DEFAULT_MAX_DEPTH = 64
+
+
+class _Rejected(ValueError):
+    pass
+
+
+def _no_constants(name: str) -> Any:
+    raise _Rejected(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Rejected(f"number {text[:20]} is out of range")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Rejected(f"key {key[:40]!r} appears twice")
+            seen.add(key)
+    return obj
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Iterative depth check: no recursion, no copies."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, Mapping):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend((child, depth + 1) for child in node)
+    return False
+
+
+def decode_arguments(raw: Any, max_bytes: int, max_depth: int) -> dict[str, Any] | str:
+    """The decoded arguments, or a one-line reason they were refused."""
+    if isinstance(raw, Mapping):
+        if _too_deep(raw, max_depth):
+            return f"arguments are nested deeper than {max_depth} levels"
+        if not all(isinstance(k, str) for k in raw):
+            return "argument names must be strings"
+        return raw if isinstance(raw, dict) else dict(raw)
+    if isinstance(raw, bytes | bytearray | memoryview):
+        if len(raw) > max_bytes:
+            return f"arguments are larger than {max_bytes} bytes"
+        try:
+            text = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            return "arguments are not valid UTF-8"
+    elif isinstance(raw, str):
+        text = raw
+        if len(text) > max_bytes or (
+            len(text) * 4 > max_bytes and len(text.encode("utf-8", "surrogatepass")) > max_bytes
+        ):
+            return f"arguments are larger than {max_bytes} bytes"
+    elif raw is None:
+        return {}
+    else:
+        return f"arguments must be a JSON object, not {type(raw).__name__}"
+    if not text or text.isspace():
+        return {}
+    try:
+        value = json.loads(
+            text,
+            parse_constant=_no_constants,
+            parse_float=_finite_float,
+            object_pairs_hook=_unique_keys,
+        )
+    except _Rejected as exc:
+        return f"arguments are not valid JSON: {exc}"
+    except json.JSONDecodeError as exc:
+        return f"arguments are not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except RecursionError:
+        return f"arguments are nested deeper than {max_depth} levels"
+    except ValueError as exc:  # e.g. integers longer than Python accepts
+        return f"arguments are not valid JSON: {str(exc)[:80]}"
+    if not isinstance(value, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+        return f"arguments must be a JSON object, not {kind.get(type(value), 'a number')}"
+    if text.count("{") + text.count("[") > max_depth and _too_deep(value, max_depth):
+        return f"arguments are nested deeper than {max_depth} levels"
+    return value
+
+
+class Decode:
+    """Refuse what is not a JSON object, too large or too deep → ``invalid_arguments``."""
+
+    __slots__ = ("max_bytes", "max_depth")
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_depth: int = DEFAULT_MAX_DEPTH):
+        self.max_bytes = max_bytes
+        self.max_depth = max_depth
+
+    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+        args = decode_arguments(inv.raw_args, self.max_bytes, self.max_depth)
+        if isinstance(args, str):
+            return failure(ErrorType.INVALID_ARGUMENTS, args)
+        inv.args = args
+        return await call_next(inv)

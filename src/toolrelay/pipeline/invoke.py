@@ -1,0 +1,109 @@
+"""Stage 10 (terminal): run the handler, and turn whatever happens into an outcome.
+
+Async handlers are awaited inside a cancel scope with the call's deadline; at the deadline
+they are cancelled (their ``finally`` runs). Sync handlers run on a worker thread of their
+breaker key; at the deadline the answer comes back at once and the thread is abandoned
+(counted, and still occupying its key's place until it ends).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+
+from ..contract import ErrorType, ToolError
+from ..events import WorkerAbandoned
+from ..outcome import Outcome, Verdict, failure, short
+from ..workers import WorkerPools
+from . import Invocation
+
+log = logging.getLogger("toolrelay")
+
+
+def timeout_outcome(inv: Invocation) -> Outcome:
+    assert inv.tool is not None
+    decl = inv.tool.decl
+    if inv.slot_bound:
+        assert inv.slot is not None
+        message = (
+            f"{decl.name} was stopped after {inv.slot.elapsed():.1f} s: "
+            "the model's time budget ran out"
+        )
+        return failure(ErrorType.TIMEOUT, message, retryable=True)
+    message = f"{decl.name} did not answer within its {decl.timeout_s:g} s deadline"
+    return failure(ErrorType.TIMEOUT, message, retryable=True, verdict=Verdict.FAILURE)
+
+
+def error_outcome(inv: Invocation, exc: Exception) -> Outcome:
+    assert inv.tool is not None
+    if isinstance(exc, ToolError):
+        return Outcome(
+            False,
+            None,
+            exc.error_type,
+            short(exc.message),
+            exc.retryable,
+            exc.retry_after_s,
+            Verdict.FAILURE if exc.counts_as_failure else Verdict.IGNORE,
+        )
+    log.warning(
+        "toolrelay: tool %s raised %s", inv.tool.decl.name, type(exc).__name__, exc_info=exc
+    )
+    return failure(
+        ErrorType.TOOL_ERROR,
+        f"{inv.tool.decl.name} failed unexpectedly ({type(exc).__name__})",
+        verdict=Verdict.FAILURE,
+    )
+
+
+class Invoke:
+    __slots__ = ("workers",)
+
+    def __init__(self, workers: WorkerPools) -> None:
+        self.workers = workers
+
+    async def __call__(self, inv: Invocation) -> Outcome:
+        tool = inv.tool
+        assert tool is not None
+        inv.attempts += 1
+        if not tool.is_async:
+            return await self._run_sync(inv)
+        with anyio.CancelScope(deadline=inv.deadline) as scope:
+            try:
+                data = await tool.fn(inv.args, inv.ctx)
+            except Exception as exc:
+                if scope.cancel_called:
+                    return timeout_outcome(inv)
+                return error_outcome(inv, exc)
+        if scope.cancel_called:
+            return timeout_outcome(inv)
+        return Outcome(True, data)
+
+    async def _run_sync(self, inv: Invocation) -> Outcome:
+        tool = inv.tool
+        assert tool is not None and inv.key is not None
+        pool = self.workers.get(inv.key)
+        job = pool.try_start()
+        if job is None:
+            return failure(
+                ErrorType.OVERLOADED,
+                f"{tool.decl.name} is busy: all {pool.max_threads} workers for "
+                f"{inv.key!r} are in use",
+                retryable=True,
+            )
+        finished = False
+        try:
+            with anyio.CancelScope(deadline=inv.deadline) as scope:
+                try:
+                    data = await pool.run(job, tool.fn, inv.args, inv.ctx)
+                    finished = True
+                except Exception as exc:
+                    finished = True
+                    return error_outcome(inv, exc)
+        finally:
+            if not finished and pool.abandon(job) and inv.observers:
+                inv.emit(WorkerAbandoned(inv.key))
+        if scope.cancel_called:
+            return timeout_outcome(inv)
+        return Outcome(True, data)

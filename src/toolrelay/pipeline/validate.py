@@ -1,0 +1,43 @@
+"""Stage 3: JSON Schema 2020-12 validation with the tool's compiled validator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..contract import ErrorType
+from ..outcome import Outcome, failure
+from . import Invocation, Next
+
+MAX_REPORTED = 3
+
+
+def schema_errors(validator: Any, instance: Any) -> str:
+    """Up to three failing paths, each with its (value-masked) reason."""
+    parts = []
+    for index, error in enumerate(validator.iter_errors(instance)):
+        if index == MAX_REPORTED:
+            parts.append("…")
+            break
+        path = "/" + "/".join(str(p) for p in error.instance_path)
+        parts.append(f"{path}: {error.message[:120]}")
+    return "; ".join(parts)
+
+
+class Validate:
+    """Arguments that fail the tool's schema → ``validation_error``; the handler never runs."""
+
+    __slots__ = ()
+
+    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+        assert inv.tool is not None
+        validator = inv.tool.validator
+        try:
+            valid = validator.is_valid(inv.args)
+        except (ValueError, TypeError, OverflowError):
+            return failure(ErrorType.INVALID_ARGUMENTS, "arguments hold values that are not JSON")
+        if not valid:
+            return failure(
+                ErrorType.VALIDATION_ERROR,
+                "arguments do not match the schema: " + schema_errors(validator, inv.args),
+            )
+        return await call_next(inv)

@@ -1,0 +1,308 @@
+"""The registry: plugins in, compiled tools out.
+
+Declarations are read through on every lookup, so a plugin that changes what ``describe()``
+returns is seen at once by ``specs()`` and ``dispatch()``. Compiling a declaration (checking
+it, building its JSON Schema validators) happens once per declaration content.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import jsonschema_rs
+
+from .contract import RISKS, AuthContext, Risk, ToolDeclaration, ToolPlugin
+
+__all__ = ["CompiledTool", "RegistrationError", "ToolRegistry"]
+
+log = logging.getLogger("toolrelay")
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+DEFAULT_RESERVED = frozenset({"user_id", "tenant_id"})
+
+F = TypeVar("F", bound=Callable[..., Any])
+Validator = Any  # jsonschema_rs.Validator; the stubs name no common base
+
+
+class RegistrationError(ValueError):
+    """A plugin or declaration that cannot be accepted. The message names the tool."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledTool:
+    """A declaration checked once and made ready to run."""
+
+    decl: ToolDeclaration
+    fn: Callable[[dict[str, Any], AuthContext], Any]
+    is_async: bool
+    validator: Validator
+    output_validator: Validator | None
+
+
+def _compile_schema(tool: str, what: str, schema: Mapping[str, Any]) -> Validator:
+    try:
+        return jsonschema_rs.Draft202012Validator(dict(schema), mask="<value>", offline=True)
+    except (jsonschema_rs.ValidationError, ValueError, TypeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RegistrationError(
+            f"tool {tool!r}: {what} is not a valid JSON Schema: {first}"
+        ) from exc
+
+
+def _identity_properties(schema: Any, reserved: frozenset[str]) -> set[str]:
+    """Every reserved name declared as a property anywhere in the schema."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            props = node.get("properties")
+            if isinstance(props, Mapping):
+                found.update(reserved.intersection(props))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
+def compile_tool(
+    decl: ToolDeclaration,
+    fn: Callable[[dict[str, Any], AuthContext], Any],
+    reserved: frozenset[str],
+) -> CompiledTool:
+    """Check a declaration and build its validators; raise :class:`RegistrationError`."""
+    if not isinstance(decl, ToolDeclaration):
+        raise RegistrationError(f"describe() returned {type(decl).__name__}, not ToolDeclaration")
+    name = decl.name
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise RegistrationError(f"tool name {name!r} must match {NAME_RE.pattern}")
+    if decl.risk not in RISKS:
+        raise RegistrationError(f"tool {name!r}: risk must be one of {RISKS}")
+    if not (isinstance(decl.timeout_s, int | float) and 0 < decl.timeout_s < math.inf):
+        raise RegistrationError(f"tool {name!r}: timeout_s must be a positive number")
+    if decl.max_attempts is not None and decl.max_attempts < 1:
+        raise RegistrationError(f"tool {name!r}: max_attempts must be at least 1")
+    if not isinstance(decl.parameters, Mapping) or decl.parameters.get("type") != "object":
+        raise RegistrationError(f"tool {name!r}: parameters must be an object schema")
+    clash = _identity_properties(decl.parameters, reserved)
+    if clash:
+        raise RegistrationError(
+            f"tool {name!r} declares identity properties {sorted(clash)}; "
+            "identity comes from AuthContext, never from model arguments"
+        )
+    validator = _compile_schema(name, "parameters", decl.parameters)
+    output = (
+        None
+        if decl.output_schema is None
+        else _compile_schema(name, "output_schema", decl.output_schema)
+    )
+    return CompiledTool(decl, fn, inspect.iscoroutinefunction(fn), validator, output)
+
+
+class FunctionPlugin:
+    """The plugin behind :meth:`ToolRegistry.tool`: plain functions, one declaration each."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, tuple[ToolDeclaration, Callable[..., Any]]] = {}
+
+    def add(self, decl: ToolDeclaration, fn: Callable[..., Any]) -> None:
+        self._tools[decl.name] = (decl, fn)
+
+    def describe(self) -> list[ToolDeclaration]:
+        return [decl for decl, _ in self._tools.values()]
+
+    def declaration(self, name: str) -> ToolDeclaration | None:
+        entry = self._tools.get(name)
+        return None if entry is None else entry[0]
+
+    def handler(self, name: str) -> Callable[..., Any]:
+        return self._tools[name][1]
+
+    def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
+        return self._tools[name][1](args, ctx)
+
+
+def _lookup(plugin: Any, name: str) -> ToolDeclaration | None:
+    finder = getattr(plugin, "declaration", None)
+    if finder is not None:
+        found: ToolDeclaration | None = finder(name)
+        return found
+    for decl in plugin.describe():
+        if decl.name == name:
+            return decl  # type: ignore[no-any-return]
+    return None
+
+
+def _handler(plugin: Any, name: str) -> Callable[[dict[str, Any], AuthContext], Any]:
+    direct = getattr(plugin, "handler", None)
+    if direct is not None:
+        fn: Callable[[dict[str, Any], AuthContext], Any] = direct(name)
+        return fn
+    return functools.partial(plugin.execute, name)
+
+
+class ToolRegistry:
+    """Holds plugins. Several dispatchers may share one registry."""
+
+    def __init__(self, *, reserved_properties: Iterable[str] = DEFAULT_RESERVED) -> None:
+        self.reserved_properties = frozenset(reserved_properties)
+        self._plugins: list[Any] = []
+        self._owner: dict[str, Any] = {}
+        self._compiled: dict[str, CompiledTool] = {}
+        self._functions: FunctionPlugin | None = None
+
+    # -- registration -------------------------------------------------------------------
+    def tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
+        risk: Risk = "read",
+        timeout_s: float = 10.0,
+        breaker_key: str | None = None,
+        idempotent: bool | None = None,
+        max_attempts: int | None = None,
+        version: str = "1",
+        tags: Iterable[str] = (),
+    ) -> Callable[[F], F]:
+        """Register a function ``fn(args, ctx)`` (``async def`` or ``def``) as a tool."""
+
+        def decorate(fn: F) -> F:
+            decl = ToolDeclaration(
+                name=name or fn.__name__,
+                description=description or inspect.getdoc(fn) or "",
+                parameters=(
+                    parameters
+                    if parameters is not None
+                    else {"type": "object", "properties": {}, "additionalProperties": False}
+                ),
+                output_schema=output_schema,
+                risk=risk,
+                timeout_s=timeout_s,
+                breaker_key=breaker_key,
+                idempotent=idempotent,
+                max_attempts=max_attempts,
+                version=version,
+                tags=frozenset(tags),
+            )
+            compiled = compile_tool(decl, fn, self.reserved_properties)
+            self._claim([decl.name], None)
+            if self._functions is None:
+                self._functions = FunctionPlugin()
+                self._plugins.append(self._functions)
+            self._functions.add(decl, fn)
+            self._owner[decl.name] = self._functions
+            self._compiled[decl.name] = compiled
+            return fn
+
+        return decorate
+
+    def register(self, plugin: ToolPlugin) -> ToolPlugin:
+        """Add a plugin. Every declaration is checked now; duplicates and bad schemas fail."""
+        if not callable(getattr(plugin, "describe", None)) or not callable(
+            getattr(plugin, "execute", None)
+        ):
+            raise RegistrationError(
+                f"{type(plugin).__name__} is not a plugin: it needs describe() and execute()"
+            )
+        if any(p is plugin for p in self._plugins):
+            raise RegistrationError(f"{type(plugin).__name__} is registered already")
+        decls = list(plugin.describe())
+        names = [getattr(d, "name", None) for d in decls]
+        compiled = [
+            compile_tool(d, _handler(plugin, d.name), self.reserved_properties) for d in decls
+        ]
+        self._claim(names, plugin)
+        self._plugins.append(plugin)
+        for tool in compiled:
+            self._owner[tool.decl.name] = plugin
+            self._compiled[tool.decl.name] = tool
+        return plugin
+
+    def unregister(self, plugin: ToolPlugin) -> None:
+        self._plugins = [p for p in self._plugins if p is not plugin]
+        for name in [n for n, p in self._owner.items() if p is plugin]:
+            del self._owner[name]
+            self._compiled.pop(name, None)
+
+    def _claim(self, names: Sequence[Any], plugin: Any) -> None:
+        seen: set[str] = set()
+        for name in names:
+            if name in seen or (name in self._owner and self._owner[name] is not plugin):
+                raise RegistrationError(f"tool name {name!r} is registered twice")
+            seen.add(name)
+
+    # -- lookup -------------------------------------------------------------------------
+    def resolve(self, name: str) -> CompiledTool | None:
+        """The tool as its plugin declares it right now, compiled; ``None`` if unknown.
+
+        Raises :class:`RegistrationError` when the plugin now declares it invalidly.
+        """
+        plugin = self._owner.get(name)
+        decl = None if plugin is None else _lookup(plugin, name)
+        if decl is None:
+            plugin, decl = self._find(name)
+            if decl is None:
+                return None
+        return self._compiled_for(plugin, decl)
+
+    def _compiled_for(self, plugin: Any, decl: ToolDeclaration) -> CompiledTool:
+        cached = self._compiled.get(decl.name)
+        if cached is not None and (cached.decl is decl or cached.decl == decl):
+            return cached
+        compiled = compile_tool(decl, _handler(plugin, decl.name), self.reserved_properties)
+        self._compiled[decl.name] = compiled
+        return compiled
+
+    def tools(self) -> Iterator[CompiledTool]:
+        """Every valid tool now; a declaration a plugin changed into an invalid one is skipped."""
+        for decl in self.declarations():
+            try:
+                yield self._compiled_for(self._owner[decl.name], decl)
+            except RegistrationError as exc:
+                log.warning("toolrelay: skipping %s", exc)
+
+    def _find(self, name: str) -> tuple[Any, ToolDeclaration | None]:
+        """Slow path: a name no known plugin owns (any more). Ask every plugin."""
+        self._owner.pop(name, None)
+        self._compiled.pop(name, None)
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            return None, None
+        for plugin in self._plugins:
+            decl = _lookup(plugin, name)
+            if decl is not None:
+                self._owner[name] = plugin
+                return plugin, decl
+        return None, None
+
+    def declarations(self) -> Iterator[ToolDeclaration]:
+        """Every declaration, read through the plugins now, first owner winning a name."""
+        seen: set[str] = set()
+        for plugin in list(self._plugins):
+            try:
+                decls = list(plugin.describe())
+            except Exception:
+                log.exception("toolrelay: describe() of %s failed", type(plugin).__name__)
+                continue
+            for decl in decls:
+                if not isinstance(decl, ToolDeclaration) or decl.name in seen:
+                    continue
+                owner = self._owner.setdefault(decl.name, plugin)
+                if owner is plugin:
+                    seen.add(decl.name)
+                    yield decl
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.resolve(name) is not None
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.declarations())

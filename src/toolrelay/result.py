@@ -1,0 +1,51 @@
+"""What the host hands in (``ToolCall``) and gets back (``ToolResult``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .contract import ErrorType
+
+__all__ = ["ToolCall", "ToolResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call as the model asked for it. ``arguments`` is raw JSON text or a dict."""
+
+    name: str
+    arguments: str | bytes | Mapping[str, Any] = "{}"
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The answer to one call, with what the host needs and the model does not."""
+
+    ok: bool
+    tool: str
+    call_id: str | None
+    data: Any = None
+    error_type: ErrorType | None = None
+    message: str = ""
+    retryable: bool = False
+    retry_after_s: float | None = None
+    duration_s: float = 0.0
+    attempts: int = 0
+    breaker_key: str | None = None
+
+    def to_model(self) -> dict[str, Any]:
+        """The stable JSON envelope the model reads."""
+        if self.ok:
+            return {"ok": True, "data": self.data}
+        answer: dict[str, Any] = {
+            "ok": False,
+            "error_type": str(self.error_type),
+            "message": self.message,
+            "retryable": self.retryable,
+        }
+        if self.retry_after_s is not None:
+            answer["retry_after_s"] = round(self.retry_after_s, 3)
+        return answer

@@ -1,0 +1,37 @@
+"""Small plugins and helpers shared by the tests (real code, no mocks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from toolrelay import AuthContext, ToolDeclaration
+
+OBJ = {"type": "object", "properties": {}, "additionalProperties": False}
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 40}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+class MutablePlugin:
+    """A plugin whose declarations an operator can change at run time."""
+
+    def __init__(self, decls: Sequence[ToolDeclaration]) -> None:
+        self.decls = list(decls)
+        self.calls: list[tuple[str, dict[str, Any], AuthContext]] = []
+
+    def describe(self) -> list[ToolDeclaration]:
+        return list(self.decls)
+
+    async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
+        self.calls.append((name, args, ctx))
+        return {"tool": name, "args": args}
+
+
+class SyncPlugin(MutablePlugin):
+    def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:  # type: ignore[override]
+        self.calls.append((name, args, ctx))
+        return {"tool": name, "sync": True}
