@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from toolrelay import AuthContext, ToolDeclaration
@@ -35,3 +35,12 @@ class SyncPlugin(MutablePlugin):
     def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:  # type: ignore[override]
         self.calls.append((name, args, ctx))
         return {"tool": name, "sync": True}
+
+
+async def wait_until(predicate: Callable[[], bool], limit_s: float = 5.0) -> None:
+    """Poll until ``predicate()`` holds (state changed by other tasks or threads)."""
+    import anyio
+
+    with anyio.fail_after(limit_s):
+        while not predicate():  # noqa: ASYNC110
+            await anyio.sleep(0.005)

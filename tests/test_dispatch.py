@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from helpers import CITY, OBJ, MutablePlugin, SyncPlugin
+from helpers import CITY, OBJ, MutablePlugin, SyncPlugin, wait_until
 from toolrelay import (
     AuthContext,
     Dispatcher,
@@ -475,9 +475,7 @@ async def test_sync_handler_abandoned_without_blocking_the_loop() -> None:
     assert ticks >= 5  # the event loop kept running while the thread blocked
     assert dispatcher.workers.abandoned() == {"legacy": 1}
     release.set()
-    with anyio.fail_after(5):
-        while dispatcher.workers.live()["legacy"]:  # noqa: ASYNC110 (a thread ends it)
-            await anyio.sleep(0.01)
+    await wait_until(lambda: not dispatcher.workers.live()["legacy"])
     assert dispatcher.workers.abandoned() == {"legacy": 0}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -14,10 +15,13 @@ from .formats import FORMATS
 from .outcome import Outcome, failure
 from .pipeline import Invocation, Observer, Stage, compose
 from .pipeline.approve import Approve, Approver
+from .pipeline.breaker import Breaker
+from .pipeline.bulkhead import Bulkhead
 from .pipeline.deadline import Deadline
 from .pipeline.decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, Decode
 from .pipeline.invoke import Invoke
 from .pipeline.resolve import Resolve
+from .pipeline.retry import Retry
 from .pipeline.shape import DEFAULT_MAX_OUTPUT_BYTES, Shape
 from .pipeline.validate import Validate
 from .policy import EVERYTHING, NOTHING, Profile
@@ -65,6 +69,7 @@ class Dispatcher:
         self.observers: tuple[Observer, ...] = tuple(observers)
         self.breakers = Breakers(self.breaker_config)
         self.workers = WorkerPools(lambda key: self.breaker_config(key).max_concurrent)
+        self.bulkhead = Bulkhead(self.breaker_config)
         stages: list[Stage] = [
             Decode(max_argument_bytes, max_argument_depth),
             Resolve(registry),
@@ -72,6 +77,9 @@ class Dispatcher:
             Approve(approver),
             Shape(max_output_bytes, truncate_output),
             Deadline(),
+            Retry(self.breaker_config),
+            Breaker(self.breakers),
+            self.bulkhead,
         ]
         self._chain = compose(stages, Invoke(self.workers))
 
@@ -105,13 +113,13 @@ class Dispatcher:
             slot,
             self.observers,
         )
-        started = anyio.current_time()
+        started = time.perf_counter()
         try:
             out = await self._chain(inv)
         except Exception:
             log.exception("toolrelay: internal error while dispatching %r", inv.name)
             out = failure(ErrorType.INTERNAL_ERROR, "toolrelay could not run this call")
-        return self._result(inv, out, anyio.current_time() - started)
+        return self._result(inv, out, time.perf_counter() - started)
 
     @staticmethod
     def _result(inv: Invocation, out: Outcome, duration: float) -> ToolResult:

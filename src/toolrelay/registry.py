@@ -103,7 +103,15 @@ def compile_tool(
         if decl.output_schema is None
         else _compile_schema(name, "output_schema", decl.output_schema)
     )
-    return CompiledTool(decl, fn, inspect.iscoroutinefunction(fn), validator, output)
+    return CompiledTool(decl, fn, _is_async(fn), validator, output)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """``async def`` functions, partials of them, and objects with an ``async __call__``."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004
+    return call is not None and inspect.iscoroutinefunction(call)
 
 
 class FunctionPlugin:

@@ -41,6 +41,11 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+_DECODER = json.JSONDecoder(
+    parse_constant=_no_constants, parse_float=_finite_float, object_pairs_hook=_unique_keys
+)
+
+
 def _too_deep(value: Any, limit: int) -> bool:
     """Iterative depth check: no recursion, no copies."""
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -83,12 +88,7 @@ def decode_arguments(raw: Any, max_bytes: int, max_depth: int) -> dict[str, Any]
     if not text or text.isspace():
         return {}
     try:
-        value = json.loads(
-            text,
-            parse_constant=_no_constants,
-            parse_float=_finite_float,
-            object_pairs_hook=_unique_keys,
-        )
+        value = _DECODER.decode(text)
     except _Rejected as exc:
         return f"arguments are not valid JSON: {exc}"
     except json.JSONDecodeError as exc:

@@ -66,7 +66,6 @@ class Invoke:
     async def __call__(self, inv: Invocation) -> Outcome:
         tool = inv.tool
         assert tool is not None
-        inv.attempts += 1
         if not tool.is_async:
             return await self._run_sync(inv)
         with anyio.CancelScope(deadline=inv.deadline) as scope:

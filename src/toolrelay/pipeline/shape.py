@@ -11,6 +11,7 @@ from .validate import schema_errors
 
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
 TRUNCATION_MARKER = "[truncated by toolrelay]"
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
 
 
 class Shape:
@@ -33,7 +34,7 @@ class Shape:
         assert inv.tool is not None
         name = inv.tool.decl.name
         try:
-            text = json.dumps(out.data, allow_nan=False, ensure_ascii=False)
+            text = _ENCODER.encode(out.data)
         except (TypeError, ValueError, RecursionError) as exc:
             why = "a value that is not finite" if "Out of range" in str(exc) else "a non-JSON value"
             if isinstance(exc, RecursionError) or "Circular" in str(exc):

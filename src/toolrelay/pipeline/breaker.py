@@ -1,0 +1,53 @@
+"""Stage 7: the circuit breaker of the call's ``breaker_key``.
+
+Open → ``circuit_open`` at once with ``retry_after_s``; the handler is not called and no
+deadline is waited out. Half-open → at most ``half_open_max_calls`` trials at a time.
+Each attempt's verdict is recorded; a cancellation is neither success nor failure.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..breakers import REJECT, TRIAL, Breakers
+from ..contract import ErrorType
+from ..events import BreakerTransition
+from ..outcome import Outcome, Verdict, failure
+from . import Invocation, Next
+
+
+class Breaker:
+    __slots__ = ("breakers",)
+
+    def __init__(self, breakers: Breakers) -> None:
+        self.breakers = breakers
+
+    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+        assert inv.key is not None and inv.tool is not None
+        breaker = self.breakers.get(inv.key)
+        seen = breaker.transitions
+        decision = breaker.admit()
+        if decision == REJECT:
+            if inv.observers and breaker.transitions != seen:
+                inv.emit(BreakerTransition(inv.key, *breaker.last_transition))
+            wait = breaker.retry_after()
+            return failure(
+                ErrorType.CIRCUIT_OPEN,
+                f"{inv.tool.decl.name} is paused because {inv.key} is failing; "
+                f"try again in {max(wait, 1):.0f} s",
+                retryable=True,
+                retry_after_s=wait,
+            )
+        trial = decision == TRIAL
+        started = time.perf_counter()
+        try:
+            out = await call_next(inv)
+        except BaseException:
+            breaker.release(trial)  # a cancellation says nothing about the service
+            raise
+        verdict = Verdict.SUCCESS if out.ok else out.verdict
+        if breaker.record(verdict, trial, time.perf_counter() - started):
+            out.final = True
+        if inv.observers and breaker.transitions != seen:
+            inv.emit(BreakerTransition(inv.key, *breaker.last_transition))
+        return out

@@ -1,0 +1,64 @@
+"""Stage 8: at most ``max_concurrent`` calls in flight per breaker key.
+
+Above that the answer is ``overloaded`` at once, or after at most ``bulkhead_wait_s``
+(never past the call's deadline). Load shedding is not a service failure: the breaker
+ignores it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+
+from ..breakers import BreakerConfig
+from ..contract import ErrorType
+from ..outcome import Outcome, failure
+from . import Invocation, Next
+
+
+class Bulkhead:
+    __slots__ = ("_config_for", "_gates")
+
+    def __init__(self, config_for: Callable[[str], BreakerConfig]) -> None:
+        self._config_for = config_for
+        self._gates: dict[str, tuple[anyio.Semaphore, float]] = {}
+
+    def in_flight(self) -> dict[str, int]:
+        """Calls holding a place, per key."""
+        return {
+            key: self._config_for(key).max_concurrent - gate.value
+            for key, (gate, _) in self._gates.items()
+        }
+
+    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+        key = inv.key
+        assert key is not None and inv.tool is not None
+        entry = self._gates.get(key)
+        if entry is None:
+            config = self._config_for(key)
+            entry = self._gates[key] = (
+                anyio.Semaphore(config.max_concurrent),
+                config.bulkhead_wait_s,
+            )
+        gate, wait_s = entry
+        try:
+            gate.acquire_nowait()
+        except anyio.WouldBlock:
+            limit = min(wait_s, inv.deadline - anyio.current_time())
+            acquired = False
+            if limit > 0:
+                with anyio.move_on_after(limit):
+                    await gate.acquire()
+                    acquired = True
+            if not acquired:
+                return failure(
+                    ErrorType.OVERLOADED,
+                    f"{inv.tool.decl.name} is busy: {key} already has "
+                    f"{self._config_for(key).max_concurrent} calls in flight",
+                    retryable=True,
+                )
+        try:
+            return await call_next(inv)
+        finally:
+            gate.release()

@@ -1,0 +1,113 @@
+"""Stage 6: bounded retries for idempotent tools, on tenacity, within the call's deadline.
+
+The first attempt runs without any retry machinery; only a retryable failure of an
+idempotent tool enters tenacity's loop (exponential backoff with jitter, honouring a
+``retry_after_s`` hint). A retry never sleeps past the deadline — when the next wait would
+cross it, the answer is the last real outcome — never follows a failure that opened the
+breaker or a ``circuit_open``/``overloaded`` answer, and never follows a cancellation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base, wait_exponential, wait_random
+
+from ..breakers import BreakerConfig
+from ..contract import ErrorType
+from ..events import AttemptEnded, RetryScheduled
+from ..outcome import Outcome
+from . import Invocation, Next
+
+NOT_RETRIED = frozenset({ErrorType.CIRCUIT_OPEN, ErrorType.OVERLOADED})
+
+
+def _worth_retrying(out: Outcome) -> bool:
+    return not out.ok and out.retryable and not out.final and out.error_type not in NOT_RETRIED
+
+
+class _Backoff(wait_base):
+    """Exponential backoff with jitter, but never shorter than the outcome's retry-after."""
+
+    def __init__(self, config: BreakerConfig) -> None:
+        base = config.backoff_initial_s
+        self.expo = wait_exponential(multiplier=base, max=config.backoff_max_s)
+        self.jitter = wait_random(0, base / 2)
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        wait = self.expo(retry_state) + self.jitter(retry_state)
+        outcome = retry_state.outcome
+        hint = None if outcome is None or outcome.failed else outcome.result().retry_after_s
+        return max(wait, hint or 0.0)
+
+
+class _PastDeadline(stop_base):
+    """Stop when the coming wait would end at or past the call's deadline."""
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        inv: Invocation = retry_state.args[0]
+        return anyio.current_time() + retry_state.upcoming_sleep >= inv.deadline
+
+
+def _last_outcome(retry_state: RetryCallState) -> Any:
+    assert retry_state.outcome is not None
+    return retry_state.outcome.result()
+
+
+def _announce(retry_state: RetryCallState) -> None:
+    inv: Invocation = retry_state.args[0]
+    if inv.observers and retry_state.outcome is not None:
+        out: Outcome = retry_state.outcome.result()
+        inv.emit(RetryScheduled(inv.attempts, retry_state.upcoming_sleep, str(out.error_type)))
+
+
+class Retry:
+    __slots__ = ("_config_for", "_retry_if", "_stop_deadline", "_waits")
+
+    def __init__(self, config_for: Callable[[str], BreakerConfig]) -> None:
+        self._config_for = config_for
+        self._waits: dict[BreakerConfig, _Backoff] = {}
+        self._retry_if = retry_if_result(_worth_retrying)
+        self._stop_deadline = _PastDeadline()
+
+    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+        inv.attempts = 1
+        out = await call_next(inv)
+        if inv.observers:
+            inv.emit(AttemptEnded(1, "ok" if out.ok else str(out.error_type)))
+        if out.ok or not _worth_retrying(out):
+            return out
+        assert inv.tool is not None and inv.key is not None
+        decl = inv.tool.decl
+        config = self._config_for(inv.key)
+        max_attempts = decl.max_attempts or config.max_attempts
+        if max_attempts < 2 or not decl.is_idempotent:
+            return out
+        wait = self._waits.get(config)
+        if wait is None:
+            wait = self._waits[config] = _Backoff(config)
+        first: list[Outcome] = [out]
+
+        async def attempt(inv: Invocation) -> Outcome:
+            if first:
+                return first.pop()
+            inv.attempts += 1
+            result = await call_next(inv)
+            if inv.observers:
+                inv.emit(AttemptEnded(inv.attempts, "ok" if result.ok else str(result.error_type)))
+            return result
+
+        retrying = AsyncRetrying(
+            sleep=anyio.sleep,
+            stop=stop_after_attempt(max_attempts) | self._stop_deadline,
+            wait=wait,
+            retry=self._retry_if,
+            before_sleep=_announce,
+            retry_error_callback=_last_outcome,
+        )
+        result: Outcome = await retrying(attempt, inv)
+        return result

@@ -1,0 +1,497 @@
+"""Breakers, retries and bulkheads per breaker_key, through the public API."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import anyio
+import pytest
+
+from helpers import OBJ, wait_until
+from toolrelay import (
+    AuthContext,
+    BreakerConfig,
+    Dispatcher,
+    ErrorType,
+    ModelSlot,
+    ToolError,
+    ToolRegistry,
+    ToolResult,
+)
+from toolrelay.events import AttemptEnded, BreakerTransition, Event, RetryScheduled
+from toolrelay.pipeline import Invocation
+
+pytestmark = pytest.mark.anyio
+
+ANY = {"type": "object"}
+
+
+class Service:
+    """A scripted upstream: each call pops the next behaviour (default: succeed)."""
+
+    def __init__(self) -> None:
+        self.script: list[str] = []
+        self.calls = 0
+        self.gate: anyio.Event | None = None
+        self.inside = 0
+
+    async def __call__(self, args: dict[str, Any], ctx: AuthContext) -> Any:
+        self.calls += 1
+        self.inside += 1
+        try:
+            step = self.script.pop(0) if self.script else "ok"
+            if self.gate is not None:
+                await self.gate.wait()
+            if step == "hang":
+                await anyio.sleep(60)
+            if step == "crash":
+                raise RuntimeError("boom")
+            if step == "retryable":
+                raise ToolError("upstream 503", retryable=True)
+            if step == "retry_after":
+                raise ToolError("upstream 429", retryable=True, retry_after_s=0.2)
+            if step == "not_found":
+                raise ToolError("no such city", counts_as_failure=False)
+            if step == "slow":
+                await anyio.sleep(0.15)
+            return {"n": self.calls}
+        finally:
+            self.inside -= 1
+
+
+def setup(
+    config: BreakerConfig | None = None, *, risk: str = "read", timeout_s: float = 2.0, **kw: Any
+) -> tuple[Dispatcher, Service]:
+    registry = ToolRegistry()
+    service = Service()
+    registry.tool(
+        name="svc", parameters=ANY, breaker_key="up", risk=risk, timeout_s=timeout_s, **kw
+    )(service)  # type: ignore[arg-type]
+    registry.tool(name="svc2", parameters=ANY, breaker_key="up", timeout_s=timeout_s)(service)  # type: ignore[arg-type]
+    dispatcher = Dispatcher(
+        registry,
+        breakers={"up": config or BreakerConfig(fail_max=2, reset_timeout_s=30, max_attempts=1)},
+        profiles={},
+    )
+    return dispatcher, service
+
+
+async def call(dispatcher: Dispatcher, name: str = "svc", **kw: Any) -> ToolResult:
+    return await dispatcher.dispatch(name, "{}", **kw)
+
+
+# -- what counts ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("step", "first_error"),
+    [
+        ("crash", ErrorType.TOOL_ERROR),
+        ("retryable", ErrorType.TOOL_ERROR),
+        ("hang", ErrorType.TIMEOUT),
+    ],
+)
+async def test_failures_open_the_breaker(step: str, first_error: ErrorType) -> None:
+    dispatcher, service = setup(timeout_s=0.05)
+    service.script = [step, step]
+    first = await call(dispatcher)
+    tripping = await call(dispatcher)
+    assert first.error_type is first_error
+    assert tripping.error_type is first_error  # the tripping call answers with its own failure
+    assert dispatcher.breakers.state("up") == "open"
+    rejected = await call(dispatcher, "svc2")  # every tool on the key is cut off
+    assert rejected.error_type is ErrorType.CIRCUIT_OPEN
+    assert rejected.retryable and rejected.retry_after_s is not None
+    assert 25 < rejected.retry_after_s <= 30
+    assert rejected.to_model()["retry_after_s"] == round(rejected.retry_after_s, 3)
+    assert service.calls == 2  # the handler was not called
+
+
+async def test_business_answers_are_ignored_not_successes() -> None:
+    dispatcher, service = setup()
+    service.script = ["crash", "not_found", "not_found", "crash"]
+    results = [await call(dispatcher) for _ in range(4)]
+    assert results[1].error_type is ErrorType.TOOL_ERROR and not results[1].retryable
+    # a success in between would have reset the count; ignored answers do not
+    assert dispatcher.breakers.state("up") == "open"
+
+
+async def test_success_resets_consecutive_failures() -> None:
+    dispatcher, service = setup()
+    service.script = ["crash", "ok", "crash", "ok"]
+    for _ in range(4):
+        await call(dispatcher)
+    assert dispatcher.breakers.state("up") == "closed"
+
+
+async def test_slow_successes_count_when_configured() -> None:
+    dispatcher, service = setup(BreakerConfig(fail_max=2, slow_call_s=0.05, max_attempts=1))
+    service.script = ["slow", "slow"]
+    assert (await call(dispatcher)).ok
+    assert (await call(dispatcher)).ok
+    assert dispatcher.breakers.state("up") == "open"
+
+
+async def test_caller_mistakes_never_reach_the_breaker() -> None:
+    registry = ToolRegistry()
+    strict = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+    @registry.tool(name="t", parameters=strict, breaker_key="k", risk="write")
+    async def t(args: dict[str, Any], ctx: AuthContext) -> int:
+        return 1
+
+    dispatcher = Dispatcher(registry, breakers={"k": BreakerConfig(fail_max=1)})
+    for raw in ("{", '{"n": "x"}', "[]"):
+        await dispatcher.dispatch("t", raw)
+    assert (await dispatcher.dispatch("t", '{"n": 1}')).error_type is ErrorType.NEEDS_APPROVAL
+    await dispatcher.dispatch("t", '{"n": 1}', profile="unknown-profile")
+    assert dispatcher.breakers.state("k") == "closed"
+    assert dispatcher.breakers.get("k").storage.counter == 0
+
+
+async def test_slot_budget_timeout_does_not_count() -> None:
+    dispatcher, service = setup(BreakerConfig(fail_max=1, max_attempts=1), timeout_s=30)
+    service.script = ["hang", "hang"]
+    for _ in range(2):
+        async with ModelSlot(budget_s=0.05).hold() as slot:
+            result = await call(dispatcher, slot=slot)
+        assert result.error_type is ErrorType.TIMEOUT
+    assert dispatcher.breakers.state("up") == "closed"
+
+
+async def test_cancellation_is_neither_success_nor_failure() -> None:
+    dispatcher, service = setup(BreakerConfig(fail_max=1, reset_timeout_s=0.05, max_attempts=1))
+    service.script = ["hang"]
+    with anyio.move_on_after(0.05) as scope:
+        await call(dispatcher)
+    assert scope.cancelled_caught  # the cancellation propagated
+    assert dispatcher.breakers.state("up") == "closed"
+    # In half-open, a cancelled trial frees its place for the next trial.
+    service.script = ["crash"]
+    await call(dispatcher)
+    assert dispatcher.breakers.state("up") == "open"
+    await anyio.sleep(0.07)
+    service.script = ["hang"]
+    with anyio.move_on_after(0.05):
+        await call(dispatcher)
+    assert dispatcher.breakers.get("up").trials == 0
+    assert (await call(dispatcher)).ok
+    assert dispatcher.breakers.state("up") == "closed"
+
+
+# -- open and half-open -------------------------------------------------------------------------
+async def test_open_fails_fast_without_waiting_the_deadline() -> None:
+    dispatcher, service = setup(timeout_s=5)
+    dispatcher.breakers.force_open("up")
+    start = anyio.current_time()
+    result = await call(dispatcher)
+    assert result.error_type is ErrorType.CIRCUIT_OPEN
+    assert anyio.current_time() - start < 1  # far below the 5 s deadline
+    assert service.calls == 0
+    assert result.attempts == 1
+
+
+async def test_half_open_admits_limited_trials() -> None:
+    config = BreakerConfig(fail_max=1, reset_timeout_s=0.05, half_open_max_calls=2, max_attempts=1)
+    dispatcher, service = setup(config)
+    service.script = ["crash"]
+    await call(dispatcher)
+    assert dispatcher.breakers.state("up") == "open"
+    await anyio.sleep(0.07)
+    service.gate = anyio.Event()
+    results: list[ToolResult] = []
+
+    async def one() -> None:
+        results.append(await call(dispatcher))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(one)
+        await wait_until(lambda: len(results) >= 4)
+        assert service.inside == 2  # exactly two trials reached the service
+        assert dispatcher.breakers.state("up") == "half_open"
+        service.gate.set()
+    rejected = [r for r in results if r.error_type is ErrorType.CIRCUIT_OPEN]
+    assert len(rejected) == 4 and sum(r.ok for r in results) == 2
+    assert dispatcher.breakers.state("up") == "closed"
+
+
+async def test_success_threshold_and_reopen() -> None:
+    config = BreakerConfig(fail_max=1, reset_timeout_s=0.05, success_threshold=2, max_attempts=1)
+    dispatcher, service = setup(config)
+    service.script = ["crash"]
+    await call(dispatcher)
+    await anyio.sleep(0.07)
+    assert (await call(dispatcher)).ok
+    assert dispatcher.breakers.state("up") == "half_open"
+    assert (await call(dispatcher)).ok
+    assert dispatcher.breakers.state("up") == "closed"
+    service.script = ["crash"]
+    await call(dispatcher)
+    await anyio.sleep(0.07)
+    service.script = ["ok", "crash"]
+    assert (await call(dispatcher)).ok
+    failed = await call(dispatcher)
+    assert failed.error_type is ErrorType.TOOL_ERROR  # one failure in half-open re-opens
+    assert dispatcher.breakers.state("up") == "open"
+
+
+async def test_concurrent_calls_on_one_key_are_not_serialised() -> None:
+    dispatcher, service = setup(BreakerConfig(max_concurrent=64, max_attempts=1))
+    service.gate = anyio.Event()
+    results: list[ToolResult] = []
+
+    async def one() -> None:
+        results.append(await call(dispatcher))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(50):
+            tg.start_soon(one)
+        await wait_until(lambda: service.inside >= 50)
+        service.gate.set()  # all 50 were inside the handler at the same time
+    assert len(results) == 50 and all(r.ok for r in results)
+
+
+# -- specs follow health --------------------------------------------------------------------
+async def test_specs_follow_breaker_health() -> None:
+    dispatcher, service = setup(BreakerConfig(fail_max=1, reset_timeout_s=0.1, max_attempts=1))
+    assert {s["function"]["name"] for s in dispatcher.specs()} == {"svc", "svc2"}
+    service.script = ["crash"]
+    await call(dispatcher)
+    assert dispatcher.specs() == []
+    marked = dispatcher.specs(unavailable="mark")
+    assert all(s["function"]["description"].startswith("[unavailable") for s in marked)
+    assert len(dispatcher.specs(unavailable="show")) == 2
+    await anyio.sleep(0.12)  # reset timeout passed: offered again so a trial can close it
+    assert len(dispatcher.specs()) == 2
+    assert (await call(dispatcher)).ok
+    assert dispatcher.breakers.state("up") == "closed"
+
+
+# -- retries -------------------------------------------------------------------------------------
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def __call__(self, inv: Invocation, event: Event) -> None:
+        self.events.append(event)
+
+
+def retrying(max_attempts: int = 3, **kw: Any) -> tuple[Dispatcher, Service, Recorder]:
+    registry = ToolRegistry()
+    service = Service()
+    for name, risk in (("read", "read"), ("write", "write")):
+        registry.tool(name=name, parameters=ANY, breaker_key="up", risk=risk)(service)  # type: ignore[arg-type]
+    registry.tool(name="once", parameters=ANY, breaker_key="up", max_attempts=1)(service)  # type: ignore[arg-type]
+    recorder = Recorder()
+    config = BreakerConfig(fail_max=kw.pop("fail_max", 10), max_attempts=max_attempts, **kw)
+    dispatcher = Dispatcher(
+        registry, breakers={"up": config}, observers=[recorder], approver=lambda *a: True
+    )
+    return dispatcher, service, recorder
+
+
+async def test_idempotent_tools_retry_retryable_failures() -> None:
+    dispatcher, service, recorder = retrying(backoff_initial_s=0.01)
+    service.script = ["retryable", "retryable", "ok"]
+    result = await call(dispatcher, "read")
+    assert result.ok and result.attempts == 3 and service.calls == 3
+    sleeps = [e for e in recorder.events if isinstance(e, RetryScheduled)]
+    assert [s.attempt for s in sleeps] == [1, 2]
+    assert 0.01 <= sleeps[0].delay_s <= 0.016 and 0.02 <= sleeps[1].delay_s <= 0.026
+    attempts = [e for e in recorder.events if isinstance(e, AttemptEnded)]
+    assert [(a.number, a.result) for a in attempts] == [
+        (1, "tool_error"),
+        (2, "tool_error"),
+        (3, "ok"),
+    ]
+
+
+async def test_retries_give_up_with_the_last_real_outcome() -> None:
+    dispatcher, service, _ = retrying(backoff_initial_s=0.01)
+    service.script = ["retryable"] * 5
+    result = await call(dispatcher, "read")
+    assert result.error_type is ErrorType.TOOL_ERROR and result.attempts == 3
+    assert service.calls == 3
+
+
+@pytest.mark.parametrize(
+    ("tool", "step"),
+    [("write", "retryable"), ("read", "crash"), ("read", "not_found"), ("once", "retryable")],
+)
+async def test_what_is_never_retried(tool: str, step: str) -> None:
+    dispatcher, service, _ = retrying(backoff_initial_s=0.01)
+    service.script = [step, "ok"]
+    result = await call(dispatcher, tool)
+    assert not result.ok and result.attempts == 1 and service.calls == 1
+
+
+async def test_retry_never_sleeps_past_the_deadline() -> None:
+    registry = ToolRegistry()
+    service = Service()
+    registry.tool(name="read", parameters=ANY, breaker_key="up", timeout_s=0.3)(service)  # type: ignore[arg-type]
+    dispatcher = Dispatcher(
+        registry, breakers={"up": BreakerConfig(max_attempts=5, backoff_initial_s=1.0)}
+    )
+    service.script = ["retryable"] * 5
+    start = anyio.current_time()
+    result = await call(dispatcher, "read")
+    assert result.error_type is ErrorType.TOOL_ERROR and result.attempts == 1
+    assert anyio.current_time() - start < 0.3  # answered without sleeping into the deadline
+
+
+async def test_no_retry_after_the_breaker_opened() -> None:
+    dispatcher, service, recorder = retrying(max_attempts=5, fail_max=2, backoff_initial_s=0.01)
+    service.script = ["retryable"] * 5
+    result = await call(dispatcher, "read")
+    assert result.error_type is ErrorType.TOOL_ERROR  # the tripping failure, not circuit_open
+    assert result.attempts == 2 and service.calls == 2
+    transitions = [e for e in recorder.events if isinstance(e, BreakerTransition)]
+    assert transitions == [BreakerTransition("up", "closed", "open")]
+
+
+async def test_retry_after_hint_is_honoured() -> None:
+    dispatcher, service, recorder = retrying(backoff_initial_s=0.01)
+    service.script = ["retry_after", "ok"]
+    assert (await call(dispatcher, "read")).ok
+    (sleep,) = [e for e in recorder.events if isinstance(e, RetryScheduled)]
+    assert sleep.delay_s >= 0.2
+
+
+async def test_cancellation_between_retries_propagates() -> None:
+    dispatcher, service, _ = retrying(backoff_initial_s=0.5)
+    service.script = ["retryable", "ok"]
+    with anyio.move_on_after(0.1) as scope:
+        await call(dispatcher, "read")
+    assert scope.cancelled_caught and service.calls == 1
+    assert dispatcher.breakers.get("up").storage.counter == 1  # only the real failure counted
+
+
+# -- bulkheads -----------------------------------------------------------------------------------
+async def test_bulkhead_sheds_load_at_once() -> None:
+    dispatcher, service = setup(BreakerConfig(max_concurrent=2, fail_max=1, max_attempts=1))
+    service.gate = anyio.Event()
+    results: list[ToolResult] = []
+
+    async def one() -> None:
+        results.append(await call(dispatcher))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one)
+        tg.start_soon(one)
+        await wait_until(lambda: service.inside >= 2)
+        shed = await call(dispatcher)
+        assert shed.error_type is ErrorType.OVERLOADED and shed.retryable
+        assert dispatcher.bulkhead.in_flight() == {"up": 2}
+        service.gate.set()
+    assert all(r.ok for r in results)
+    assert dispatcher.breakers.state("up") == "closed"  # shedding is not a failure
+    assert dispatcher.bulkhead.in_flight() == {"up": 0}
+
+
+async def test_bulkhead_bounded_wait() -> None:
+    config = BreakerConfig(max_concurrent=1, bulkhead_wait_s=2.0, max_attempts=1)
+    dispatcher, service = setup(config)
+    service.gate = anyio.Event()
+    results: list[ToolResult] = []
+
+    async def one() -> None:
+        results.append(await call(dispatcher))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one)
+        tg.start_soon(one)
+        await anyio.sleep(0.05)
+        assert service.inside == 1
+        service.gate.set()
+    assert len(results) == 2 and all(r.ok for r in results)
+
+
+async def test_hung_sync_threads_are_bounded_per_key() -> None:
+    registry = ToolRegistry()
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    @registry.tool(name="legacy", parameters=OBJ, breaker_key="A", timeout_s=0.1)
+    def legacy(args: dict[str, Any], ctx: AuthContext) -> str:
+        started.release()
+        release.wait(30)
+        return "late"
+
+    @registry.tool(name="other", parameters=OBJ, breaker_key="B", timeout_s=2)
+    def other(args: dict[str, Any], ctx: AuthContext) -> str:
+        return "fine"
+
+    dispatcher = Dispatcher(
+        registry,
+        breakers={"A": BreakerConfig(max_concurrent=5, fail_max=1000, max_attempts=1)},
+    )
+    try:
+        results = await dispatcher.dispatch_many(
+            [_call("legacy") for _ in range(8)] + [_call("other")]
+        )
+        kinds = [r.error_type for r in results[:8]]
+        assert kinds.count(ErrorType.TIMEOUT) == 5  # five threads started and were abandoned
+        assert kinds.count(ErrorType.OVERLOADED) == 3
+        assert results[8].ok and results[8].data == "fine"  # key B is untouched
+        assert dispatcher.workers.abandoned()["A"] == 5
+        # The abandoned threads still hold their places: more calls are shed, none started.
+        shed = await dispatcher.dispatch("legacy", "{}")
+        assert shed.error_type is ErrorType.OVERLOADED
+        assert dispatcher.workers.live()["A"] == 5
+    finally:
+        release.set()
+    await wait_until(lambda: not dispatcher.workers.live()["A"])
+    assert dispatcher.workers.abandoned()["A"] == 0
+    assert (await dispatcher.dispatch("legacy", "{}")).data == "late"  # places freed again
+
+
+def _call(name: str) -> Any:
+    from toolrelay import ToolCall
+
+    return ToolCall(name, "{}")
+
+
+# -- operator controls and listeners -------------------------------------------------------------
+async def test_force_open_close_reset_and_listeners() -> None:
+    dispatcher, service = setup(BreakerConfig(fail_max=1, reset_timeout_s=0.01, max_attempts=1))
+    seen: list[tuple[str, str, str]] = []
+    dispatcher.breakers.add_listener(lambda key, old, new: seen.append((key, old, new)))
+    dispatcher.breakers.force_open("up")
+    await anyio.sleep(0.02)
+    assert (await call(dispatcher)).error_type is ErrorType.CIRCUIT_OPEN  # pinned: no trial
+    assert dispatcher.breakers.snapshot()["up"]["pinned_open"] is True
+    dispatcher.breakers.force_close("up")
+    assert dispatcher.breakers.state("up") == "closed"
+    assert (await call(dispatcher)).ok
+    service.script = ["crash"]
+    await call(dispatcher)
+    dispatcher.breakers.reset("up")
+    assert dispatcher.breakers.snapshot()["up"] == {
+        "state": "closed",
+        "failures": 0,
+        "trials_in_flight": 0,
+        "retry_after_s": None,
+        "pinned_open": False,
+    }
+    assert seen == [
+        ("up", "closed", "open"),
+        ("up", "open", "closed"),
+        ("up", "closed", "open"),
+        ("up", "open", "closed"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"fail_max": 0},
+        {"max_concurrent": 0},
+        {"max_attempts": 0},
+        {"reset_timeout_s": -1},
+        {"slow_call_s": 0},
+        {"half_open_max_calls": 1.5},
+    ],
+)
+def test_breaker_config_is_checked(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="BreakerConfig"):
+        BreakerConfig(**bad)
