@@ -28,6 +28,7 @@ from .policy import EVERYTHING, NOTHING, Profile
 from .registry import ToolRegistry
 from .result import ToolCall, ToolResult
 from .slot import SlotLease
+from .storage import RedisLink, SharedStorage
 from .workers import WorkerPools
 
 __all__ = ["Dispatcher"]
@@ -56,6 +57,9 @@ class Dispatcher:
         approver: Approver | None = None,
         breakers: Mapping[str, BreakerConfig] | None = None,
         default_breaker: BreakerConfig | None = None,
+        breaker_storage: str | None = None,
+        breaker_storage_timeout_s: float = 0.05,
+        breaker_storage_probe_s: float = 5.0,
         max_argument_bytes: int = DEFAULT_MAX_BYTES,
         max_argument_depth: int = DEFAULT_MAX_DEPTH,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
@@ -67,7 +71,20 @@ class Dispatcher:
         self.breaker_configs: dict[str, BreakerConfig] = dict(breakers or {})
         self.default_breaker = default_breaker or BreakerConfig()
         self.observers: tuple[Observer, ...] = tuple(observers)
-        self.breakers = Breakers(self.breaker_config)
+        self.storage_link: RedisLink | None = None
+        factory = None
+        if breaker_storage is not None:
+            link = RedisLink(
+                breaker_storage,
+                timeout_s=breaker_storage_timeout_s,
+                probe_interval_s=breaker_storage_probe_s,
+            )
+            self.storage_link = link
+
+            def factory(key: str) -> SharedStorage:
+                return SharedStorage(link, key)
+
+        self.breakers = Breakers(self.breaker_config, factory)
         self.workers = WorkerPools(lambda key: self.breaker_config(key).max_concurrent)
         self.bulkhead = Bulkhead(self.breaker_config)
         stages: list[Stage] = [
@@ -82,6 +99,16 @@ class Dispatcher:
             self.bulkhead,
         ]
         self._chain = compose(stages, Invoke(self.workers))
+
+    @property
+    def storage_up(self) -> bool:
+        """False while shared breaker storage is configured but unreachable."""
+        return self.storage_link is None or self.storage_link.up
+
+    def close(self) -> None:
+        """Release the shared breaker storage's connections, if any."""
+        if self.storage_link is not None:
+            self.storage_link.close()
 
     def breaker_config(self, key: str) -> BreakerConfig:
         return self.breaker_configs.get(key, self.default_breaker)
