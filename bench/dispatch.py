@@ -15,6 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from prometheus_client import CollectorRegistry
 
 from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry
 
@@ -38,26 +41,47 @@ def build() -> tuple[dict[str, Case], Case]:
 
     registry.tool(name="noop", parameters=SCHEMA, breaker_key="svc")(noop)
     registry.tool(name="noop_open", parameters=SCHEMA, breaker_key="down")(noop)
-    dispatcher = Dispatcher(registry, breakers={"down": BreakerConfig(reset_timeout_s=3600)})
-    dispatcher.breakers.force_open("down")
+    breakers = {"down": BreakerConfig(reset_timeout_s=3600)}
+
+    bare_dispatcher = Dispatcher(registry, breakers=breakers, telemetry=False)
+    api_dispatcher = Dispatcher(registry, breakers=breakers, metrics_registry=CollectorRegistry())
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(_Discard()))
+    sdk_dispatcher = Dispatcher(
+        registry, breakers=breakers, metrics_registry=CollectorRegistry(), tracer_provider=provider
+    )
+    for d in (bare_dispatcher, api_dispatcher, sdk_dispatcher):
+        d.breakers.force_open("down")
     parsed = {"city": "Oslo"}
 
     async def bare() -> Any:
         return await noop(parsed, CTX)
 
-    async def closed() -> Any:
-        return await dispatcher.dispatch("noop", ARGS, CTX, call_id="c1")
+    def ok(dispatcher: Dispatcher) -> Case:
+        async def run() -> Any:
+            return await dispatcher.dispatch("noop", ARGS, CTX, call_id="c1")
 
-    async def fast_fail() -> Any:
-        result = await dispatcher.dispatch("noop_open", ARGS, CTX, call_id="c1")
-        assert result.error_type == "circuit_open"
-        return result
+        return run
+
+    def fast_fail(dispatcher: Dispatcher) -> Case:
+        async def run() -> Any:
+            return await dispatcher.dispatch("noop_open", ARGS, CTX, call_id="c1")
+
+        return run
 
     cases: dict[str, Case] = {
-        "dispatch, closed breaker (no telemetry)": closed,
-        "dispatch, open breaker fast-fail": fast_fail,
+        "closed breaker, telemetry off": ok(bare_dispatcher),
+        "closed breaker, metrics + tracing API only": ok(api_dispatcher),
+        "closed breaker, metrics + OTel SDK recording": ok(sdk_dispatcher),
+        "open breaker fast-fail, telemetry off": fast_fail(bare_dispatcher),
+        "open breaker fast-fail, metrics + API only": fast_fail(api_dispatcher),
     }
     return cases, bare
+
+
+class _Discard(SpanExporter):
+    def export(self, spans: Any) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
 
 
 async def measure(calls: int, rounds: int) -> dict[str, float]:
@@ -85,10 +109,10 @@ def main() -> None:
     medians = anyio.run(measure, opts.calls, opts.rounds, backend=opts.backend)
     base = medians["bare call"]
     print(f"backend: {opts.backend}; {opts.rounds} interleaved rounds of {opts.calls} calls")
-    print(f"{'case':<44}{'µs/call':>10}{'× bare':>10}{'overhead µs':>13}")
+    print(f"{'case':<48}{'µs/call':>10}{'× bare':>10}{'overhead µs':>13}")
     for name, value in medians.items():
         over = (value - base) * 1e6
-        print(f"{name:<44}{value * 1e6:>10.2f}{value / base:>10.1f}{over:>13.2f}")
+        print(f"{name:<48}{value * 1e6:>10.2f}{value / base:>10.1f}{over:>13.2f}")
 
 
 if __name__ == "__main__":

@@ -231,6 +231,7 @@ class Breakers:
         self._storage_factory = storage_factory
         self._breakers: dict[str, KeyBreaker] = {}
         self.listeners: list[TransitionListener] = []
+        self.on_create: list[Callable[[str, str], None]] = []
 
     def get(self, key: str) -> KeyBreaker:
         breaker = self._breakers.get(key)
@@ -238,6 +239,8 @@ class Breakers:
             storage = None if self._storage_factory is None else self._storage_factory(key)
             breaker = KeyBreaker(key, self._config_for(key), storage, self._notify)
             self._breakers[key] = breaker
+            for hook in self.on_create:
+                hook(key, breaker.state)
         return breaker
 
     def _notify(self, key: str, old: str, new: str) -> None:

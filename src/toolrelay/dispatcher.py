@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
+from opentelemetry.trace import TracerProvider
+from prometheus_client import CollectorRegistry
 
 from .breakers import BreakerConfig, Breakers
 from .contract import AuthContext, ErrorType
@@ -27,8 +29,9 @@ from .pipeline.validate import Validate
 from .policy import EVERYTHING, NOTHING, Profile
 from .registry import ToolRegistry
 from .result import ToolCall, ToolResult
-from .slot import SlotLease
+from .slot import ModelSlot, SlotLease
 from .storage import RedisLink, SharedStorage
+from .telemetry import Telemetry
 from .workers import WorkerPools
 
 __all__ = ["Dispatcher"]
@@ -65,12 +68,29 @@ class Dispatcher:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         truncate_output: bool = False,
         observers: Iterable[Observer] = (),
+        telemetry: bool = True,
+        metrics_registry: CollectorRegistry | None = None,
+        tracer_provider: TracerProvider | None = None,
+        capture_content: bool = False,
     ) -> None:
         self.registry = registry
         self.profiles: dict[str, Profile] = dict(profiles or {})
         self.breaker_configs: dict[str, BreakerConfig] = dict(breakers or {})
         self.default_breaker = default_breaker or BreakerConfig()
-        self.observers: tuple[Observer, ...] = tuple(observers)
+        self.telemetry = (
+            Telemetry(
+                registry,
+                metrics_registry=metrics_registry,
+                tracer_provider=tracer_provider,
+                capture_content=capture_content,
+            )
+            if telemetry
+            else None
+        )
+        tel = self.telemetry
+        self.observers: tuple[Observer, ...] = (
+            tuple(observers) if tel is None else (tel.observe, *observers)
+        )
         self.storage_link: RedisLink | None = None
         factory = None
         if breaker_storage is not None:
@@ -78,6 +98,7 @@ class Dispatcher:
                 breaker_storage,
                 timeout_s=breaker_storage_timeout_s,
                 probe_interval_s=breaker_storage_probe_s,
+                on_change=None if tel is None else tel.storage_changed,
             )
             self.storage_link = link
 
@@ -85,9 +106,16 @@ class Dispatcher:
                 return SharedStorage(link, key)
 
         self.breakers = Breakers(self.breaker_config, factory)
-        self.workers = WorkerPools(lambda key: self.breaker_config(key).max_concurrent)
+        self.workers = WorkerPools(
+            lambda key: self.breaker_config(key).max_concurrent,
+            None if tel is None else tel.workers_changed,
+        )
+        if tel is not None:
+            self.breakers.add_listener(tel.breaker_transition)
+            self.breakers.on_create.append(tel.breaker_seen)
         self.bulkhead = Bulkhead(self.breaker_config)
-        stages: list[Stage] = [
+        stages: list[Stage] = [] if tel is None else [tel]
+        stages += [
             Decode(max_argument_bytes, max_argument_depth),
             Resolve(registry),
             Validate(),
@@ -109,6 +137,11 @@ class Dispatcher:
         """Release the shared breaker storage's connections, if any."""
         if self.storage_link is not None:
             self.storage_link.close()
+
+    def model_slot(self, budget_s: float = 30.0) -> ModelSlot:
+        """A :class:`ModelSlot` whose holds this dispatcher's telemetry records."""
+        listeners = [] if self.telemetry is None else [self.telemetry.slot_released]
+        return ModelSlot(budget_s, listeners=listeners)
 
     def breaker_config(self, key: str) -> BreakerConfig:
         return self.breaker_configs.get(key, self.default_breaker)

@@ -292,6 +292,10 @@ class ToolRegistry:
                 return plugin, decl
         return None, None
 
+    def owns(self, name: str) -> bool:
+        """Is a plugin known to own ``name``? O(1), reads no declaration."""
+        return name in self._owner
+
     def declarations(self) -> Iterator[ToolDeclaration]:
         """Every declaration, read through the plugins now, first owner winning a name."""
         seen: set[str] = set()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
@@ -46,11 +46,11 @@ class ModelSlot:
     Listeners are called with the lease when it is released (telemetry records hold time).
     """
 
-    def __init__(self, budget_s: float = 30.0, *, listeners: list[SlotListener] | None = None):
+    def __init__(self, budget_s: float = 30.0, *, listeners: Sequence[SlotListener] = ()):
         if not budget_s > 0:
             raise ValueError("budget_s must be positive")
         self.budget_s = float(budget_s)
-        self.listeners: list[SlotListener] = list(listeners or [])
+        self.listeners: list[SlotListener] = list(listeners)
         self._lock = anyio.Lock()
 
     @asynccontextmanager

@@ -29,8 +29,11 @@ class _Job:
 class KeyWorkers:
     """The worker threads of one breaker key."""
 
-    def __init__(self, key: str, max_threads: int) -> None:
+    def __init__(
+        self, key: str, max_threads: int, notify: Callable[[str, int], None] | None = None
+    ) -> None:
         self.key = key
+        self.notify = notify
         self.max_threads = max_threads
         self.live = 0
         self.abandoned = 0
@@ -50,6 +53,11 @@ class KeyWorkers:
             self.live -= 1
             if job.abandoned:
                 self.abandoned -= 1
+                abandoned = self.abandoned
+            else:
+                return
+        if self.notify is not None:
+            self.notify(self.key, abandoned)
 
     def abandon(self, job: _Job) -> bool:
         """Mark the job abandoned; False if its thread had already ended."""
@@ -58,7 +66,10 @@ class KeyWorkers:
                 return False
             job.abandoned = True
             self.abandoned += 1
-            return True
+            abandoned = self.abandoned
+        if self.notify is not None:
+            self.notify(self.key, abandoned)
+        return True
 
     async def run(
         self, job: _Job, fn: Callable[[dict[str, Any], Any], Any], args: dict[str, Any], ctx: Any
@@ -78,14 +89,22 @@ class KeyWorkers:
 class WorkerPools:
     """One :class:`KeyWorkers` per breaker key, created on first use."""
 
-    def __init__(self, max_threads_for: Callable[[str], int]) -> None:
+    def __init__(
+        self,
+        max_threads_for: Callable[[str], int],
+        on_change: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """``on_change(key, abandoned)`` runs when a key's count of abandoned threads
+        changes (possibly on the ending worker thread)."""
         self._max_threads_for = max_threads_for
+        self.on_change = on_change
         self._pools: dict[str, KeyWorkers] = {}
 
     def get(self, key: str) -> KeyWorkers:
         pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools[key] = KeyWorkers(key, self._max_threads_for(key))
+            pool = KeyWorkers(key, self._max_threads_for(key), self.on_change)
+            self._pools[key] = pool
         return pool
 
     def abandoned(self) -> dict[str, int]:

@@ -1,0 +1,160 @@
+"""Telemetry: one span and a set of Prometheus metrics per call, as an observer.
+
+:class:`Telemetry` is the outermost stage of the pipeline (it opens the span, so the
+handler's own spans are its children, and counts the answer), an observer of stage events
+(retries, breaker transitions, faults, abandoned workers) and a listener of breakers,
+worker pools, model slots and the shared breaker storage. Stages hold no telemetry code.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from opentelemetry import trace
+from opentelemetry.trace import Span
+from prometheus_client import CollectorRegistry
+
+from ..events import AttemptEnded, Event, FaultInjected, RetryScheduled, WorkerAbandoned
+from ..outcome import Outcome
+from .metrics import UNKNOWN_TOOL, Metrics
+from .tracing import add_event, finish
+
+if TYPE_CHECKING:
+    from ..pipeline import Invocation, Next
+    from ..registry import ToolRegistry
+    from ..slot import SlotLease
+
+__all__ = ["Metrics", "Telemetry", "serve_metrics"]
+
+_VERSION = "0.1.0"
+
+
+class Telemetry:
+    __slots__ = ("capture_content", "metrics", "provider", "registry", "tracer")
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        *,
+        metrics_registry: CollectorRegistry | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        capture_content: bool = False,
+    ) -> None:
+        self.registry = registry
+        self.metrics = Metrics.on(metrics_registry)
+        self.provider = tracer_provider
+        self.tracer = trace.get_tracer("toolrelay", _VERSION, tracer_provider=tracer_provider)
+        self.capture_content = capture_content
+
+    def label(self, name: Any) -> str:
+        return name if isinstance(name, str) and self.registry.owns(name) else UNKNOWN_TOOL
+
+    def tracing(self) -> bool:
+        """Is anyone collecting spans? (No SDK configured: no span is even started.)"""
+        provider = self.provider or trace.get_tracer_provider()
+        return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+    # -- the outermost stage ------------------------------------------------------------
+    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+        if not self.tracing():
+            return await self._measure(call_next, inv)
+        with self.tracer.start_as_current_span(
+            "execute_tool", kind=trace.SpanKind.INTERNAL, record_exception=False,
+            set_status_on_exception=False,
+        ) as span:  # fmt: skip
+            return await self._measure(call_next, inv, span)
+
+    async def _measure(self, call_next: Next, inv: Invocation, span: Span | None = None) -> Outcome:
+        tool = self.label(inv.name)
+        inflight = self.metrics.inflight_child(tool)
+        started = time.perf_counter()
+        inflight.inc()
+        try:
+            out = await call_next(inv)
+        finally:
+            inflight.dec()
+        elapsed = time.perf_counter() - started
+        outcome = "ok" if out.ok else str(out.error_type)
+        if tool == UNKNOWN_TOOL and inv.tool is not None:
+            tool = inv.tool.decl.name  # registered during this very call
+        counter, histogram = self.metrics.call_children(tool, outcome)
+        counter.inc()
+        if span is not None and span.is_recording():
+            decl = None if inv.tool is None else inv.tool.decl
+            name = decl.name if decl is not None else str(inv.name)
+            span.update_name(f"execute_tool {decl.name if decl else UNKNOWN_TOOL}")
+            finish(
+                span, name, inv.call_id, decl.description if decl else None, inv.key,
+                inv.attempts, outcome, out.message,
+                (inv.args or inv.raw_args, out.data) if self.capture_content else None,
+            )  # fmt: skip
+            trace_id = format(span.get_span_context().trace_id, "032x")
+            histogram.observe(elapsed, {"trace_id": trace_id})
+        else:
+            histogram.observe(elapsed)
+        if outcome == "timeout" and inv.deadline != float("inf"):
+            self.metrics.overrun.observe(max(0.0, anyio.current_time() - inv.deadline))
+        return out
+
+    # -- observers and listeners --------------------------------------------------------
+    def observe(self, inv: Invocation, event: Event) -> None:
+        """Stage events: metrics, and span events on the call's span."""
+        tool = self.label(inv.name)
+        metrics = self.metrics
+        if isinstance(event, AttemptEnded):
+            metrics.attempt_child(tool, event.result).inc()
+            if event.result == "circuit_open" and inv.key is not None:
+                metrics.breaker_rejected.labels(inv.key).inc()
+            elif event.result == "overloaded" and inv.key is not None:
+                metrics.bulkhead_rejected.labels(inv.key).inc()
+        elif isinstance(event, RetryScheduled):
+            metrics.retries.labels(tool).inc()
+        elif isinstance(event, FaultInjected):
+            metrics.faults.labels(tool, event.fault).inc()
+        elif isinstance(event, WorkerAbandoned):
+            pass  # the gauge follows the pools (see workers_changed)
+        span = trace.get_current_span()
+        if span.is_recording():
+            add_event(span, event)
+
+    def breaker_transition(self, key: str, old: str, new: str) -> None:
+        self.metrics.transitions.labels(key, old, new).inc()
+        self.metrics.set_breaker_state(key, new)
+
+    def breaker_seen(self, key: str, state: str) -> None:
+        self.metrics.set_breaker_state(key, state)
+
+    def workers_changed(self, key: str, abandoned: int) -> None:
+        self.metrics.abandoned.labels(key).set(abandoned)
+
+    def slot_released(self, lease: SlotLease) -> None:
+        self.metrics.slot_hold.observe(lease.elapsed())
+        self.metrics.slot_budget.set(lease.budget_s)
+
+    def storage_changed(self, up: bool) -> None:
+        self.metrics.storage_up.set(1 if up else 0)
+
+
+def serve_metrics(
+    port: int = 9464, host: str = "127.0.0.1", registry: CollectorRegistry | None = None
+) -> Any:
+    """Serve ``/metrics`` from a daemon thread, for hosts without a web server.
+
+    In prometheus-client multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the metrics
+    of every worker process are aggregated. Returns the server; ``server.shutdown()`` stops
+    it and ``server.server_port`` tells the port (useful with ``port=0``).
+    """
+    from prometheus_client import REGISTRY, start_http_server
+
+    if registry is None:
+        registry = REGISTRY
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    server, _thread = start_http_server(port, host, registry)
+    return server

@@ -1,0 +1,320 @@
+"""Spans (SDK in-memory exporter) and Prometheus metrics after known calls."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from helpers import OBJ, wait_until
+from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolCall, ToolError, ToolRegistry
+from toolrelay.telemetry import serve_metrics
+
+pytestmark = pytest.mark.anyio
+
+
+class Service:
+    def __init__(self) -> None:
+        self.script: list[str] = []
+
+    async def __call__(self, args: dict[str, Any], ctx: AuthContext) -> Any:
+        step = self.script.pop(0) if self.script else "ok"
+        if step == "fail":
+            raise ToolError("upstream 503", retryable=True)
+        if step == "hang":
+            await anyio.sleep(30)
+        return {"city": args.get("city", "Oslo")}
+
+
+def build(**kw: Any) -> tuple[Dispatcher, Service, InMemorySpanExporter, CollectorRegistry]:
+    registry = ToolRegistry()
+    service = Service()
+    registry.tool(
+        name="get_weather",
+        description="Current weather for a city.",
+        parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+        breaker_key="open-meteo",
+        timeout_s=0.1,
+    )(service)  # type: ignore[arg-type]
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    metrics = CollectorRegistry()
+    dispatcher = Dispatcher(
+        registry,
+        breakers={
+            "open-meteo": BreakerConfig(
+                fail_max=3, max_attempts=2, backoff_initial_s=0.001, max_concurrent=4
+            )
+        },
+        tracer_provider=provider,
+        metrics_registry=metrics,
+        **kw,
+    )
+    return dispatcher, service, exporter, metrics
+
+
+def value(metrics: CollectorRegistry, name: str, **labels: str) -> float:
+    found = metrics.get_sample_value(name, labels)
+    return 0.0 if found is None else found
+
+
+def only(spans: tuple[ReadableSpan, ...]) -> ReadableSpan:
+    assert len(spans) == 1, spans
+    return spans[0]
+
+
+# -- spans ------------------------------------------------------------------------------------
+async def test_success_span_follows_genai_conventions() -> None:
+    dispatcher, _, exporter, _ = build()
+    provider_tracer = dispatcher.telemetry.tracer  # type: ignore[union-attr]
+    with provider_tracer.start_as_current_span("host turn") as host:
+        result = await dispatcher.dispatch("get_weather", '{"city": "Oslo"}', call_id="call_7")
+    assert result.ok
+    span = next(s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool"))
+    assert span.name == "execute_tool get_weather"
+    assert span.kind is SpanKind.INTERNAL
+    assert dict(span.attributes or {}) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "get_weather",
+        "gen_ai.tool.call.id": "call_7",
+        "gen_ai.tool.type": "function",
+        "gen_ai.tool.description": "Current weather for a city.",
+        "toolrelay.breaker_key": "open-meteo",
+        "toolrelay.attempts": 1,
+        "toolrelay.outcome": "ok",
+    }
+    assert span.status.status_code is StatusCode.UNSET
+    assert span.parent is not None
+    assert span.parent.span_id == host.get_span_context().span_id  # child of the host's span
+
+
+async def test_failure_span_has_error_type_status_and_retry_events() -> None:
+    dispatcher, service, exporter, _ = build()
+    service.script = ["fail", "fail"]
+    result = await dispatcher.dispatch("get_weather", "{}", call_id="c1")
+    assert result.error_type == "tool_error" and result.attempts == 2
+    span = only(exporter.get_finished_spans())
+    attributes = dict(span.attributes or {})
+    assert attributes["error.type"] == "tool_error"
+    assert attributes["toolrelay.outcome"] == "tool_error"
+    assert attributes["toolrelay.attempts"] == 2
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == result.message
+    names = [e.name for e in span.events]
+    assert names == ["toolrelay.retry", "toolrelay.attempt"]
+    assert dict(span.events[0].attributes or {})["toolrelay.attempt"] == 1
+
+
+async def test_breaker_transition_and_unknown_tool_spans() -> None:
+    dispatcher, service, exporter, _ = build()
+    service.script = ["fail"] * 4
+    await dispatcher.dispatch("get_weather", "{}")
+    await dispatcher.dispatch("get_weather", "{}")  # third failure (across attempts) opens it
+    tripping = exporter.get_finished_spans()[-1]
+    assert [e.name for e in tripping.events][-1] == "toolrelay.breaker.transition"
+    assert dict(tripping.events[-1].attributes or {})["toolrelay.breaker.to"] == "open"
+    await dispatcher.dispatch("made_up_" + "x" * 500, "{}")
+    unknown = exporter.get_finished_spans()[-1]
+    assert unknown.name == "execute_tool _unknown"
+    assert len(str(dict(unknown.attributes or {})["gen_ai.tool.name"])) <= 128
+
+
+async def test_abandoned_worker_event() -> None:
+    registry = ToolRegistry()
+    release = threading.Event()
+
+    @registry.tool(name="legacy", parameters=OBJ, timeout_s=0.05)
+    def legacy(args: dict[str, Any], ctx: AuthContext) -> None:
+        release.wait(10)
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    metrics = CollectorRegistry()
+    dispatcher = Dispatcher(registry, tracer_provider=provider, metrics_registry=metrics)
+    try:
+        await dispatcher.dispatch("legacy", "{}")
+        span = only(exporter.get_finished_spans())
+        assert [e.name for e in span.events] == ["toolrelay.worker.abandoned"]
+        assert value(metrics, "toolrelay_abandoned_workers", breaker_key="legacy") == 1
+    finally:
+        release.set()
+    await wait_until(
+        lambda: value(metrics, "toolrelay_abandoned_workers", breaker_key="legacy") == 0
+    )
+
+
+async def test_content_only_when_opted_in() -> None:
+    dispatcher, _, exporter, _ = build()
+    await dispatcher.dispatch("get_weather", '{"city": "Oslo"}')
+    assert "gen_ai.tool.call.arguments" not in dict(
+        exporter.get_finished_spans()[0].attributes or {}
+    )
+    opted, _, exporter2, _ = build(capture_content=True)
+    await opted.dispatch("get_weather", '{"city": "Oslo"}')
+    attributes = dict(exporter2.get_finished_spans()[0].attributes or {})
+    assert attributes["gen_ai.tool.call.arguments"] == '{"city": "Oslo"}'
+    assert attributes["gen_ai.tool.call.result"] == '{"city": "Oslo"}'
+
+
+# -- metrics --------------------------------------------------------------------------------------
+async def test_metric_values_after_known_calls() -> None:
+    dispatcher, service, _, metrics = build()
+    service.script = ["ok", "fail", "fail", "hang"]
+    assert (await dispatcher.dispatch("get_weather", "{}")).ok
+    assert (await dispatcher.dispatch("get_weather", "{}")).error_type == "tool_error"
+    assert (await dispatcher.dispatch("get_weather", "{}")).error_type == "timeout"
+    await dispatcher.dispatch("nope", "{}")
+    await dispatcher.dispatch("get_weather", "[]")
+
+    def calls(tool: str, outcome: str) -> float:
+        return value(metrics, "toolrelay_tool_calls_total", tool=tool, outcome=outcome)
+
+    assert calls("get_weather", "ok") == 1
+    assert calls("get_weather", "tool_error") == 1
+    assert calls("get_weather", "timeout") == 1
+    assert calls("get_weather", "invalid_arguments") == 1
+    assert calls("_unknown", "unknown_tool") == 1
+    assert "nope" not in generate_latest(metrics).decode()
+    count = "toolrelay_tool_call_duration_seconds_count"
+    assert value(metrics, count, tool="get_weather", outcome="timeout") == 1
+    assert (
+        value(metrics, "toolrelay_tool_attempts_total", tool="get_weather", result="tool_error")
+        == 2
+    )
+    assert value(metrics, "toolrelay_tool_attempts_total", tool="get_weather", result="ok") == 1
+    assert value(metrics, "toolrelay_tool_retries_total", tool="get_weather") == 1
+    assert value(metrics, "toolrelay_tool_inflight", tool="get_weather") == 0
+    assert value(metrics, "toolrelay_deadline_overrun_seconds_count") == 1
+    assert value(metrics, "toolrelay_deadline_overrun_seconds_sum") < 0.1
+
+
+async def test_breaker_metrics() -> None:
+    dispatcher, service, _, metrics = build()
+    service.script = ["fail"] * 3
+
+    def states() -> dict[str, float]:
+        return {
+            s: value(metrics, "toolrelay_breaker_state", breaker_key="open-meteo", state=s)
+            for s in ("closed", "open", "half_open")
+        }
+
+    await dispatcher.dispatch("get_weather", "{}")
+    assert states() == {"closed": 1.0, "open": 0.0, "half_open": 0.0}
+    await dispatcher.dispatch("get_weather", "{}")  # opens
+    await dispatcher.dispatch("get_weather", "{}")  # rejected
+    assert states() == {"closed": 0.0, "open": 1.0, "half_open": 0.0}
+    assert (
+        value(
+            metrics,
+            "toolrelay_breaker_transitions_total",
+            breaker_key="open-meteo",
+            from_state="closed",
+            to_state="open",
+        )
+        == 1
+    )
+    assert value(metrics, "toolrelay_breaker_rejected_total", breaker_key="open-meteo") == 1
+    dispatcher.breakers.force_close("open-meteo")
+    assert states() == {"closed": 1.0, "open": 0.0, "half_open": 0.0}
+
+
+async def test_bulkhead_rejections_and_slot_hold() -> None:
+    dispatcher, service, _, metrics = build()
+    service.script = ["hang"] * 4
+    results = await dispatcher.dispatch_many([ToolCall("get_weather", "{}") for _ in range(6)])
+    assert sorted(str(r.error_type) for r in results).count("overloaded") == 2
+    assert value(metrics, "toolrelay_bulkhead_rejected_total", breaker_key="open-meteo") == 2
+    async with dispatcher.model_slot(budget_s=7).hold():
+        pass
+    assert value(metrics, "toolrelay_slot_hold_seconds_count") == 1
+    assert value(metrics, "toolrelay_slot_budget_seconds") == 7
+
+
+async def test_registries_are_shared_and_exemplars_carry_trace_ids() -> None:
+    dispatcher, _, _, metrics = build()
+    other = Dispatcher(dispatcher.registry, metrics_registry=metrics)  # no duplicate error
+    await dispatcher.dispatch("get_weather", "{}")
+    await other.dispatch("get_weather", "{}")
+    assert value(metrics, "toolrelay_tool_calls_total", tool="get_weather", outcome="ok") == 2
+    text = generate_openmetrics(metrics).decode()
+    assert '# {trace_id="' in text  # exemplar from the recording span
+
+
+async def test_telemetry_can_be_switched_off() -> None:
+    registry = ToolRegistry()
+    registry.tool(name="t", parameters=OBJ)(Service())  # type: ignore[arg-type]
+    metrics = CollectorRegistry()
+    dispatcher = Dispatcher(registry, telemetry=False, metrics_registry=metrics)
+    assert (await dispatcher.dispatch("t", "{}")).ok
+    assert dispatcher.telemetry is None
+    assert "toolrelay_tool_calls_total" not in generate_latest(metrics).decode()
+
+
+def test_serve_metrics_on_loopback() -> None:
+    metrics = CollectorRegistry()
+    registry = ToolRegistry()
+    Dispatcher(registry, metrics_registry=metrics)
+    server = serve_metrics(port=0, registry=metrics)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert "toolrelay_breaker_storage_up 1.0" in body
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+WORKER = textwrap.dedent(
+    """
+    import anyio, sys
+    from toolrelay import Dispatcher, ToolRegistry
+    registry = ToolRegistry()
+
+    @registry.tool(name="ping", parameters={"type": "object"})
+    async def ping(args, ctx):
+        return "pong"
+
+    async def main():
+        d = Dispatcher(registry)
+        for _ in range(int(sys.argv[1])):
+            await d.dispatch("ping", "{}")
+    anyio.run(main)
+    """
+)
+READER = textwrap.dedent(
+    """
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    print(registry.get_sample_value("toolrelay_tool_calls_total",
+                                    {"tool": "ping", "outcome": "ok"}))
+    print(registry.get_sample_value("toolrelay_tool_inflight", {"tool": "ping"}))
+    """
+)
+
+
+def test_multiprocess_mode_aggregates_two_processes(tmp_path: Path) -> None:
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(n)], env=env) for n in (7, 5)]
+    assert [w.wait(60) for w in workers] == [0, 0]
+    out = subprocess.run(
+        [sys.executable, "-c", READER], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert float(out[0]) == 12.0
+    assert out[1] in ("0.0", "None")  # livesum: dead processes drop out
