@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m toolrelay demo
+	$(BIN)/python examples/quickstart.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src plugins tests bench
