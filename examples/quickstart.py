@@ -84,13 +84,14 @@ async def main() -> None:
     )
     ctx = AuthContext(user_id="u1", tenant_id="t1")
     slot = dispatcher.model_slot(budget_s=5)
+    weather, search = "get_weather", "web_search"
     turns = [
-        [ToolCall("get_weather", '{"city": "Oslo"}', "c1"), ToolCall("web_search", '{"query": "oslo"}', "c2")],
-        [ToolCall("web_search", '{"query": "bergen"}', "c3")],
-        [ToolCall("web_search", '{"query": "tromsø"}', "c4")],
-        [ToolCall("get_weather", '{"city": 42}', "c5"), ToolCall("get_weather", '{"city": "Atlantis"}', "c6")],
+        [ToolCall(weather, '{"city": "Oslo"}', "c1"), ToolCall(search, '{"query": "oslo"}', "c2")],
+        [ToolCall(search, '{"query": "bergen"}', "c3")],
+        [ToolCall(search, '{"query": "tromsø"}', "c4")],
+        [ToolCall(weather, '{"city": 42}', "c5"), ToolCall(weather, '{"city": "Atlantis"}', "c6")],
         [ToolCall("delete_account", "{}", "c7"), ToolCall("send_email", "{}", "c8")],
-    ]  # fmt: skip
+    ]
     for number, calls in enumerate(turns, 1):
         async with slot.hold() as lease:
             results = await dispatcher.dispatch_many(calls, ctx, profile="support", slot=lease)
@@ -105,9 +106,8 @@ async def main() -> None:
         result = await dispatcher.dispatch(call.name, call.arguments, ctx, slot=lease)
     show("turn 6", call, result.to_model())
     print(f"         breaker searxng: {dispatcher.breakers.state('searxng')}")
-    print(
-        f"tools the model is offered now: {[s['function']['name'] for s in dispatcher.specs('support')]}"
-    )
+    offered = [spec["function"]["name"] for spec in dispatcher.specs("support")]
+    print(f"tools the model is offered now: {offered}")
 
 
 if __name__ == "__main__":
