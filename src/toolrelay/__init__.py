@@ -7,6 +7,7 @@ limit, and always comes back as an answer the model can act on.
 from .breakers import BreakerConfig, Breakers
 from .contract import AuthContext, ErrorType, ToolDeclaration, ToolError, ToolPlugin
 from .dispatcher import Dispatcher
+from .pipeline.faults import Fault, FaultInjector
 from .policy import Profile
 from .registry import RegistrationError, ToolRegistry
 from .result import ToolCall, ToolResult
@@ -18,6 +19,8 @@ __all__ = [
     "Breakers",
     "Dispatcher",
     "ErrorType",
+    "Fault",
+    "FaultInjector",
     "ModelSlot",
     "Profile",
     "RegistrationError",

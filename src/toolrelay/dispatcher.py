@@ -21,6 +21,7 @@ from .pipeline.breaker import Breaker
 from .pipeline.bulkhead import Bulkhead
 from .pipeline.deadline import Deadline
 from .pipeline.decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, Decode
+from .pipeline.faults import Fault, FaultInjector
 from .pipeline.invoke import Invoke
 from .pipeline.resolve import Resolve
 from .pipeline.retry import Retry
@@ -48,6 +49,8 @@ class Dispatcher:
         decode → resolve + policy → validate → approve → shape (on the way out)
         → deadline → retry → breaker → bulkhead → faults → invoke
 
+    (``telemetry`` wraps all of it when enabled.)
+
     Stages before the deadline never touch the breaker: a caller's mistake is not a
     service failure. Several dispatchers may share one registry.
     """
@@ -68,6 +71,8 @@ class Dispatcher:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         truncate_output: bool = False,
         observers: Iterable[Observer] = (),
+        faults: Iterable[Fault] = (),
+        fault_seed: int | None = None,
         telemetry: bool = True,
         metrics_registry: CollectorRegistry | None = None,
         tracer_provider: TracerProvider | None = None,
@@ -114,6 +119,7 @@ class Dispatcher:
             self.breakers.add_listener(tel.breaker_transition)
             self.breakers.on_create.append(tel.breaker_seen)
         self.bulkhead = Bulkhead(self.breaker_config)
+        self.faults = FaultInjector(faults, fault_seed)
         stages: list[Stage] = [] if tel is None else [tel]
         stages += [
             Decode(max_argument_bytes, max_argument_depth),
@@ -125,6 +131,7 @@ class Dispatcher:
             Retry(self.breaker_config),
             Breaker(self.breakers),
             self.bulkhead,
+            self.faults,
         ]
         self._chain = compose(stages, Invoke(self.workers))
 
