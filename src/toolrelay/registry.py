@@ -7,6 +7,7 @@ it, building its JSON Schema validators) happens once per declaration content.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -40,10 +41,13 @@ class CompiledTool:
     """A declaration checked once and made ready to run."""
 
     decl: ToolDeclaration
+    """The declaration in force (the plugin's, with operator overrides applied)."""
     fn: Callable[[dict[str, Any], AuthContext], Any]
     is_async: bool
     validator: Validator
     output_validator: Validator | None
+    source: ToolDeclaration
+    """The declaration as the plugin gave it (the cache key)."""
 
 
 def _compile_schema(tool: str, what: str, schema: Mapping[str, Any]) -> Validator:
@@ -76,6 +80,7 @@ def compile_tool(
     decl: ToolDeclaration,
     fn: Callable[[dict[str, Any], AuthContext], Any],
     reserved: frozenset[str],
+    source: ToolDeclaration | None = None,
 ) -> CompiledTool:
     """Check a declaration and build its validators; raise :class:`RegistrationError`."""
     if not isinstance(decl, ToolDeclaration):
@@ -103,7 +108,7 @@ def compile_tool(
         if decl.output_schema is None
         else _compile_schema(name, "output_schema", decl.output_schema)
     )
-    return CompiledTool(decl, fn, _is_async(fn), validator, output)
+    return CompiledTool(decl, fn, _is_async(fn), validator, output, source or decl)
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -165,6 +170,7 @@ class ToolRegistry:
         self._owner: dict[str, Any] = {}
         self._compiled: dict[str, CompiledTool] = {}
         self._functions: FunctionPlugin | None = None
+        self._overrides: dict[str, dict[str, Any]] = {}
 
     # -- registration -------------------------------------------------------------------
     def tool(
@@ -202,14 +208,14 @@ class ToolRegistry:
                 version=version,
                 tags=frozenset(tags),
             )
-            compiled = compile_tool(decl, fn, self.reserved_properties)
+            compile_tool(decl, fn, self.reserved_properties)  # refuse a bad tool now
             self._claim([decl.name], None)
             if self._functions is None:
                 self._functions = FunctionPlugin()
                 self._plugins.append(self._functions)
             self._functions.add(decl, fn)
             self._owner[decl.name] = self._functions
-            self._compiled[decl.name] = compiled
+            self._compiled.pop(decl.name, None)
             return fn
 
         return decorate
@@ -226,9 +232,7 @@ class ToolRegistry:
             raise RegistrationError(f"{type(plugin).__name__} is registered already")
         decls = list(plugin.describe())
         names = [getattr(d, "name", None) for d in decls]
-        compiled = [
-            compile_tool(d, _handler(plugin, d.name), self.reserved_properties) for d in decls
-        ]
+        compiled = [self._build(plugin, d) for d in decls]
         self._claim(names, plugin)
         self._plugins.append(plugin)
         for tool in compiled:
@@ -265,11 +269,30 @@ class ToolRegistry:
 
     def _compiled_for(self, plugin: Any, decl: ToolDeclaration) -> CompiledTool:
         cached = self._compiled.get(decl.name)
-        if cached is not None and (cached.decl is decl or cached.decl == decl):
+        if cached is not None and (cached.source is decl or cached.source == decl):
             return cached
-        compiled = compile_tool(decl, _handler(plugin, decl.name), self.reserved_properties)
-        self._compiled[decl.name] = compiled
+        compiled = self._compiled[decl.name] = self._build(plugin, decl)
         return compiled
+
+    def _build(self, plugin: Any, decl: ToolDeclaration) -> CompiledTool:
+        if not isinstance(decl, ToolDeclaration):
+            raise RegistrationError(
+                f"describe() returned {type(decl).__name__}, not ToolDeclaration"
+            )
+        override = self._overrides.get(decl.name)
+        effective = decl if override is None else dataclasses.replace(decl, **override)
+        return compile_tool(effective, _handler(plugin, decl.name), self.reserved_properties, decl)
+
+    OVERRIDABLE = frozenset({"timeout_s", "breaker_key", "max_attempts", "idempotent", "risk"})
+
+    def override(self, name: str, **fields: Any) -> None:
+        """Operator overrides of a tool's declaration (``timeout_s``, ``breaker_key``,
+        ``max_attempts``, ``idempotent``, ``risk``), applied whenever it is read."""
+        unknown = set(fields) - self.OVERRIDABLE
+        if unknown:
+            raise RegistrationError(f"tool {name!r}: cannot override {sorted(unknown)}")
+        self._overrides[name] = {**self._overrides.get(name, {}), **fields}
+        self._compiled.pop(name, None)
 
     def tools(self) -> Iterator[CompiledTool]:
         """Every valid tool now; a declaration a plugin changed into an invalid one is skipped."""
