@@ -46,7 +46,8 @@ class BreakerConfig:
     ``half_open_max_calls`` trial calls run at once, ``success_threshold`` successes close
     it and one failure re-opens it. ``slow_call_s`` makes a slower success count as a
     failure. ``max_concurrent`` calls may be in flight (and as many worker threads live);
-    ``bulkhead_wait_s`` is how long a call may wait for a place before ``overloaded``.
+    ``bulkhead_wait_s`` is how long a call may wait for a place before ``overloaded``;
+    ``max_concurrent_per_tenant`` caps one tenant's share of those places.
     ``max_attempts`` counts all attempts of an idempotent tool; waits between them start
     near ``backoff_initial_s`` and double up to ``backoff_max_s``, with jitter.
     """
@@ -57,6 +58,7 @@ class BreakerConfig:
     half_open_max_calls: int = 1
     slow_call_s: float | None = None
     max_concurrent: int = 32
+    max_concurrent_per_tenant: int | None = None
     bulkhead_wait_s: float = 0.0
     max_attempts: int = 3
     backoff_initial_s: float = 0.05
@@ -72,6 +74,11 @@ class BreakerConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise ValueError(f"BreakerConfig.{name} must be a number ≥ 0, not {value!r}")
+        share = self.max_concurrent_per_tenant
+        if share is not None and (
+            not isinstance(share, int) or isinstance(share, bool) or share < 1
+        ):
+            raise ValueError("BreakerConfig.max_concurrent_per_tenant must be an integer ≥ 1")
         if self.slow_call_s is not None and not self.slow_call_s > 0:
             raise ValueError("BreakerConfig.slow_call_s must be positive or None")
 

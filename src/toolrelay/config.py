@@ -36,6 +36,7 @@ _BREAKER = {
         "half_open_max_calls": _COUNT,
         "slow_call_s": _POSITIVE,
         "max_concurrent": _COUNT,
+        "max_concurrent_per_tenant": _COUNT,
         "bulkhead_wait_s": _NUMBER,
         "max_attempts": _COUNT,
         "backoff_initial_s": _NUMBER,
@@ -137,6 +138,9 @@ CONFIG_SCHEMA: dict[str, Any] = {
                 "truncate_output": {"type": "boolean"},
                 "fault_seed": {"type": "integer"},
                 "reserved_properties": _NAMES,
+                "secret_patterns": _NAMES,
+                "audit": {"type": "boolean"},
+                "audit_arguments": {"type": "boolean"},
             },
         },
         "telemetry": {

@@ -17,6 +17,7 @@ from .formats import FORMATS
 from .outcome import Outcome, failure
 from .pipeline import Invocation, Observer, Stage, compose
 from .pipeline.approve import Approve, Approver
+from .pipeline.audit import Audit, AuditSink, log_sink
 from .pipeline.breaker import Breaker
 from .pipeline.bulkhead import Bulkhead
 from .pipeline.deadline import Deadline
@@ -28,6 +29,7 @@ from .pipeline.retry import Retry
 from .pipeline.shape import DEFAULT_MAX_OUTPUT_BYTES, Shape
 from .pipeline.validate import Validate
 from .policy import EVERYTHING, NOTHING, Profile
+from .redact import Redactor
 from .registry import ToolRegistry
 from .result import ToolCall, ToolResult
 from .slot import ModelSlot, SlotLease
@@ -46,7 +48,7 @@ Unavailable = Literal["hide", "mark", "show"]
 class Dispatcher:
     """Runs tool calls through the pipeline, in this order (outermost first)::
 
-        decode → resolve + policy → validate → approve → shape (on the way out)
+        decode → audit → resolve + policy → validate → approve → shape (on the way out)
         → deadline → retry → breaker → bulkhead → faults → invoke
 
     (``telemetry`` wraps all of it when enabled.)
@@ -71,6 +73,9 @@ class Dispatcher:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         truncate_output: bool = False,
         observers: Iterable[Observer] = (),
+        secret_patterns: Iterable[str] = (),
+        audit: AuditSink | None = log_sink,
+        audit_arguments: bool = False,
         faults: Iterable[Fault] = (),
         fault_seed: int | None = None,
         telemetry: bool = True,
@@ -118,11 +123,13 @@ class Dispatcher:
         if tel is not None:
             self.breakers.add_listener(tel.breaker_transition)
             self.breakers.on_create.append(tel.breaker_seen)
+        self.redact = Redactor(secret_patterns)
         self.bulkhead = Bulkhead(self.breaker_config)
         self.faults = FaultInjector(faults, fault_seed)
         stages: list[Stage] = [] if tel is None else [tel]
         stages += [
             Decode(max_argument_bytes, max_argument_depth),
+            *([] if audit is None else [Audit(audit, arguments=audit_arguments)]),
             Resolve(registry),
             Validate(),
             Approve(approver),
@@ -188,15 +195,14 @@ class Dispatcher:
             out = failure(ErrorType.INTERNAL_ERROR, "toolrelay could not run this call")
         return self._result(inv, out, time.perf_counter() - started)
 
-    @staticmethod
-    def _result(inv: Invocation, out: Outcome, duration: float) -> ToolResult:
+    def _result(self, inv: Invocation, out: Outcome, duration: float) -> ToolResult:
         return ToolResult(
             out.ok,
             inv.name if isinstance(inv.name, str) else "",
             inv.call_id,
             out.data,
             out.error_type,
-            out.message,
+            self.redact(out.message) if out.message else "",
             out.retryable,
             out.retry_after_s,
             duration,

@@ -32,6 +32,7 @@ class Invocation:
     """The state of one call as it moves through the stages."""
 
     __slots__ = (
+        "approval",
         "args",
         "attempts",
         "call_id",
@@ -70,6 +71,7 @@ class Invocation:
         self.deadline: float = float("inf")
         self.slot_bound = False
         self.attempts = 0
+        self.approval = "not_required"
 
     def emit(self, event: Event) -> None:
         for observer in self.observers:

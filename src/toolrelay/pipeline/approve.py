@@ -35,6 +35,7 @@ class Approve:
         if not inv.profile.needs_approval(decl):
             return await call_next(inv)
         if self.approver is None:
+            inv.approval = "needs_approval"
             return failure(
                 ErrorType.NEEDS_APPROVAL,
                 f"tool {decl.name!r} is a {decl.risk} action and needs approval first",
@@ -50,13 +51,17 @@ class Approve:
                 approved = decision is True
         except Exception:
             log.exception("toolrelay: approver failed for %s", decl.name)
+            inv.approval = "approver_failed"
             return failure(ErrorType.DENIED, f"approval for {decl.name!r} could not be obtained")
         if scope.cancelled_caught:
+            inv.approval = "approval_timeout"
             return failure(
                 ErrorType.TIMEOUT,
                 f"approval for {decl.name!r} did not come within the model's time budget",
                 retryable=True,
             )
         if not approved:
+            inv.approval = "denied"
             return failure(ErrorType.DENIED, f"{decl.name!r} was not approved")
+        inv.approval = "approved"
         return await call_next(inv)

@@ -18,11 +18,12 @@ from . import Invocation, Next
 
 
 class Bulkhead:
-    __slots__ = ("_config_for", "_gates")
+    __slots__ = ("_config_for", "_gates", "_tenants")
 
     def __init__(self, config_for: Callable[[str], BreakerConfig]) -> None:
         self._config_for = config_for
         self._gates: dict[str, tuple[anyio.Semaphore, float]] = {}
+        self._tenants: dict[tuple[str, str | None], int] = {}
 
     def in_flight(self) -> dict[str, int]:
         """Calls holding a place, per key."""
@@ -34,6 +35,29 @@ class Bulkhead:
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         key = inv.key
         assert key is not None and inv.tool is not None
+        share = self._config_for(key).max_concurrent_per_tenant
+        if share is None:
+            return await self._admit(call_next, inv, key)
+        tenant = (key, inv.ctx.tenant_id)
+        held = self._tenants.get(tenant, 0)
+        if held >= share:
+            return failure(
+                ErrorType.OVERLOADED,
+                f"{inv.tool.decl.name} is busy: your {share} calls to {key} are still running",
+                retryable=True,
+            )
+        self._tenants[tenant] = held + 1
+        try:
+            return await self._admit(call_next, inv, key)
+        finally:
+            left = self._tenants[tenant] - 1
+            if left:
+                self._tenants[tenant] = left
+            else:
+                del self._tenants[tenant]
+
+    async def _admit(self, call_next: Next, inv: Invocation, key: str) -> Outcome:
+        assert inv.tool is not None
         entry = self._gates.get(key)
         if entry is None:
             config = self._config_for(key)

@@ -36,8 +36,9 @@ class Resolve:
             return failure(ErrorType.INTERNAL_ERROR, f"tool {shown(name)} is misconfigured")
         if tool is None:
             return failure(ErrorType.UNKNOWN_TOOL, f"there is no tool named {shown(name)}")
-        if not inv.profile.permits(tool.decl):
-            return failure(ErrorType.TOOL_POLICY, f"tool {shown(name)} is not available to you")
         inv.tool = tool
+        if not inv.profile.permits(tool.decl):
+            inv.approval = "policy"
+            return failure(ErrorType.TOOL_POLICY, f"tool {shown(name)} is not available to you")
         inv.key = tool.decl.key
         return await call_next(inv)
