@@ -7,6 +7,7 @@ every error names its key path and what was expected, and unknown keys are error
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,10 +17,20 @@ from typing import Any
 import jsonschema_rs
 
 from .breakers import BreakerConfig
+from .contract import ErrorType
 from .pipeline.faults import Fault
 from .policy import Profile
+from .registry import ToolRegistry
 
-__all__ = ["CONFIG_SCHEMA", "Config", "ConfigError", "load_config", "parse_config"]
+__all__ = [
+    "CONFIG_SCHEMA",
+    "Config",
+    "ConfigError",
+    "dispatcher_arguments",
+    "load_config",
+    "load_configured_plugins",
+    "parse_config",
+]
 
 _NUMBER = {"type": "number", "minimum": 0}
 _POSITIVE = {"type": "number", "exclusiveMinimum": 0}
@@ -120,7 +131,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
                     "rate": {"type": "number", "minimum": 0, "maximum": 1},
                     "latency_s": _NUMBER,
                     "jitter_s": _NUMBER,
-                    "error_type": {"type": "string"},
+                    "error_type": {"enum": [str(e) for e in ErrorType]},
                     "message": {"type": "string", "maxLength": 240},
                     "retryable": {"type": "boolean"},
                     "output": {},
@@ -214,7 +225,7 @@ def parse_config(data: Mapping[str, Any], path: Path | None = None) -> Config:
     )
 
 
-def load_config(path: str | Path) -> Config:
+def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and check a ``toolrelay.toml``; raise :class:`ConfigError` with a clear line."""
     file = Path(path)
     try:
@@ -226,3 +237,57 @@ def load_config(path: str | Path) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from None
     return parse_config(data, file)
+
+
+PLUGIN_KEYS = frozenset({"module", "entry_point", "enabled"})
+
+
+def load_configured_plugins(registry: ToolRegistry, config: Config) -> list[str]:
+    """Load the enabled ``[plugins.NAME]`` tables: ``module`` (default
+    ``toolrelay_plugins.NAME``) or ``entry_point``; the other keys are the plugin's settings."""
+    from .loading import load_entry_points, load_plugins
+
+    loaded = []
+    for name, table in config.plugins.items():
+        if not table.get("enabled", True):
+            continue
+        settings = {k: v for k, v in table.items() if k not in PLUGIN_KEYS}
+        if "entry_point" in table:
+            point = table["entry_point"]
+            load_entry_points(registry, [point], {point: settings})
+        else:
+            module = table.get("module", f"toolrelay_plugins.{name}")
+            load_plugins(registry, [module], {module: settings})
+        loaded.append(name)
+    for tool, fields in config.tools.items():
+        if not registry.owns(tool):
+            raise ConfigError(f"{config.path or 'config'}: tools.{tool}: no tool named {tool!r}")
+        registry.override(tool, **fields)
+    return loaded
+
+
+def dispatcher_arguments(config: Config) -> dict[str, Any]:
+    """The ``Dispatcher`` keyword arguments a config file sets."""
+    kwargs: dict[str, Any] = {
+        "profiles": config.profiles,
+        "breakers": config.breakers,
+        "default_breaker": config.default_breaker,
+        "faults": config.faults,
+    }
+    settings = {k: v for k, v in config.dispatcher.items() if k != "reserved_properties"}
+    if settings.pop("audit", True) is False:
+        kwargs["audit"] = None
+    kwargs.update(settings)
+    if config.breaker_storage is not None:
+        storage = config.breaker_storage
+        kwargs["breaker_storage"] = storage["url"]
+        if "timeout_s" in storage:
+            kwargs["breaker_storage_timeout_s"] = storage["timeout_s"]
+        if "probe_interval_s" in storage:
+            kwargs["breaker_storage_probe_s"] = storage["probe_interval_s"]
+    telemetry = config.telemetry
+    if "enabled" in telemetry:
+        kwargs["telemetry"] = telemetry["enabled"]
+    if "capture_content" in telemetry:
+        kwargs["capture_content"] = telemetry["capture_content"]
+    return kwargs

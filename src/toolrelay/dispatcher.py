@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -12,6 +13,7 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from .breakers import BreakerConfig, Breakers
+from .config import Config, dispatcher_arguments, load_config, load_configured_plugins
 from .contract import AuthContext, ErrorType
 from .formats import FORMATS
 from .outcome import Outcome, failure
@@ -141,6 +143,38 @@ class Dispatcher:
             self.faults,
         ]
         self._chain = compose(stages, Invoke(self.workers))
+
+    @classmethod
+    def from_config(
+        cls,
+        source: str | os.PathLike[str] | Config,
+        *,
+        registry: ToolRegistry | None = None,
+        **overrides: Any,
+    ) -> Dispatcher:
+        """Build a dispatcher (and, unless given, its registry) from a ``toolrelay.toml``.
+
+        Plugins are loaded, tool overrides applied, and breakers, profiles, faults, storage
+        and telemetry set as the file says; keyword arguments override the file.
+        Raises :class:`~toolrelay.config.ConfigError` or
+        :class:`~toolrelay.loading.PluginLoadError` with one clear line.
+        """
+        config = source if isinstance(source, Config) else load_config(source)
+        if registry is None:
+            reserved = config.dispatcher.get("reserved_properties")
+            registry = (
+                ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
+            )
+        load_configured_plugins(registry, config)
+        return cls(registry, **{**dispatcher_arguments(config), **overrides})
+
+    async def aclose(self) -> None:
+        """Close what the dispatcher holds: plugins' ``aclose()`` and the storage link."""
+        for plugin in self.registry.plugins():
+            closer = getattr(plugin, "aclose", None)
+            if closer is not None:
+                await closer()
+        self.close()
 
     @property
     def storage_up(self) -> bool:

@@ -315,6 +315,10 @@ class ToolRegistry:
                 return plugin, decl
         return None, None
 
+    def plugins(self) -> list[Any]:
+        """The registered plugins (the function plugin behind ``tool()`` included)."""
+        return list(self._plugins)
+
     def owns(self, name: str) -> bool:
         """Is a plugin known to own ``name``? O(1), reads no declaration."""
         return name in self._owner

@@ -65,7 +65,8 @@ class Fault:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 <= value < math.inf):
                 raise ValueError(f"fault {name} must be a number ≥ 0")
-        ErrorType(self.error_type)  # raises ValueError for an unknown error type
+        if self.error_type not in set(ErrorType):
+            raise ValueError(f"fault error_type must be one of {[str(e) for e in ErrorType]}")
 
     def matches(self, tool: str, key: str) -> bool:
         return self.tool == tool if self.tool is not None else self.breaker_key == key

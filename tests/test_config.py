@@ -1,0 +1,97 @@
+"""The config file: the annotated example works, every error names its key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolrelay import BreakerConfig, Dispatcher, ErrorType
+from toolrelay.config import ConfigError, load_config, parse_config
+from toolrelay.loading import PluginLoadError
+
+pytestmark = pytest.mark.anyio
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "toolrelay.toml"
+
+
+async def test_the_annotated_example_builds_a_dispatcher() -> None:
+    config = load_config(EXAMPLE)
+    assert config.breakers["searxng"] == BreakerConfig(
+        fail_max=3, reset_timeout_s=10, slow_call_s=3.0, max_concurrent_per_tenant=4
+    )
+    assert config.default_breaker is not None and config.default_breaker.max_concurrent == 32
+    dispatcher = Dispatcher.from_config(EXAMPLE)
+    try:
+        names = {spec["function"]["name"] for spec in dispatcher.specs("support")}
+        assert names == {"weather_current", "weather_forecast", "web_search", "feed_latest"}
+        tool = dispatcher.registry.resolve("web_search")
+        assert tool is not None and tool.decl.timeout_s == 4.0 and tool.decl.max_attempts == 2
+        assert dispatcher.breaker_config("anything-else").fail_max == 5
+        denied = await dispatcher.dispatch("web_search", '{"query": "x"}', profile="nobody")
+        assert denied.error_type is ErrorType.TOOL_POLICY
+    finally:
+        await dispatcher.aclose()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("colour = 'red'", "(top level): Additional properties are not allowed ('colour'"),
+        ("[breakers.x]\nfail_max = 0", "breakers.x.fail_max: 0 is less than the minimum of 1"),
+        ("[breakers.x]\nfail_max = 'many'", 'breakers.x.fail_max: "many" is not of type'),
+        ("[breakers.x]\nfailmax = 3", "breakers.x: Additional properties are not allowed"),
+        ("[profiles.p]\nmax_risk = 'extreme'", "profiles.p.max_risk:"),
+        ("[[faults]]\nkind = 'hang'", "faults.0:"),
+        ("[[faults]]\nkind = 'hang'\ntool = 'a'\nbreaker_key = 'b'", "faults.0:"),
+        ("[telemetry]\nmetrics_port = 70000", "telemetry.metrics_port:"),
+        ("[breaker_storage]\nurl = 'http://x'", "breaker_storage.url:"),
+        ("[plugins.w]\nmodule = 'a'\nentry_point = 'b'", "plugins.w:"),
+        ("[faults]", "faults:"),
+    ],
+)
+def test_errors_name_the_key_path(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "toolrelay.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert expected in message and str(path) in message
+    assert "\n" not in message
+
+
+def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[breakers\nfail_max = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_values_checked_beyond_types() -> None:
+    with pytest.raises(ConfigError, match=r"faults\.0\.error_type: \"oops\" is not one of"):
+        parse_config({"faults": [{"kind": "error", "tool": "t", "error_type": "oops"}]})
+
+
+def test_plugin_and_tool_errors(tmp_path: Path) -> None:
+    path = tmp_path / "toolrelay.toml"
+    path.write_text("[plugins.nonexistent]\n")
+    with pytest.raises(PluginLoadError, match="nonexistent"):
+        Dispatcher.from_config(path)
+    path.write_text("[tools.no_such_tool]\ntimeout_s = 1\n")
+    with pytest.raises(ConfigError, match=r"tools\.no_such_tool: no tool named"):
+        Dispatcher.from_config(path)
+
+
+async def test_keyword_arguments_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "toolrelay.toml"
+    path.write_text("[dispatcher]\nmax_argument_bytes = 10\n[telemetry]\nenabled = false\n")
+    dispatcher = Dispatcher.from_config(path)
+    assert dispatcher.telemetry is None
+    registry = dispatcher.registry
+    registry.tool(name="t", parameters={"type": "object"})(lambda a, c: "ok")
+    assert (await dispatcher.dispatch("t", '{"aaaaaaaaaa": 1}')).error_type is (
+        ErrorType.INVALID_ARGUMENTS
+    )
+    wider = Dispatcher.from_config(path, registry=registry, max_argument_bytes=1000)
+    assert (await wider.dispatch("t", '{"aaaaaaaaaa": 1}')).ok
