@@ -1,0 +1,376 @@
+"""What the first-party plugins share: settings, one HTTP client each, one failure mapping.
+
+Every upstream failure becomes a :class:`~toolrelay.contract.ToolError` here and nowhere
+else. Messages are one short sentence naming the service; they never carry a response
+body, a URL or an exception's text.
+
+==========================================  ==========  =========  =================
+upstream                                    error_type  retryable  counts as failure
+==========================================  ==========  =========  =================
+HTTP 429, HTTP 503                          tool_error  yes        yes (+ Retry-After)
+other HTTP 5xx                              tool_error  yes        yes
+connect error, reset, broken or cut body    tool_error  yes        yes
+httpx timeout (toolrelay's deadline first)  timeout     yes        yes
+malformed or oversized body, odd shape      tool_error  no         yes
+other HTTP 4xx, unfollowed 3xx              tool_error  no         no
+a URL httpx cannot use (configuration)      tool_error  no         no
+==========================================  ==========  =========  =================
+
+A malformed body is a fault of the service, so it counts towards opening the breaker;
+but it is not retryable: a service that sends garbage (a broken deploy, an HTML error
+page from a proxy) usually sends the same garbage a moment later, so an immediate retry
+would only spend the call's deadline. An httpx timeout is answered as ``timeout``, the
+envelope's name for "the tool did not answer in time".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from html.parser import HTMLParser
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+
+from toolrelay.contract import AuthContext, ErrorType, ToolDeclaration, ToolError
+
+__all__ = [
+    "HTTP_KEYS",
+    "HttpPlugin",
+    "HttpSettings",
+    "Registrar",
+    "ServiceClient",
+    "clean_text",
+    "malformed",
+    "retry_after_seconds",
+    "safe_url",
+    "status_error",
+    "transport_error",
+]
+
+USER_AGENT = "toolrelay-plugins/0.1"
+MAX_RETRY_AFTER_S = 3600.0
+DEFAULT_MAX_BYTES = 2 * 1024 * 1024
+HTTP_KEYS = frozenset(
+    {"timeout_s", "connect_timeout_s", "read_timeout_s", "max_response_bytes", "trust_env"}
+)
+"""Settings every first-party plugin accepts besides its own."""
+
+
+class Registrar(Protocol):
+    """What ``register(registry, config)`` needs of a registry."""
+
+    def register(self, plugin: Any) -> Any: ...
+
+
+# -- settings ------------------------------------------------------------------------------
+def check_keys(plugin: str, config: Mapping[str, Any], allowed: Iterable[str]) -> None:
+    """Refuse unknown settings: a misspelt key should fail loudly, not be ignored."""
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{plugin}: the configuration must be a mapping")
+    unknown = sorted(set(config) - set(allowed))
+    if unknown:
+        raise ValueError(f"{plugin}: unknown setting {unknown[0]!r}")
+
+
+def number_setting(
+    plugin: str, config: Mapping[str, Any], key: str, default: float, low: float, high: float
+) -> float:
+    value = config.get(key, default)
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        raise ValueError(f"{plugin}: {key!r} must be a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def int_setting(
+    plugin: str, config: Mapping[str, Any], key: str, default: int, low: int, high: int
+) -> int:
+    value = config.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{plugin}: {key!r} must be an integer from {low} to {high}")
+    return value
+
+
+def url_setting(plugin: str, key: str, value: Any) -> str:
+    """An http(s) base URL, without a trailing slash."""
+    if not isinstance(value, str):
+        raise ValueError(f"{plugin}: {key!r} must be an http(s) URL")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        raise ValueError(f"{plugin}: {key!r} must be an http(s) URL without a query")
+    return value.rstrip("/")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpSettings:
+    """A plugin's deadline and HTTP limits.
+
+    ``timeout_s`` is the tools' deadline in toolrelay; ``read_timeout_s`` (default: the
+    same) bounds each read from the service, as a backstop: the deadline usually fires
+    first, because it started earlier.
+    """
+
+    timeout_s: float = 10.0
+    connect_timeout_s: float = 3.0
+    read_timeout_s: float | None = None
+    max_response_bytes: int = DEFAULT_MAX_BYTES
+    trust_env: bool = True
+
+    @classmethod
+    def from_config(cls, plugin: str, config: Mapping[str, Any]) -> HttpSettings:
+        timeout = number_setting(plugin, config, "timeout_s", 10.0, 0.01, 600.0)
+        read = config.get("read_timeout_s")
+        trust_env = config.get("trust_env", True)
+        if not isinstance(trust_env, bool):
+            raise ValueError(f"{plugin}: 'trust_env' must be true or false")
+        return cls(
+            timeout_s=timeout,
+            connect_timeout_s=number_setting(plugin, config, "connect_timeout_s", 3.0, 0.01, 600),
+            read_timeout_s=(
+                None
+                if read is None
+                else number_setting(plugin, config, "read_timeout_s", 0.0, 0.01, 600.0)
+            ),
+            max_response_bytes=int_setting(
+                plugin, config, "max_response_bytes", DEFAULT_MAX_BYTES, 1024, 64 * 1024 * 1024
+            ),
+            trust_env=trust_env,
+        )
+
+    def httpx_timeout(self) -> httpx.Timeout:
+        read = self.timeout_s if self.read_timeout_s is None else self.read_timeout_s
+        return httpx.Timeout(read, connect=min(self.connect_timeout_s, read))
+
+
+# -- failure mapping -----------------------------------------------------------------------
+def retry_after_seconds(value: str | None, *, now: datetime | None = None) -> float | None:
+    """A ``Retry-After`` header in seconds (delay-seconds or HTTP-date form), capped."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return min(seconds, MAX_RETRY_AFTER_S)
+
+
+def status_error(service: str, response: httpx.Response) -> ToolError | None:
+    """The answer to a non-2xx response; ``None`` for a success."""
+    code = response.status_code
+    if 200 <= code < 300:
+        return None
+    if code in (429, 503):
+        retry_after = retry_after_seconds(response.headers.get("retry-after"))
+        what = "is limiting requests" if code == 429 else "is unavailable"
+        return ToolError(
+            f"{service} {what} (HTTP {code})", retryable=True, retry_after_s=retry_after
+        )
+    if code >= 500:
+        return ToolError(f"{service} failed (HTTP {code})", retryable=True)
+    if 300 <= code < 400:
+        return ToolError(f"{service} answered with a redirect (HTTP {code})")
+    if code >= 400:
+        return ToolError(f"{service} refused the request (HTTP {code})")
+    return ToolError(f"{service} gave an unexpected answer (HTTP {code})", counts_as_failure=True)
+
+
+def transport_error(service: str, exc: Exception) -> ToolError:
+    """The answer to an exception raised by httpx."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.ProxyError):
+        return ToolError(f"{service} could not be reached", retryable=True)
+    if isinstance(exc, httpx.TimeoutException):
+        return ToolError(
+            f"{service} did not answer in time", error_type=ErrorType.TIMEOUT, retryable=True
+        )
+    if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
+        return ToolError(f"{service} broke off the connection", retryable=True)
+    if isinstance(exc, httpx.DecodingError):
+        return malformed(service)
+    if isinstance(exc, httpx.TooManyRedirects):
+        return ToolError(f"{service} redirected too many times", counts_as_failure=True)
+    return ToolError(f"{service} could not be called; check the plugin's configuration")
+
+
+def malformed(service: str) -> ToolError:
+    """A body that cannot be read, or does not have the expected shape."""
+    return ToolError(f"{service} sent an answer that could not be read", counts_as_failure=True)
+
+
+# -- the client ----------------------------------------------------------------------------
+Params = Mapping[str, str | int | float]
+
+
+class ServiceClient:
+    """One ``httpx.AsyncClient`` for a plugin instance, created on first use.
+
+    Bodies are read up to ``max_response_bytes`` (decoded), so a huge or endless answer
+    cannot exhaust memory.
+    """
+
+    def __init__(
+        self, settings: HttpSettings, *, accept: str, follow_redirects: bool = False
+    ) -> None:
+        self.settings = settings
+        self._accept = accept
+        self._follow = follow_redirects
+        self._client: httpx.AsyncClient | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=self.settings.httpx_timeout(),
+                headers={"user-agent": USER_AGENT, "accept": self._accept},
+                follow_redirects=self._follow,
+                max_redirects=3,
+                trust_env=self.settings.trust_env,
+            )
+        return self._client
+
+    async def fetch(
+        self, service: str, url: str, params: Params | None = None
+    ) -> tuple[bytes, str]:
+        """The body and content type of ``GET url``; any failure is a :class:`ToolError`."""
+        limit = self.settings.max_response_bytes
+        try:
+            async with self._http().stream("GET", url, params=params) as response:
+                problem = status_error(service, response)
+                if problem is not None:
+                    raise problem
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > limit:
+                    raise _too_large(service, limit)
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > limit:
+                        raise _too_large(service, limit)
+                return bytes(body), response.headers.get("content-type", "")
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+            raise transport_error(service, exc) from exc
+
+    async def get_json(self, service: str, url: str, params: Params | None = None) -> Any:
+        """``GET url`` decoded as JSON (NaN and Infinity refused)."""
+        body, _ = await self.fetch(service, url, params)
+        try:
+            return _loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise malformed(service) from exc
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+def _loads(body: bytes) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(body.decode("utf-8"), parse_constant=refuse)
+
+
+def _too_large(service: str, limit: int) -> ToolError:
+    return ToolError(f"{service} sent more than {limit} bytes", counts_as_failure=True)
+
+
+# -- the plugin shell ----------------------------------------------------------------------
+class HttpPlugin:
+    """Declarations by name, one :class:`ServiceClient`, and ``aclose()``.
+
+    Subclasses build their declarations and implement ``async def execute``.
+    """
+
+    def __init__(self, declarations: Sequence[ToolDeclaration], client: ServiceClient) -> None:
+        self._decls = {decl.name: decl for decl in declarations}
+        self.client = client
+
+    def describe(self) -> list[ToolDeclaration]:
+        return list(self._decls.values())
+
+    def declaration(self, name: str) -> ToolDeclaration | None:
+        return self._decls.get(name)
+
+    async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (a later call opens a new one)."""
+        await self.client.aclose()
+
+
+# -- text from upstreams -------------------------------------------------------------------
+_BLOCK = frozenset({"p", "div", "br", "li", "ul", "ol", "tr", "td", "h1", "h2", "h3", "h4"})
+_HIDDEN = frozenset({"script", "style", "template", "noscript"})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f]")
+
+
+class _TextOnly(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.hidden = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in _HIDDEN:
+            self.hidden += 1
+        elif tag in _BLOCK:
+            self.parts.append(" ")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _HIDDEN:
+            self.hidden = max(0, self.hidden - 1)
+        elif tag in _BLOCK:
+            self.parts.append(" ")
+
+    def handle_data(self, data: str) -> None:
+        if not self.hidden:
+            self.parts.append(data)
+
+
+def clean_text(value: Any, limit: int) -> str | None:
+    """Plain text from an upstream's text or HTML: tags and control characters removed,
+    whitespace collapsed, at most ``limit`` characters (cut ones end with "…")."""
+    if not isinstance(value, str) or not value:
+        return None
+    parser = _TextOnly()
+    parser.feed(value)
+    parser.close()
+    text = " ".join(_CONTROL.sub(" ", "".join(parser.parts)).split())
+    if len(text) > limit:
+        text = text[: limit - 1].rstrip() + "…"
+    return text or None
+
+
+def safe_url(value: Any) -> str | None:
+    """An absolute http(s) URL without credentials, or ``None``."""
+    if not isinstance(value, str) or not 0 < len(value) <= 2048 or _CONTROL.search(value):
+        return None
+    if any(ch.isspace() for ch in value):
+        return None
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+        return None
+    return value

@@ -1,0 +1,154 @@
+"""The latest items of RSS and Atom feeds the operator chose, parsed with feedparser.
+
+Tool ``feed_latest`` (breaker key ``feeds``, risk read): the model names one of the
+configured feeds, never a URL. Items come back as title, link (http(s) only), published
+time (ISO 8601 UTC, or null) and a plain-text summary cut to ``summary_chars``.
+
+Parsing is strict: a feed must be well-formed XML (feedparser's lenient fallback parser is
+not trusted with a body that failed it), and is parsed on a worker thread so a large feed
+never blocks the event loop. Bodies are capped by ``max_response_bytes`` before parsing.
+feedparser never resolves external entities and drops entity declarations that refer to
+other entities before expat sees them, so XXE and "billion laughs" bodies do not expand
+(see ``tests/test_plugins.py``); expat ≥ 2.4 also refuses runaway amplification.
+
+Settings: ``feeds`` (required: ``{name: url}``), ``summary_chars`` (default 280), and the
+HTTP settings of :class:`~toolrelay_plugins._http.HttpSettings`.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio.to_thread
+import feedparser  # type: ignore[import-untyped]
+
+from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
+
+from ._http import (
+    HTTP_KEYS,
+    HttpPlugin,
+    HttpSettings,
+    Registrar,
+    ServiceClient,
+    check_keys,
+    clean_text,
+    int_setting,
+    malformed,
+    safe_url,
+    url_setting,
+)
+
+__all__ = ["FeedsPlugin", "parse_feed", "register"]
+
+BREAKER_KEY = "feeds"
+DEFAULT_LIMIT = 5
+TITLE_CHARS = 300
+ACCEPT = "application/atom+xml, application/rss+xml, application/xml;q=0.9, text/xml;q=0.8"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+_HARMLESS = (feedparser.CharacterEncodingOverride, feedparser.NonXMLContentType)
+
+
+class FeedsPlugin(HttpPlugin):
+    """``feed_latest`` over the operator's feeds."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        check_keys("feeds", config, {"feeds", "summary_chars", *HTTP_KEYS})
+        feeds = config.get("feeds")
+        if not isinstance(feeds, Mapping) or not feeds:
+            raise ValueError("feeds: 'feeds' must map at least one feed name to its URL")
+        self.feeds: dict[str, str] = {}
+        for name, url in feeds.items():
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise ValueError(f"feeds: feed name {name!r} must match {_NAME.pattern}")
+            self.feeds[name] = url_setting("feeds", f"feeds.{name}", url)
+        self.summary_chars = int_setting("feeds", config, "summary_chars", 280, 20, 5000)
+        settings = HttpSettings.from_config("feeds", config)
+        names = sorted(self.feeds)
+        parameters = {
+            "type": "object",
+            "properties": {
+                "feed": {"type": "string", "enum": names},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 20, "default": DEFAULT_LIMIT},
+            },
+            "required": ["feed"],
+            "additionalProperties": False,
+        }
+        listing = ", ".join(names)
+        if len(listing) > 200:
+            listing = listing[:199] + "…"
+        declaration = ToolDeclaration(
+            "feed_latest",
+            "Latest items of a news feed: title, link, published time (UTC) and a short "
+            f"summary. Feeds: {listing}.",
+            parameters,
+            risk="read",
+            timeout_s=settings.timeout_s,
+            breaker_key=BREAKER_KEY,
+            tags=frozenset({"feeds"}),
+        )
+        client = ServiceClient(settings, accept=ACCEPT, follow_redirects=True)
+        super().__init__([declaration], client)
+
+    async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
+        if name != "feed_latest":
+            raise ToolError(f"feeds has no tool named {name!r}")
+        feed = args["feed"]
+        url = self.feeds.get(feed)
+        if url is None:
+            raise ToolError(f"there is no feed named {feed!r}")
+        service = f"feed {feed!r}"
+        body, content_type = await self.client.fetch(service, url)
+        parsed = await anyio.to_thread.run_sync(
+            functools.partial(parse_feed, body, content_type), abandon_on_cancel=True
+        )
+        if parsed is None:
+            raise malformed(service)
+        limit = int(args.get("limit", DEFAULT_LIMIT))
+        return {
+            "feed": feed,
+            "title": clean_text(parsed.feed.get("title"), TITLE_CHARS),
+            "items": [self._item(entry) for entry in parsed.entries[:limit]],
+        }
+
+    def _item(self, entry: Any) -> dict[str, Any]:
+        return {
+            "title": clean_text(entry.get("title"), TITLE_CHARS),
+            "link": safe_url(entry.get("link")),
+            "published": _utc(entry.get("published_parsed") or entry.get("updated_parsed")),
+            "summary": clean_text(entry.get("summary"), self.summary_chars),
+        }
+
+
+def parse_feed(body: bytes, content_type: str = "application/xml") -> Any | None:
+    """The parsed feed, or ``None`` when the body is not a well-formed RSS or Atom feed."""
+    parsed = feedparser.parse(
+        io.BytesIO(body),  # never bytes or str: feedparser would read those as a path or URL
+        response_headers={"content-type": content_type or "application/xml"},
+        resolve_relative_uris=False,
+        sanitize_html=True,
+    )
+    if not parsed.get("version"):
+        return None
+    if parsed.get("bozo") and not isinstance(parsed.get("bozo_exception"), _HARMLESS):
+        return None
+    return parsed
+
+
+def _utc(value: Any) -> str | None:
+    """feedparser's UTC ``struct_time`` as ISO 8601."""
+    if not isinstance(value, time.struct_time):
+        return None
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", value)
+    except (ValueError, OverflowError):
+        return None
+
+
+def register(registry: Registrar, config: Mapping[str, Any]) -> None:
+    """Register ``feed_latest``: ``register(registry, {"feeds": {"news": "https://…"}})``."""
+    registry.register(FeedsPlugin(config))

@@ -1,0 +1,132 @@
+"""Web search through a SearXNG instance's JSON API.
+
+Tool ``web_search`` (breaker key ``searxng``, risk read). Answers hold results only —
+title, URL, snippet and engine, as plain text, cut to fixed lengths. SearXNG's
+``answers`` and ``infoboxes`` (text an engine wrote *for* the reader, the likeliest place
+for instructions aimed at a model) are dropped, as are results without an http(s) URL.
+
+Settings: ``base_url`` (required: your SearXNG, with the JSON format enabled),
+``safesearch`` (0–2, default 1), ``language`` (e.g. ``"en"``, default: SearXNG's), and the
+HTTP settings of :class:`~toolrelay_plugins._http.HttpSettings`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
+
+from ._http import (
+    HTTP_KEYS,
+    HttpPlugin,
+    HttpSettings,
+    Registrar,
+    ServiceClient,
+    check_keys,
+    clean_text,
+    int_setting,
+    malformed,
+    safe_url,
+    url_setting,
+)
+
+__all__ = ["WebSearchPlugin", "register"]
+
+SERVICE = "searxng"
+DEFAULT_RESULTS = 5
+TITLE_CHARS = 200
+SNIPPET_CHARS = 300
+_ENGINE = re.compile(r"^[a-z0-9][a-z0-9 ._-]{0,39}$")
+_LANGUAGE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})?$|^all$|^auto$")
+
+PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "minLength": 1, "maxLength": 300, "pattern": r"\S"},
+        "max_results": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 10,
+            "default": DEFAULT_RESULTS,
+        },
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+
+class WebSearchPlugin(HttpPlugin):
+    """``web_search`` on SearXNG."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        check_keys("websearch", config, {"base_url", "safesearch", "language", *HTTP_KEYS})
+        if "base_url" not in config:
+            raise ValueError("websearch: 'base_url' (the SearXNG instance) is required")
+        self.base_url = url_setting("websearch", "base_url", config["base_url"])
+        self.safesearch = int_setting("websearch", config, "safesearch", 1, 0, 2)
+        language = config.get("language")
+        if language is not None and not (isinstance(language, str) and _LANGUAGE.match(language)):
+            raise ValueError("websearch: 'language' must be a language code such as 'en'")
+        self.language: str | None = language
+        settings = HttpSettings.from_config("websearch", config)
+        declaration = ToolDeclaration(
+            "web_search",
+            "Search the web. Returns up to max_results results, each with title, url, a short "
+            "snippet and the engine that found it.",
+            PARAMETERS,
+            risk="read",
+            timeout_s=settings.timeout_s,
+            breaker_key=SERVICE,
+            tags=frozenset({"web"}),
+        )
+        super().__init__([declaration], ServiceClient(settings, accept="application/json"))
+
+    async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
+        if name != "web_search":
+            raise ToolError(f"websearch has no tool named {name!r}")
+        query: dict[str, str | int | float] = {
+            "q": args["query"],
+            "format": "json",
+            "safesearch": self.safesearch,
+        }
+        if self.language is not None:
+            query["language"] = self.language
+        data = await self.client.get_json(SERVICE, f"{self.base_url}/search", query)
+        if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+            raise malformed(SERVICE)
+        results = _results(data["results"], int(args.get("max_results", DEFAULT_RESULTS)))
+        if not results and data.get("unresponsive_engines"):
+            raise ToolError(f"the search engines behind {SERVICE} did not answer", retryable=True)
+        return {"results": results}
+
+
+def _results(raw: list[Any], limit: int) -> list[dict[str, Any]]:
+    """Results only: answers and infoboxes are never read."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for item in raw:
+        if len(out) == limit:
+            break
+        if not isinstance(item, dict):
+            continue
+        url = safe_url(item.get("url"))
+        if url is None or url in seen:
+            continue
+        seen.add(url)
+        engine = item.get("engine")
+        out.append(
+            {
+                "title": clean_text(item.get("title"), TITLE_CHARS) or url,
+                "url": url,
+                "snippet": clean_text(item.get("content"), SNIPPET_CHARS),
+                "engine": engine if isinstance(engine, str) and _ENGINE.match(engine) else None,
+            }
+        )
+    return out
+
+
+def register(registry: Registrar, config: Mapping[str, Any]) -> None:
+    """Register ``web_search``: ``register(registry, {"base_url": "https://searx.example"})``."""
+    registry.register(WebSearchPlugin(config))

@@ -1,0 +1,1 @@
+"""Chaos engineering: a misbehaving stand-in upstream, and experiments that use it."""
