@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/quickstart.py
+	$(BIN)/toolrelay demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check src plugins tests bench

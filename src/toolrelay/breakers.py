@@ -109,6 +109,12 @@ class KeyBreaker:
         self.storage = storage or pybreaker.CircuitMemoryStorage(pybreaker.STATE_CLOSED)
         self._on_transition = on_transition
         self.trials = 0
+        self.admitted = 0
+        """Calls admitted in the closed state (cumulative)."""
+        self.trials_admitted = 0
+        """Half-open trial calls admitted (cumulative)."""
+        self.failures_recorded = 0
+        """Failures counted against the service, slow successes included (cumulative)."""
         self.pinned_open = False
         self.transitions = 0
         self.last_transition: tuple[str, str] = ("closed", "closed")
@@ -149,6 +155,7 @@ class KeyBreaker:
         """ADMIT, TRIAL (a half-open trial; report it back with ``trial=True``) or REJECT."""
         state = self.state
         if state == "closed":
+            self.admitted += 1
             return ADMIT
         if state == "open":
             if self.pinned_open or self.retry_after() > 0:
@@ -157,6 +164,7 @@ class KeyBreaker:
         if self.trials >= self.config.half_open_max_calls:
             return REJECT
         self.trials += 1
+        self.trials_admitted += 1
         return TRIAL
 
     def release(self, trial: bool) -> None:
@@ -174,6 +182,8 @@ class KeyBreaker:
             verdict = Verdict.FAILURE
         state = self.state
         storage = self.storage
+        if verdict is Verdict.FAILURE:
+            self.failures_recorded += 1
         if verdict is Verdict.SUCCESS:
             if state == "closed":
                 if storage.counter:

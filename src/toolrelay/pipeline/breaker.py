@@ -31,10 +31,14 @@ class Breaker:
             if inv.observers and breaker.transitions != seen:
                 inv.emit(BreakerTransition(inv.key, *breaker.last_transition))
             wait = breaker.retry_after()
+            if wait > 0:
+                hint = f"try again in {wait:.1f} s" if wait < 10 else f"try again in {wait:.0f} s"
+            else:  # half-open, with every trial place taken
+                wait = min(1.0, breaker.config.reset_timeout_s)
+                hint = "a trial call is testing it; try again in a moment"
             return failure(
                 ErrorType.CIRCUIT_OPEN,
-                f"{inv.tool.decl.name} is paused because {inv.key} is failing; "
-                f"try again in {max(wait, 1):.0f} s",
+                f"{inv.tool.decl.name} is paused because {inv.key} is failing; {hint}",
                 retryable=True,
                 retry_after_s=wait,
             )

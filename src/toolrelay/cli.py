@@ -1,0 +1,180 @@
+"""The ``toolrelay`` command: demo, call, specs, check, chaos and serve.
+
+Errors are one line on stderr and a non-zero exit status (2 for usage and configuration,
+1 for a failed invariant or an answer with ``ok: false``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+__all__ = ["main"]
+
+DEFAULT_CONFIG = "toolrelay.toml"
+EMBEDDED_DEFAULTS: dict[str, Any] = {"plugins": {"weather": {}}}
+
+
+class CliError(Exception):
+    """A one-line error for the user."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="toolrelay", description="Run an agent's tool calls through a resilient pipeline."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="an agent that keeps answering while services fail")
+    demo.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument("--metrics-port", type=int, default=9464, help="0 disables /metrics")
+    demo.add_argument("--otlp-endpoint", help="send spans to this OTLP/HTTP endpoint")
+    demo.add_argument("--json", type=Path, help="write the report as JSON to this file")
+    view = demo.add_mutually_exclusive_group()
+    view.add_argument("--live", dest="live", action="store_true", default=None)
+    view.add_argument("--plain", dest="live", action="store_false")
+
+    call = commands.add_parser("call", help="run one tool call and print the model's answer")
+    call.add_argument("tool")
+    call.add_argument("args_json", metavar="ARGS_JSON", nargs="?", default="{}")
+    call.add_argument("--profile")
+    call.add_argument("--config", help=f"config file (default: ./{DEFAULT_CONFIG} if present)")
+
+    specs = commands.add_parser("specs", help="print the tool specs a model is offered")
+    specs.add_argument("--profile")
+    specs.add_argument("--format", default="openai",
+                       choices=["openai", "openai-responses", "anthropic", "mcp"])  # fmt: skip
+    specs.add_argument("--config")
+
+    check = commands.add_parser("check", help="validate a config file")
+    check.add_argument("config")
+
+    chaos = commands.add_parser("chaos", help="chaos tools")
+    chaos_commands = chaos.add_subparsers(dest="chaos_command", required=True, metavar="TOOL")
+    upstream = chaos_commands.add_parser("upstream", help="the stand-in upstream server")
+    upstream.add_argument("rest", nargs=argparse.REMAINDER)
+    run = chaos_commands.add_parser("run", help="run a chaos experiment")
+    run.add_argument("experiment", type=Path)
+    run.add_argument("--json", type=Path, help="write the report as JSON to this file")
+    run.add_argument("--seed", type=int)
+    return parser
+
+
+def _config_source(path: str | None) -> Any:
+    from .config import load_config, parse_config
+
+    if path is not None:
+        return load_config(path)
+    if Path(DEFAULT_CONFIG).exists():
+        return load_config(DEFAULT_CONFIG)
+    return parse_config(EMBEDDED_DEFAULTS)
+
+
+async def _call(args: argparse.Namespace) -> int:
+    from .dispatcher import Dispatcher
+
+    dispatcher = Dispatcher.from_config(_config_source(args.config), telemetry=False, audit=None)
+    try:
+        result = await dispatcher.dispatch(
+            args.tool, args.args_json, profile=args.profile, call_id="cli"
+        )
+    finally:
+        await dispatcher.aclose()
+    print(json.dumps(result.to_model(), ensure_ascii=False, indent=2))
+    return 0 if result.ok else 1
+
+
+async def _specs(args: argparse.Namespace) -> int:
+    from .dispatcher import Dispatcher
+
+    dispatcher = Dispatcher.from_config(_config_source(args.config), telemetry=False, audit=None)
+    try:
+        print(json.dumps(dispatcher.specs(args.profile, args.format), indent=2))
+    finally:
+        await dispatcher.aclose()
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .config import load_config
+
+    config = load_config(args.config)
+    parts = [
+        f"{len(config.plugins)} plugins",
+        f"{len(config.tools)} tool overrides",
+        f"{len(config.breakers) + (config.default_breaker is not None)} breaker settings",
+        f"{len(config.profiles)} profiles",
+        f"{len(config.faults)} faults",
+    ]
+    print(f"{args.config}: ok ({', '.join(parts)})")
+    return 0
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from .demo import DemoOptions, run_demo
+    from .demo_view import pick_view, print_summary
+
+    if args.duration <= 0:
+        raise CliError("--duration must be positive")
+    options = DemoOptions(
+        duration_s=args.duration,
+        seed=args.seed,
+        metrics_port=args.metrics_port,
+        otlp_endpoint=args.otlp_endpoint,
+        json_path=args.json,
+        live=args.live,
+    )
+    view = pick_view(options.live, options.duration_s)
+    report = await run_demo(options, view=view)
+    print_summary(report)
+    return 0 if report.ok else 1
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    if args.chaos_command == "upstream":
+        from .chaos.upstream import main as upstream_main
+
+        return upstream_main(args.rest)
+    from .chaos.experiment import main as experiment_main
+
+    return experiment_main(args.experiment, json_path=args.json, seed=args.seed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``toolrelay`` command."""
+    args = _parser().parse_args(argv)
+    from .config import ConfigError
+    from .loading import PluginLoadError
+
+    try:
+        if args.command == "demo":
+            return anyio.run(_demo, args)
+        if args.command == "call":
+            return anyio.run(_call, args)
+        if args.command == "specs":
+            return anyio.run(_specs, args)
+        if args.command == "check":
+            return _check(args)
+        return _chaos(args)
+    except (CliError, ConfigError, PluginLoadError) as exc:
+        print(f"toolrelay: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # never a traceback on the terminal
+        print(f"toolrelay: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+        if os.environ.get("TOOLRELAY_DEBUG"):
+            raise
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""The toolrelay command: every command, bad input, and a short demo run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from toolrelay.chaos.upstream import Upstream
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def toolrelay(
+    *args: str, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "toolrelay", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def one_clear_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    upstream = Upstream()
+    with upstream.run_in_thread() as up:
+        path = tmp_path_factory.mktemp("cli") / "toolrelay.toml"
+        path.write_text(
+            f'[plugins.weather]\nbase_url = "{up.url}"\ngeocoding_url = "{up.url}"\n'
+            f'[plugins.websearch]\nbase_url = "{up.url}"\n'
+            '[profiles.support]\nallow = ["weather_current"]\n'
+        )
+        yield path
+
+
+def test_call_prints_the_model_answer(config: Path) -> None:
+    result = toolrelay("call", "weather_current", '{"city": "Oslo"}', "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["ok"] is True and "temperature_c" in json.dumps(answer["data"])
+
+
+@pytest.mark.parametrize(
+    ("args", "error_type"),
+    [
+        (["weather_current", '{"city": 7}'], "validation_error"),
+        (["weather_current", "{not json"], "invalid_arguments"),
+        (["no_such_tool", "{}"], "unknown_tool"),
+        (["web_search", '{"query": "x"}', "--profile", "support"], "tool_policy"),
+    ],
+)
+def test_call_failures_are_answers_with_exit_status_1(
+    config: Path, args: list[str], error_type: str
+) -> None:
+    result = toolrelay("call", *args, "--config", str(config))
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["error_type"] == error_type
+    assert result.stderr == ""
+
+
+def test_specs_in_every_format(config: Path) -> None:
+    result = toolrelay("specs", "--format", "mcp", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    names = {tool["name"] for tool in json.loads(result.stdout)}
+    assert {"weather_current", "weather_forecast", "web_search"} <= names
+    support = toolrelay("specs", "--profile", "support", "--config", str(config))
+    assert [t["function"]["name"] for t in json.loads(support.stdout)] == ["weather_current"]
+    anthropic = toolrelay("specs", "--format", "anthropic", "--config", str(config))
+    assert all("input_schema" in t for t in json.loads(anthropic.stdout))
+
+
+def test_specs_without_a_config_uses_embedded_defaults(tmp_path: Path) -> None:
+    result = toolrelay("specs", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert {t["function"]["name"] for t in json.loads(result.stdout)} == {
+        "weather_current",
+        "weather_forecast",
+    }
+
+
+def test_check(tmp_path: Path) -> None:
+    good = toolrelay("check", str(ROOT / "examples" / "toolrelay.toml"))
+    assert good.returncode == 0 and "ok (3 plugins" in good.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[breakers.x]\nfail_max = -1\n")
+    result = toolrelay("check", str(bad))
+    assert result.returncode == 2
+    assert "breakers.x.fail_max: -1 is less than the minimum of 1" in one_clear_line(result)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["check", "/nonexistent/toolrelay.toml"], "cannot read"),
+        (["call", "x", "{}", "--config", "/nonexistent.toml"], "cannot read"),
+        (["demo", "--duration", "0"], "--duration must be positive"),
+    ],
+)
+def test_errors_are_one_line(args: list[str], needle: str) -> None:
+    result = toolrelay(*args)
+    assert result.returncode == 2
+    assert needle in one_clear_line(result)
+
+
+def test_plugin_errors_are_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "toolrelay.toml"
+    path.write_text("[plugins.nope]\n")
+    result = toolrelay("specs", "--config", str(path))
+    assert result.returncode == 2 and "'toolrelay_plugins.nope'" in one_clear_line(result)
+
+
+def test_usage_errors() -> None:
+    result = toolrelay()
+    assert result.returncode == 2 and "usage: toolrelay" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_short_demo_report(tmp_path: Path) -> None:
+    report_path = tmp_path / "report.json"
+    result = toolrelay(
+        "demo", "--duration", "8", "--seed", "3", "--json", str(report_path),
+        "--metrics-port", "0", "--plain", timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    report = json.loads(report_path.read_text())
+    assert report["ok"] is True
+    assert report["calls"] == report["answered"] > 10
+    assert report["exceptions_escaped"] == []
+    names = [i["name"] for i in report["invariants"]]
+    assert names == [
+        "every call answered",
+        "no slot held beyond its budget",
+        "every timeout answered within its deadline + 50 ms",
+        "the search breaker opened during the outage and closed after it",
+        "no exception escaped",
+    ]
+    assert all(i["ok"] for i in report["invariants"])
+    moves = [(t["breaker_key"], t["to"]) for t in report["breaker_transitions"]]
+    assert ("searxng", "open") in moves and moves.index(("searxng", "open")) < len(moves) - 1
+    assert report["tools"]["web_search"]["outcomes"].get("timeout", 0) >= 1
+    assert report["slot"]["max_hold_s"] <= 3.05
+    assert "all invariants hold" in result.stdout
+
+
+def test_demo_sends_spans_to_an_otlp_endpoint(tmp_path: Path) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    received: list[tuple[str, str, int]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", 0))
+            self.rfile.read(length)
+            received.append((self.path, self.headers.get("Content-Type", ""), length))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        result = toolrelay(
+            "demo", "--duration", "3", "--metrics-port", "0", "--plain",
+            "--otlp-endpoint", endpoint, timeout=120,
+        )  # fmt: skip
+        assert "Traceback" not in result.stderr
+        assert received, result.stdout[-1000:] + result.stderr
+        path, content_type, length = received[0]
+        assert path == "/v1/traces" and content_type == "application/x-protobuf" and length > 100
+    finally:
+        server.shutdown()
+        server.server_close()
