@@ -15,8 +15,8 @@ demo: $(STAMP)
 	$(BIN)/toolrelay demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src plugins tests bench
-	$(BIN)/ruff format --check src plugins tests bench
+	$(BIN)/ruff check src plugins tests bench examples
+	$(BIN)/ruff format --check src plugins tests bench examples
 	$(BIN)/mypy
 
 test: lint
