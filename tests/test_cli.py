@@ -189,3 +189,29 @@ def test_demo_sends_spans_to_an_otlp_endpoint(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_live_view_renders_tools_breakers_and_slot() -> None:
+    from collections import Counter
+
+    from rich.console import Console
+
+    from toolrelay import Dispatcher, ToolRegistry
+    from toolrelay.demo import DemoReport
+    from toolrelay.demo_view import RichView
+
+    report = DemoReport(duration_s=30, seed=1)
+    report.outcomes["web_search"] = Counter({"ok": 3, "timeout": 1})
+    report.latencies["web_search"] = [0.01, 0.02, 0.03, 1.0]
+    report.slot_holds = [0.4, 1.2]
+    report.transitions = [(9.2, "searxng", "closed", "open")]
+    report.windows = [("search upstream hangs", 8.0, 18.0)]
+    dispatcher = Dispatcher(ToolRegistry(), telemetry=False)
+    dispatcher.breakers.force_open("searxng")
+    console = Console(record=True, width=140)
+    console.print(RichView(30).render(report, dispatcher, elapsed=10.0))
+    text = console.export_text()
+    assert "web_search" in text and "ok=3 timeout=1" in text and "1000 ms" in text
+    assert "searxng" in text and "open" in text and "closed → open at 9.2 s" in text
+    assert "max 1.20 s of a 3.0 s budget" in text
+    assert "faults now: search upstream hangs" in text

@@ -144,3 +144,19 @@ def test_fault_round_trips_through_a_dict() -> None:
     assert Fault.from_dict(fault.to_dict()) == fault
     with pytest.raises(ValueError, match="unknown fault settings"):
         Fault.from_dict({"kind": "hang", "tool": "x", "colour": "red"})
+
+
+async def test_each_injection_is_a_span_event() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    fault = Fault(kind="latency", tool="weather", latency_s=0.001)
+    dispatcher, _ = build(fault, tracer_provider=provider)
+    assert (await dispatcher.dispatch("weather", "{}")).ok
+    (span,) = exporter.get_finished_spans()
+    (event,) = [e for e in span.events if e.name == "toolrelay.fault"]
+    assert dict(event.attributes or {}) == {"toolrelay.fault": "latency"}

@@ -495,3 +495,29 @@ async def test_force_open_close_reset_and_listeners() -> None:
 def test_breaker_config_is_checked(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="BreakerConfig"):
         BreakerConfig(**bad)
+
+
+async def test_sync_handler_failures_and_timeouts_open_the_breaker() -> None:
+    registry = ToolRegistry()
+    release = threading.Event()
+    script = ["fail", "hang"]
+
+    @registry.tool(name="legacy", parameters=OBJ, breaker_key="crm", timeout_s=0.05)
+    def legacy(args: dict[str, Any], ctx: AuthContext) -> str:
+        step = script.pop(0) if script else "ok"
+        if step == "fail":
+            raise ToolError("crm 503", retryable=True)
+        if step == "hang":
+            release.wait(10)
+        return "ok"
+
+    config = BreakerConfig(fail_max=2, reset_timeout_s=30, max_attempts=1)
+    dispatcher = Dispatcher(registry, breakers={"crm": config})
+    try:
+        first = await dispatcher.dispatch("legacy", "{}")
+        second = await dispatcher.dispatch("legacy", "{}")
+        third = await dispatcher.dispatch("legacy", "{}")
+    finally:
+        release.set()
+    assert (first.error_type, second.error_type) == (ErrorType.TOOL_ERROR, ErrorType.TIMEOUT)
+    assert third.error_type is ErrorType.CIRCUIT_OPEN and script == []
