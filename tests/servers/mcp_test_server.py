@@ -1,0 +1,260 @@
+"""An MCP server for toolrelay's tests, on the MCP Python SDK 2.x low-level ``Server``.
+
+    python mcp_test_server.py --record FILE               # over stdio
+    python mcp_test_server.py --record FILE --http PORT   # streamable HTTP, 127.0.0.1:PORT/mcp
+    python mcp_test_server.py --record FILE --raw         # hand-written, non-conforming stdio
+
+It serves both protocol eras (the client's first request decides). Every ``tools/call`` it
+receives, and every call cancelled under it, is appended to FILE as one JSON line, so a
+test can prove what did (and did not) reach the server. The low-level server is used (not
+``MCPServer``) so the test controls the exact listing and results: annotations, odd names,
+odd schemas, ``structuredContent`` next to different text, ``isError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+
+READ = types.ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+OBJECT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def _schema(properties: dict[str, Any], *required: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
+TOOLS: dict[str, types.Tool] = {
+    tool.name: tool
+    for tool in [
+        types.Tool(
+            name="structured",
+            description="Doubles n; answers with text and with structured content.",
+            input_schema=_schema({"n": {"type": "integer"}}, "n"),
+            output_schema={
+                "type": "object",
+                "properties": {"n": {"type": "integer"}, "doubled": {"type": "integer"}},
+                "required": ["n", "doubled"],
+            },
+            annotations=READ,
+        ),
+        types.Tool(
+            name="text",
+            description="Echoes a message as one text item.",
+            input_schema=_schema({"message": {"type": "string", "maxLength": 50}}, "message"),
+            annotations=READ,
+        ),
+        types.Tool(
+            name="multi", description="Two text items.", input_schema=OBJECT, annotations=READ
+        ),
+        types.Tool(
+            name="fail", description="Always isError.", input_schema=OBJECT, annotations=READ
+        ),
+        types.Tool(
+            name="hang",
+            description="Sleeps; records a cancellation.",
+            input_schema=_schema({"seconds": {"type": "number"}, "tag": {"type": "string"}}, "tag"),
+            annotations=READ,
+        ),
+        types.Tool(
+            name="pid",
+            description="The server's process id.",
+            input_schema=OBJECT,
+            annotations=READ,
+        ),
+        types.Tool(
+            name="add_tool",
+            description="Adds a tool and announces the change.",
+            input_schema=_schema({"name": {"type": "string"}}, "name"),
+        ),
+        types.Tool(name="crash", description="Ends the server process.", input_schema=OBJECT),
+        # Listed for the mapping rules.
+        types.Tool(name="dotted.name", description="A name with a dot.", input_schema=OBJECT),
+        types.Tool(
+            name="wipe",
+            input_schema=OBJECT,
+            annotations=types.ToolAnnotations(title="Wipe everything", destructive_hint=True),
+        ),
+        types.Tool(
+            name="careful",
+            description="Writes, idempotently.",
+            input_schema=OBJECT,
+            annotations=types.ToolAnnotations(
+                read_only_hint=False, destructive_hint=False, idempotent_hint=True
+            ),
+        ),
+        types.Tool(
+            name="who",
+            description="Declares an identity property: toolrelay must skip it.",
+            input_schema=_schema({"user_id": {"type": "string"}}),
+        ),
+        types.Tool(name="n" * 70, description="Too long for toolrelay.", input_schema=OBJECT),
+        types.Tool(
+            name="bad_schema",
+            description="Not a valid JSON Schema.",
+            input_schema={"type": "object", "properties": {"x": {"type": "nope"}}},
+        ),
+    ]
+}
+
+BUS = InMemorySubscriptionBus()
+RECORD = ""
+
+
+def record(**event: Any) -> None:
+    with open(RECORD, "a", encoding="utf-8") as out:
+        out.write(json.dumps(event) + "\n")
+
+
+def text(*items: str) -> list[types.ContentBlock]:
+    return [types.TextContent(type="text", text=item) for item in items]
+
+
+async def list_tools(
+    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+) -> types.ListToolsResult:
+    return types.ListToolsResult(tools=list(TOOLS.values()))
+
+
+async def call_tool(
+    ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+) -> types.CallToolResult:
+    name, args = params.name, params.arguments or {}
+    headers = getattr(ctx.request, "headers", None)  # the HTTP request, on streamable HTTP
+    record(
+        event="call",
+        tool=name,
+        arguments=args,
+        protocol=ctx.protocol_version,
+        x_test=None if headers is None else headers.get("x-test"),
+    )
+    if name not in TOOLS:
+        raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {name}")
+    if name == "structured":
+        n = int(args["n"])
+        return types.CallToolResult(
+            content=text(f"{n} doubled is {2 * n}"), structured_content={"n": n, "doubled": 2 * n}
+        )
+    if name == "text":
+        return types.CallToolResult(content=text(f"echo: {args['message']}"))
+    if name == "multi":
+        return types.CallToolResult(content=text("one", "two"))
+    if name == "fail":
+        return types.CallToolResult(
+            content=text("the widget is broken: " + "x" * 500), is_error=True
+        )
+    if name == "hang":
+        try:
+            await anyio.sleep(float(args.get("seconds", 30)))
+        except anyio.get_cancelled_exc_class():
+            record(event="cancelled", tool=name, tag=args.get("tag"))
+            raise
+        return types.CallToolResult(content=text("woke up"))
+    if name == "pid":
+        return types.CallToolResult(
+            content=text(str(os.getpid())), structured_content={"pid": os.getpid()}
+        )
+    if name == "add_tool":
+        added = str(args["name"])
+        TOOLS[added] = types.Tool(name=added, description="Added at run time.", input_schema=OBJECT)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            await BUS.publish(ToolsListChanged())  # 2026: reaches subscriptions/listen streams
+        else:
+            await ctx.session.send_tool_list_changed()  # 2025: notifications/tools/list_changed
+        return types.CallToolResult(content=text(f"added {added}"))
+    if name == "crash":
+        os._exit(3)
+    return types.CallToolResult(content=text(f"{name} works"))
+
+
+SERVER = Server(
+    "toolrelay-test",
+    version="1",
+    on_list_tools=list_tools,
+    on_call_tool=call_tool,
+    on_subscriptions_listen=ListenHandler(BUS),
+)
+
+
+async def serve_stdio() -> None:
+    async with stdio_server() as (read_stream, write_stream):
+        options = SERVER.create_initialization_options(NotificationOptions(tools_changed=True))
+        await SERVER.run(read_stream, write_stream, options)
+
+
+async def serve_http(port: int) -> None:
+    import uvicorn
+
+    app = SERVER.streamable_http_app()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    await uvicorn.Server(config).serve()
+
+
+def serve_raw() -> None:
+    """A minimal 2025-era server written without the SDK, as servers in other languages are,
+    that lists one tool with ``inputSchema: {}`` (no ``"type": "object"``)."""
+    import sys
+
+    for line in sys.stdin:
+        message = json.loads(line)
+        if "id" not in message:
+            continue
+        method = message.get("method")
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+        if method == "initialize":
+            reply["result"] = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "raw", "version": "1"},
+            }
+        elif method == "tools/list":
+            reply["result"] = {
+                "tools": [
+                    {"name": "fine", "inputSchema": {"type": "object"}},
+                    {"name": "untyped", "inputSchema": {}},
+                ]
+            }
+        elif method == "tools/call":
+            record(event="call", tool=message["params"]["name"])
+            reply["result"] = {"content": [{"type": "text", "text": "raw"}]}
+        else:
+            reply["error"] = {"code": types.METHOD_NOT_FOUND, "message": "Method not found"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+def main() -> None:
+    global RECORD
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--record", required=True, help="append calls and cancellations here")
+    parser.add_argument("--http", type=int, metavar="PORT", help="serve HTTP on 127.0.0.1:PORT")
+    parser.add_argument("--raw", action="store_true", help="a non-conforming server, no SDK")
+    options = parser.parse_args()
+    RECORD = options.record
+    record(event="started", pid=os.getpid())
+    if options.raw:
+        serve_raw()
+    elif options.http is None:
+        anyio.run(serve_stdio)
+    else:
+        anyio.run(serve_http, options.http)
+
+
+if __name__ == "__main__":
+    main()

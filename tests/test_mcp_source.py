@@ -1,0 +1,476 @@
+"""MCP servers as a plugin source, through the whole dispatch pipeline, with real servers.
+
+The servers are the third-party ``mcp-server-time`` (stdio) and ``servers/mcp_test_server.py``
+(stdio, and streamable HTTP on 127.0.0.1), which records every call and cancellation it
+sees, so the tests can prove what reached it. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from helpers import wait_until
+from toolrelay import BreakerConfig, Dispatcher, ErrorType, Profile, ToolCall, ToolRegistry
+
+pytest.importorskip("mcp", reason="needs the MCP SDK: pip install 'toolrelay[mcp]'")
+from toolrelay.sources.mcp import McpConnectError, McpSource, object_schema
+
+pytestmark = pytest.mark.anyio
+
+TEST_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
+OPEN = {"open": Profile(require_approval=())}  # tools without hints are "write" tools
+NO_RETRY = BreakerConfig(max_attempts=1)
+ERAS = {"auto": "2026-07-28", "legacy": "2025-11-25"}  # what each mode gets from an SDK 2.x server
+# Upstream, not ours: closing a 2025-era streamable-HTTP session under trio leaves the SDK's
+# standalone GET SSE stream's httpx2/httpcore2 async generators to the garbage collector, and
+# trio's finalizer then warns (seen only with ResourceWarning enabled, e.g. python -X dev).
+PROTOCOLS = [
+    "auto",
+    pytest.param(
+        "legacy",
+        marks=pytest.mark.filterwarnings("ignore:Async generator 'http:ResourceWarning"),
+    ),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], limit_s: float = 15.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the test MCP server exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"the test MCP server did not listen on port {port}")
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (Linux /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class TestServer:
+    """``servers/mcp_test_server.py`` over stdio or HTTP, and what it recorded."""
+
+    __test__ = False
+
+    def __init__(self, kind: str, tmp: Path) -> None:
+        self.kind = kind
+        self.record = tmp / "record.jsonl"
+        self.record.touch()
+        self.log: TextIO = (tmp / "server.log").open("a")
+        self.port = free_port() if kind == "http" else 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, str(TEST_SERVER), "--record", str(self.record)]
+
+    def start(self) -> None:
+        assert self.kind == "http"
+        self.process = subprocess.Popen(
+            [*self.command, "--http", str(self.port)], stdout=self.log, stderr=self.log
+        )
+        wait_for_port(self.port, self.process)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        if self.process is not None:
+            self.process.wait(10)
+        self.process = None
+
+    def source(self, **options: Any) -> McpSource:
+        options.setdefault("breaker_key", "test")
+        if self.kind == "stdio":
+            return McpSource.stdio(self.command, errlog=self.log, **options)
+        return McpSource.http(f"http://127.0.0.1:{self.port}/mcp", **options)
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        lines = self.record.read_text().splitlines()
+        events = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in events if kind is None or e["event"] == kind]
+
+    def calls(self, tool: str) -> list[dict[str, Any]]:
+        return [e for e in self.events("call") if e["tool"] == tool]
+
+
+@pytest.fixture(params=["stdio", "http"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TestServer]:
+    srv = TestServer(str(request.param), tmp_path)
+    if srv.kind == "http":
+        srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        srv.log.close()
+
+
+@pytest.fixture
+def stdio_server(tmp_path: Path) -> Iterator[TestServer]:
+    srv = TestServer("stdio", tmp_path)
+    yield srv
+    srv.log.close()
+
+
+def tool_names(dispatcher: Dispatcher, profile: str | None = None) -> set[str]:
+    return {spec["name"] for spec in dispatcher.specs(profile, format="mcp")}
+
+
+# -- the real mcp-server-time ------------------------------------------------------------------
+def time_server_command() -> list[str]:
+    pytest.importorskip("mcp_server_time", reason="pip install mcp-server-time")
+    script = Path(sys.executable).parent / "mcp-server-time"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "mcp_server_time"]
+    return [*command, "--local-timezone", "UTC"]
+
+
+async def test_mcp_server_time_through_the_pipeline() -> None:
+    async with McpSource.stdio(time_server_command(), breaker_key="mcp-time") as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry)
+        assert {d.name for d in source.describe()} == {"get_current_time", "convert_time"}
+        decl = source.declaration("get_current_time")
+        assert decl is not None
+        assert (decl.risk, decl.is_idempotent, decl.breaker_key) == ("read", True, "mcp-time")
+        assert decl.parameters["type"] == "object" and decl.parameters["required"] == ["timezone"]
+        assert decl.output_schema is not None and "mcp" in decl.tags
+        assert tool_names(dispatcher) == {"get_current_time", "convert_time"}
+
+        result = await dispatcher.dispatch("get_current_time", {"timezone": "Europe/Oslo"})
+        assert result.ok, result.to_model()
+        assert result.data["timezone"] == "Europe/Oslo"  # structuredContent, not the JSON text
+        assert datetime.fromisoformat(result.data["datetime"]).tzinfo is not None
+        assert result.breaker_key == "mcp-time"
+
+        for bad in ({"timezone": 5}, {}, {"timezone": ["Europe/Oslo"]}):
+            refused = await dispatcher.dispatch("get_current_time", bad)
+            assert refused.error_type is ErrorType.VALIDATION_ERROR, bad
+
+        unknown_zone = await dispatcher.dispatch("get_current_time", {"timezone": "Mars/Base"})
+        assert unknown_zone.error_type is ErrorType.TOOL_ERROR  # the server's isError answer
+        assert "Invalid timezone" in unknown_zone.message and not unknown_zone.retryable
+
+
+# -- calls and answers ---------------------------------------------------------------------------
+async def test_results_errors_and_validation(server: TestServer) -> None:
+    headers = {"headers": {"X-Test": "sent"}} if server.kind == "http" else {}
+    async with server.source(**headers) as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry)
+
+        structured = await dispatcher.dispatch("structured", {"n": 21})
+        assert structured.to_model() == {"ok": True, "data": {"n": 21, "doubled": 42}}
+        assert (await dispatcher.dispatch("text", {"message": "hi"})).data == "echo: hi"
+        assert (await dispatcher.dispatch("multi", "{}")).data == ["one", "two"]
+
+        failed = await dispatcher.dispatch("fail", "{}")
+        assert failed.error_type is ErrorType.TOOL_ERROR and not failed.retryable
+        assert failed.message.startswith("the widget is broken: xxx")
+        assert len(failed.message) <= 200
+        assert dispatcher.breakers.snapshot()["test"]["failures"] == 0  # an answer, not an outage
+
+        for bad in ({"message": 5}, {"message": "x" * 51}, {}, {"message": "hi", "more": 1}):
+            refused = await dispatcher.dispatch("text", bad)
+            assert refused.error_type is ErrorType.VALIDATION_ERROR, bad
+        # Structural proof: the server saw exactly the one valid call of "text".
+        assert [call["arguments"] for call in server.calls("text")] == [{"message": "hi"}]
+        expected_header = "sent" if server.kind == "http" else None
+        assert {call["x_test"] for call in server.events("call")} == {expected_header}
+
+
+async def test_tool_mapping_names_risks_and_skips(
+    stdio_server: TestServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="toolrelay.sources.mcp")
+    async with stdio_server.source(
+        prefix="t", timeout_s=7, tool_timeouts={"hang": 0.5}, tags={"lab"}
+    ) as source:
+        registry = ToolRegistry()
+        registry.register(source)  # odd tools are skipped, never refused as a whole
+        decls = {d.name: d for d in source.describe()}
+        assert set(decls) == {
+            "t__structured",
+            "t__text",
+            "t__multi",
+            "t__fail",
+            "t__hang",
+            "t__pid",
+            "t__add_tool",
+            "t__crash",
+            "t__dotted_name",
+            "t__wipe",
+            "t__careful",
+        }
+        risks = {name: (d.risk, d.is_idempotent) for name, d in decls.items()}
+        assert risks["t__structured"] == ("read", True)
+        assert risks["t__add_tool"] == ("write", False)  # no hints at all: write
+        assert risks["t__wipe"] == ("dangerous", False)
+        assert risks["t__careful"] == ("write", True)
+        assert decls["t__wipe"].description == "Wipe everything"  # the annotation title
+        assert {d.breaker_key for d in decls.values()} == {"test"}
+        assert {d.tags for d in decls.values()} == {frozenset({"mcp", "lab"})}
+        assert decls["t__hang"].timeout_s == 0.5 and decls["t__text"].timeout_s == 7
+        assert source.declaration("t__pid") is decls["t__pid"]
+        assert source.declaration("pid") is None
+        await source.refresh()
+        assert source.declaration("t__pid") is decls["t__pid"]  # unchanged: the same object
+
+        skipped = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+        for reason in ("'who'", "identity", "'bad_schema'", "not a valid JSON Schema", "n" * 60):
+            assert reason in skipped
+
+        dispatcher = Dispatcher(registry, profiles=OPEN)
+        dotted = await dispatcher.dispatch("t__dotted_name", "{}", profile="open")
+        assert dotted.data == "dotted.name works"
+        assert stdio_server.calls("dotted.name")  # the server's own name went over the wire
+        needs = await dispatcher.dispatch("t__wipe", "{}")
+        assert needs.error_type is ErrorType.NEEDS_APPROVAL  # destructive → dangerous
+
+
+def test_object_schema_normalisation() -> None:
+    assert object_schema({}) == {"type": "object"}
+    assert object_schema({"properties": {"a": {}}}) == {"properties": {"a": {}}, "type": "object"}
+    assert object_schema({"type": "object", "required": []}) == {"type": "object", "required": []}
+    assert object_schema({"type": "string"}) is None
+    assert object_schema({"type": ["object", "null"]}) is None
+
+
+# -- deadlines: cancelled on the server ---------------------------------------------------------
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_deadline_cancels_the_call_on_the_server(server: TestServer, protocol: str) -> None:
+    async with server.source(protocol=protocol, tool_timeouts={"hang": 0.4}) as source:
+        assert source.protocol_version == ERAS[protocol]
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry, default_breaker=NO_RETRY)
+        started = anyio.current_time()
+        result = await dispatcher.dispatch("hang", {"seconds": 30, "tag": "late"})
+        assert result.error_type is ErrorType.TIMEOUT and result.retryable
+        assert anyio.current_time() - started < 5
+        await wait_until(lambda: server.events("cancelled") != [])
+        assert [e["tag"] for e in server.events("cancelled")] == ["late"]
+        assert {call["protocol"] for call in server.calls("hang")} == {ERAS[protocol]}
+        quick = await dispatcher.dispatch("hang", {"seconds": 0, "tag": "quick"})
+        assert quick.data == "woke up"  # the session is still fine
+
+
+# -- tool list changes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_list_changed_reaches_specs(server: TestServer, protocol: str) -> None:
+    async with server.source(protocol=protocol, prefix="lab") as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry, profiles=OPEN)
+        assert "lab__fresh" not in tool_names(dispatcher)
+        added = await dispatcher.dispatch("lab__add_tool", {"name": "fresh"}, profile="open")
+        assert added.ok, added.to_model()
+        await wait_until(lambda: "lab__fresh" in tool_names(dispatcher))
+        fresh = await dispatcher.dispatch("lab__fresh", "{}", profile="open")
+        assert fresh.data == "fresh works"
+
+
+# -- a server that dies --------------------------------------------------------------------------
+async def test_crash_is_an_answer_and_the_next_call_reconnects(server: TestServer) -> None:
+    async with server.source(backoff_initial_s=0.3) as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry, profiles=OPEN)
+        before = (await dispatcher.dispatch("pid", "{}")).data["pid"]
+
+        crashed = await dispatcher.dispatch("crash", "{}", profile="open")
+        assert crashed.error_type is ErrorType.TOOL_ERROR and crashed.retryable
+        assert crashed.message == "test server is not reachable"
+        assert len(source.describe()) > 0  # the last listing stays on offer
+
+        too_soon = await Dispatcher(registry, default_breaker=NO_RETRY).dispatch("pid", "{}")
+        assert too_soon.error_type is ErrorType.TOOL_ERROR and too_soon.retryable
+        assert too_soon.retry_after_s is not None and 0 < too_soon.retry_after_s <= 0.3
+
+        if server.kind == "http":
+            server.stop()
+            await anyio.to_thread.run_sync(server.start)
+        else:
+            await anyio.sleep(0.3)
+        after = await dispatcher.dispatch("pid", "{}")
+        assert after.ok, after.to_model()
+        assert after.data["pid"] != before and source.connects == 2
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_http_server_restart_is_noticed(tmp_path: Path, protocol: str) -> None:
+    srv = TestServer("http", tmp_path)
+    srv.start()
+    try:
+        async with srv.source(protocol=protocol, backoff_initial_s=0.1) as source:
+            registry = ToolRegistry()
+            registry.register(source)
+            dispatcher = Dispatcher(registry, default_breaker=NO_RETRY)
+            before = (await dispatcher.dispatch("pid", "{}")).data["pid"]
+            srv.stop()  # while idle: a 2025-era session is now unknown to the new process
+            await anyio.to_thread.run_sync(srv.start)
+            answers = []
+            for _ in range(5):
+                answers.append(await dispatcher.dispatch("pid", "{}"))
+                if answers[-1].ok:
+                    break
+                await anyio.sleep(0.15)
+            *failures, last = answers
+            assert last.ok and last.data["pid"] != before, [a.to_model() for a in answers]
+            for failure in failures:  # never "Session not found" as the tool's own answer
+                assert failure.message == "test server is not reachable" and failure.retryable
+            if protocol == "legacy":
+                assert len(failures) == 1 and source.connects == 2
+    finally:
+        srv.stop()
+        srv.log.close()
+
+
+async def test_retry_waits_out_the_backoff_and_recovers(stdio_server: TestServer) -> None:
+    async with stdio_server.source(backoff_initial_s=0.2) as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry, profiles=OPEN)
+        await dispatcher.dispatch("crash", "{}", profile="open")
+        # "pid" is idempotent: toolrelay's retry honours retry_after_s and the retry reconnects.
+        result = await dispatcher.dispatch("pid", "{}")
+        assert result.ok and result.attempts == 2, result.to_model()
+
+
+async def test_unreachable_http_server_opens_the_breaker(tmp_path: Path) -> None:
+    srv = TestServer("http", tmp_path)
+    srv.start()
+    breaker = BreakerConfig(fail_max=2, reset_timeout_s=0.5, max_attempts=1)
+    try:
+        async with srv.source(backoff_initial_s=0.1) as source:
+            registry = ToolRegistry()
+            registry.register(source)
+            dispatcher = Dispatcher(registry, breakers={"test": breaker})
+            srv.stop()
+            first = await dispatcher.dispatch("pid", "{}")  # finds the connection gone
+            assert first.error_type is ErrorType.TOOL_ERROR and first.retryable
+            await anyio.sleep(0.15)
+            second = await dispatcher.dispatch("pid", "{}")  # the reconnect fails
+            assert second.error_type is ErrorType.TOOL_ERROR and "not reachable" in second.message
+            third = await dispatcher.dispatch("pid", "{}")
+            assert third.error_type is ErrorType.CIRCUIT_OPEN and third.retry_after_s is not None
+            assert tool_names(dispatcher) == set()  # open breaker: hidden from the model
+
+            await anyio.to_thread.run_sync(srv.start)
+            await anyio.sleep(0.5)
+            healed = await dispatcher.dispatch("pid", "{}")  # the half-open trial reconnects
+            assert healed.ok, healed.to_model()
+            assert dispatcher.breakers.state("test") == "closed" and source.connects == 2
+    finally:
+        srv.stop()
+        srv.log.close()
+
+
+async def test_concurrent_calls_share_one_reconnect(stdio_server: TestServer) -> None:
+    async with stdio_server.source(backoff_initial_s=0.2, tool_timeouts={"pid": 0.05}) as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry, profiles=OPEN, default_breaker=NO_RETRY)
+        slow = [ToolCall("hang", {"seconds": 0.3, "tag": str(n)}) for n in range(4)]
+        started = anyio.current_time()
+        answers = await dispatcher.dispatch_many(slow)
+        assert [a.data for a in answers] == ["woke up"] * 4
+        assert anyio.current_time() - started < 1.2  # multiplexed on one session
+
+        await dispatcher.dispatch("crash", "{}", profile="open")
+        await anyio.sleep(0.2)
+        # Spawning takes longer than the 0.05 s deadline: the call times out, but the
+        # connection it started completes in the background, owned by the source.
+        assert (await dispatcher.dispatch("pid", "{}")).error_type is ErrorType.TIMEOUT
+        await wait_until(lambda: source.connects == 2)
+        answers = await dispatcher.dispatch_many([ToolCall("multi", "{}") for _ in range(4)])
+        assert all(a.ok for a in answers) and source.connects == 2
+
+
+async def test_non_conforming_listing_is_refused_by_the_sdk(tmp_path: Path) -> None:
+    """The SDK 2.x validates tools/list against the protocol's schema (inputSchema needs
+    ``"type": "object"``), so one such tool fails the whole listing and the connect."""
+    srv = TestServer("stdio", tmp_path)
+    try:
+        source = McpSource.stdio([*srv.command, "--raw"], breaker_key="raw", errlog=srv.log)
+        with pytest.raises(McpConnectError, match="ValidationError"):
+            async with source:
+                pass
+    finally:
+        srv.log.close()
+
+
+# -- lifecycle -----------------------------------------------------------------------------------
+async def test_exit_stops_the_process_and_leaves_no_tasks(stdio_server: TestServer) -> None:
+    tasks_before = len(anyio.get_running_tasks())
+    async with stdio_server.source() as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        pid = (await Dispatcher(registry).dispatch("pid", "{}")).data["pid"]
+        assert alive(pid)
+    assert not alive(pid)
+    assert len(anyio.get_running_tasks()) == tasks_before
+    late = await Dispatcher(registry, default_breaker=NO_RETRY).dispatch("pid", "{}")
+    assert late.error_type is ErrorType.TOOL_ERROR  # a closed source answers, never raises
+    assert "closed" in late.message and not late.retryable
+
+
+async def test_connect_failures_raise_on_enter(tmp_path: Path) -> None:
+    missing = McpSource.stdio([str(tmp_path / "no-such-server")], breaker_key="x")
+    with pytest.raises(McpConnectError, match="could not connect to x"):
+        async with missing:
+            pass
+    closed_port = McpSource.http(
+        f"http://127.0.0.1:{free_port()}/mcp", breaker_key="y", connect_timeout_s=5
+    )
+    with pytest.raises(McpConnectError, match="could not connect to y"):
+        async with closed_port:
+            pass
+    silent = [sys.executable, "-c", "import sys; sys.stdin.read()"]  # never answers
+    mute = McpSource.stdio(silent, breaker_key="z", connect_timeout_s=0.3)
+    started = anyio.current_time()
+    with pytest.raises(McpConnectError, match="TimeoutError"):
+        async with mute:
+            pass
+    assert anyio.current_time() - started < 3
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        McpSource.stdio(["x"], breaker_key="k", prefix="a b")
+    with pytest.raises(ValueError, match="protocol"):
+        McpSource.stdio(["x"], breaker_key="k", protocol="2025-11-25")
+    with pytest.raises(ValueError, match="backoff_initial_s"):
+        McpSource.stdio(["x"], breaker_key="k", backoff_initial_s=0)
+    with pytest.raises(ValueError, match="url"):
+        McpSource.http("ftp://example", breaker_key="k")
+    with pytest.raises(ValueError, match="command"):
+        McpSource.stdio("mcp-server-time", breaker_key="k")
