@@ -24,6 +24,7 @@ from .pipeline.breaker import Breaker
 from .pipeline.bulkhead import Bulkhead
 from .pipeline.deadline import Deadline
 from .pipeline.decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, Decode
+from .pipeline.fastfail import FastFail
 from .pipeline.faults import Fault, FaultInjector
 from .pipeline.invoke import Invoke
 from .pipeline.resolve import Resolve
@@ -50,8 +51,8 @@ Unavailable = Literal["hide", "mark", "show"]
 class Dispatcher:
     """Runs tool calls through the pipeline, in this order (outermost first)::
 
-        decode → audit → resolve + policy → validate → approve → shape (on the way out)
-        → deadline → retry → breaker → bulkhead → faults → invoke
+        audit → resolve + policy → decode → validate → fast-fail (open breaker) → approve
+        → shape (on the way out) → deadline → retry → breaker → bulkhead → faults → invoke
 
     (``telemetry`` wraps all of it when enabled.)
 
@@ -130,10 +131,11 @@ class Dispatcher:
         self.faults = FaultInjector(faults, fault_seed)
         stages: list[Stage] = [] if tel is None else [tel]
         stages += [
-            Decode(max_argument_bytes, max_argument_depth),
             *([] if audit is None else [Audit(audit, arguments=audit_arguments)]),
-            Resolve(registry),
+            Resolve(registry, self.redact),
+            Decode(max_argument_bytes, max_argument_depth),
             Validate(),
+            FastFail(self.breakers),
             Approve(approver),
             Shape(max_output_bytes, truncate_output),
             Deadline(),
@@ -142,7 +144,7 @@ class Dispatcher:
             self.bulkhead,
             self.faults,
         ]
-        self._chain = compose(stages, Invoke(self.workers))
+        self._chain = compose(stages, Invoke(self.workers, self.redact))
 
     @classmethod
     def from_config(
@@ -236,7 +238,7 @@ class Dispatcher:
             inv.call_id,
             out.data,
             out.error_type,
-            self.redact(out.message) if out.message else "",
+            out.message,
             out.retryable,
             out.retry_after_s,
             duration,

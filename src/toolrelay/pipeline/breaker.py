@@ -9,11 +9,28 @@ from __future__ import annotations
 
 import time
 
-from ..breakers import REJECT, TRIAL, Breakers
+from ..breakers import REJECT, TRIAL, Breakers, KeyBreaker
 from ..contract import ErrorType
 from ..events import BreakerTransition
 from ..outcome import Outcome, Verdict, failure
 from . import Invocation, Next
+
+
+def rejection(inv: Invocation, breaker: KeyBreaker) -> Outcome:
+    """The ``circuit_open`` answer, with when to try again."""
+    assert inv.tool is not None
+    wait = breaker.retry_after()
+    if wait > 0:
+        hint = f"try again in {wait:.1f} s" if wait < 10 else f"try again in {wait:.0f} s"
+    else:  # half-open, with every trial place taken
+        wait = min(1.0, breaker.config.reset_timeout_s)
+        hint = "a trial call is testing it; try again in a moment"
+    return failure(
+        ErrorType.CIRCUIT_OPEN,
+        f"{inv.tool.decl.name} is paused because {breaker.key} is failing; {hint}",
+        retryable=True,
+        retry_after_s=wait,
+    )
 
 
 class Breaker:
@@ -30,18 +47,7 @@ class Breaker:
         if decision == REJECT:
             if inv.observers and breaker.transitions != seen:
                 inv.emit(BreakerTransition(inv.key, *breaker.last_transition))
-            wait = breaker.retry_after()
-            if wait > 0:
-                hint = f"try again in {wait:.1f} s" if wait < 10 else f"try again in {wait:.0f} s"
-            else:  # half-open, with every trial place taken
-                wait = min(1.0, breaker.config.reset_timeout_s)
-                hint = "a trial call is testing it; try again in a moment"
-            return failure(
-                ErrorType.CIRCUIT_OPEN,
-                f"{inv.tool.decl.name} is paused because {inv.key} is failing; {hint}",
-                retryable=True,
-                retry_after_s=wait,
-            )
+            return rejection(inv, breaker)
         trial = decision == TRIAL
         started = time.perf_counter()
         try:

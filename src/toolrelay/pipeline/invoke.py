@@ -9,6 +9,7 @@ breaker key; at the deadline the answer comes back at once and the thread is aba
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import anyio
 
@@ -35,14 +36,19 @@ def timeout_outcome(inv: Invocation) -> Outcome:
     return failure(ErrorType.TIMEOUT, message, retryable=True, verdict=Verdict.FAILURE)
 
 
-def error_outcome(inv: Invocation, exc: Exception) -> Outcome:
+def error_outcome(
+    inv: Invocation, exc: Exception, redact: Callable[[str], str] | None = None
+) -> Outcome:
+    """The answer for an exception; a plugin's own message is redacted (it may quote an
+    upstream, credentials and all)."""
     assert inv.tool is not None
     if isinstance(exc, ToolError):
+        message = short(exc.message)
         return Outcome(
             False,
             None,
             exc.error_type,
-            short(exc.message),
+            message if redact is None else redact(message),
             exc.retryable,
             exc.retry_after_s,
             Verdict.FAILURE if exc.counts_as_failure else Verdict.IGNORE,
@@ -58,10 +64,11 @@ def error_outcome(inv: Invocation, exc: Exception) -> Outcome:
 
 
 class Invoke:
-    __slots__ = ("workers",)
+    __slots__ = ("redact", "workers")
 
-    def __init__(self, workers: WorkerPools) -> None:
+    def __init__(self, workers: WorkerPools, redact: Callable[[str], str] | None = None) -> None:
         self.workers = workers
+        self.redact = redact
 
     async def __call__(self, inv: Invocation) -> Outcome:
         tool = inv.tool
@@ -74,7 +81,7 @@ class Invoke:
             except Exception as exc:
                 if scope.cancel_called:
                     return timeout_outcome(inv)
-                return error_outcome(inv, exc)
+                return error_outcome(inv, exc, self.redact)
         if scope.cancel_called:
             return timeout_outcome(inv)
         return Outcome(True, data)
@@ -99,7 +106,7 @@ class Invoke:
                     finished = True
                 except Exception as exc:
                     finished = True
-                    return error_outcome(inv, exc)
+                    return error_outcome(inv, exc, self.redact)
         finally:
             if not finished and pool.abandon(job) and inv.observers:
                 inv.emit(WorkerAbandoned(inv.key))

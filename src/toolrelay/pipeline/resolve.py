@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from ..contract import ErrorType
 from ..outcome import Outcome, failure
@@ -22,10 +23,11 @@ def shown(name: object) -> str:
 class Resolve:
     """Unknown name → ``unknown_tool``; outside the profile → ``tool_policy``."""
 
-    __slots__ = ("registry",)
+    __slots__ = ("redact", "registry")
 
-    def __init__(self, registry: ToolRegistry) -> None:
+    def __init__(self, registry: ToolRegistry, redact: Callable[[str], str] | None = None) -> None:
         self.registry = registry
+        self.redact = redact
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         name = inv.name
@@ -35,7 +37,8 @@ class Resolve:
             log.error("toolrelay: %s", exc)
             return failure(ErrorType.INTERNAL_ERROR, f"tool {shown(name)} is misconfigured")
         if tool is None:
-            return failure(ErrorType.UNKNOWN_TOOL, f"there is no tool named {shown(name)}")
+            message = f"there is no tool named {shown(name)}"
+            return failure(ErrorType.UNKNOWN_TOOL, self.redact(message) if self.redact else message)
         inv.tool = tool
         if not inv.profile.permits(tool.decl):
             inv.approval = "policy"
