@@ -521,3 +521,21 @@ async def test_sync_handler_failures_and_timeouts_open_the_breaker() -> None:
         release.set()
     assert (first.error_type, second.error_type) == (ErrorType.TOOL_ERROR, ErrorType.TIMEOUT)
     assert third.error_type is ErrorType.CIRCUIT_OPEN and script == []
+
+
+async def test_sync_places_are_given_back_even_when_the_deadline_beats_the_thread() -> None:
+    registry = ToolRegistry()
+
+    @registry.tool(name="quick", parameters=OBJ, breaker_key="q", timeout_s=0.002)
+    def quick(args: dict[str, Any], ctx: AuthContext) -> str:
+        threading.Event().wait(0.01)
+        return "ok"
+
+    config = BreakerConfig(max_concurrent=200, fail_max=1_000_000, max_attempts=1)
+    dispatcher = Dispatcher(registry, breakers={"q": config}, telemetry=False)
+    results = await dispatcher.dispatch_many([_call("quick") for _ in range(200)])
+    assert {r.error_type for r in results} <= {ErrorType.TIMEOUT, None}
+    await wait_until(lambda: dispatcher.workers.live()["q"] == 0)
+    assert dispatcher.workers.abandoned()["q"] == 0
+    again = await dispatcher.dispatch_many([_call("quick") for _ in range(200)])
+    assert all(r.error_type is not ErrorType.OVERLOADED for r in again)  # no place leaked

@@ -2,28 +2,82 @@
 
 A thread abandoned at its deadline keeps its place until it really ends, so a key whose
 handlers hang sheds load (``overloaded``) instead of spawning threads without bound, and
-never takes threads from another key. anyio's ``CapacityLimiter`` alone cannot promise
-that: on asyncio it hands the token back when a thread is abandoned (trio does not).
+never takes threads from another key. (anyio's ``CapacityLimiter`` alone cannot promise
+that: on asyncio it hands the token back when a thread is abandoned, trio does not.)
+
+Threads are started by one spawner thread, never on the event loop: starting a thread
+waits for it to run, which costs the loop up to a millisecond per thread — enough to make
+every deadline of a flood of new sync calls late by the time it takes to start them all.
+Idle threads are kept for reuse and end after ``IDLE_S`` without work.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import anyio
-import anyio.to_thread
+import anyio.from_thread
+import anyio.lowlevel
 
 __all__ = ["KeyWorkers", "WorkerPools"]
 
+IDLE_S = 30.0
+
 
 class _Job:
-    __slots__ = ("abandoned", "done")
+    __slots__ = ("abandoned", "args", "context", "ctx", "done", "error", "event", "fn",
+                 "result", "skip", "started", "token")  # fmt: skip
 
     def __init__(self) -> None:
         self.abandoned = False
+        self.started = False
+        self.skip = False
         self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.fn: Callable[..., Any] = _nothing
+        self.args: tuple[Any, ...] = ()
+        self.context = contextvars.Context()
+        self.event: anyio.Event | None = None
+        self.token: Any = None
+        self.ctx: Any = None
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+class _Spawner:
+    """One daemon thread that starts worker threads on request."""
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue[KeyWorkers] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def request(self, pool: KeyWorkers) -> None:
+        self._requests.put(pool)
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="toolrelay-spawner", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            pool = self._requests.get()
+            threading.Thread(
+                target=pool._work, name=f"toolrelay-worker[{pool.key}]", daemon=True
+            ).start()
+
+
+_SPAWNER = _Spawner()
 
 
 class KeyWorkers:
@@ -36,9 +90,11 @@ class KeyWorkers:
         self.notify = notify
         self.max_threads = max_threads
         self.live = 0
+        """Jobs admitted and not yet ended (abandoned ones included): the places taken."""
         self.abandoned = 0
+        self.threads = 0
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._limiter: anyio.CapacityLimiter | None = None
 
     def try_start(self) -> _Job | None:
         with self._lock:
@@ -47,22 +103,59 @@ class KeyWorkers:
             self.live += 1
         return _Job()
 
+    def _submit(self, job: _Job) -> None:
+        with self._lock:
+            self._jobs.put(job)
+            spawn = self.threads < self.live
+            if spawn:
+                self.threads += 1
+        if spawn:
+            _SPAWNER.request(self)
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self.threads -= 1
+                        return
+                continue
+            with self._lock:
+                job.started = not job.skip
+            if job.started:
+                try:
+                    job.result = job.context.run(job.fn, *job.args)
+                except BaseException as exc:  # handed to the waiting task, which re-raises
+                    job.error = exc
+            self._finished(job)
+
     def _finished(self, job: _Job) -> None:
         with self._lock:
             job.done = True
             self.live -= 1
-            if job.abandoned:
+            abandoned = job.abandoned
+            if abandoned:
                 self.abandoned -= 1
-                abandoned = self.abandoned
-            else:
-                return
-        if self.notify is not None:
-            self.notify(self.key, abandoned)
+                count = self.abandoned
+        if not abandoned and not job.skip:
+            event = job.event
+            assert event is not None
+            # If the event loop is gone, nobody is waiting any more.
+            with contextlib.suppress(Exception):
+                anyio.from_thread.run_sync(event.set, token=job.token)
+        elif abandoned and self.notify is not None:
+            self.notify(self.key, count)
 
     def abandon(self, job: _Job) -> bool:
-        """Mark the job abandoned; False if its thread had already ended."""
+        """Mark the job abandoned; False if its thread had already ended or the job never
+        started (it is then skipped: a call already answered is never run late)."""
         with self._lock:
             if job.done:
+                return False
+            if not job.started:
+                job.skip = True
                 return False
             job.abandoned = True
             self.abandoned += 1
@@ -74,16 +167,17 @@ class KeyWorkers:
     async def run(
         self, job: _Job, fn: Callable[[dict[str, Any], Any], Any], args: dict[str, Any], ctx: Any
     ) -> Any:
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(self.max_threads)
-
-        def work() -> Any:
-            try:
-                return fn(args, ctx)
-            finally:
-                self._finished(job)
-
-        return await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self._limiter)
+        """Run ``fn(args, ctx)`` on a worker thread and wait for it (cancellable)."""
+        job.fn = fn
+        job.args = (args, ctx)
+        job.context = contextvars.copy_context()
+        job.event = event = anyio.Event()
+        job.token = anyio.lowlevel.current_token()
+        self._submit(job)
+        await event.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
 
 
 class WorkerPools:

@@ -87,6 +87,8 @@ class Retry:
         max_attempts = decl.max_attempts or config.max_attempts
         if max_attempts < 2 or not decl.is_idempotent:
             return out
+        if anyio.current_time() + config.backoff_initial_s >= inv.deadline:
+            return out  # not even the shortest wait fits before the deadline
         wait = self._waits.get(config)
         if wait is None:
             wait = self._waits[config] = _Backoff(config)

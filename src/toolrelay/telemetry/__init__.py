@@ -33,7 +33,8 @@ _VERSION = "0.1.0"
 
 
 class Telemetry:
-    __slots__ = ("capture_content", "metrics", "provider", "registry", "tracer")
+    __slots__ = ("_checked_at", "_tracing", "capture_content", "metrics", "provider",
+                 "registry", "tracer")  # fmt: skip
 
     def __init__(
         self,
@@ -47,23 +48,38 @@ class Telemetry:
         self.metrics = Metrics.on(metrics_registry)
         self.provider = tracer_provider
         self.tracer = trace.get_tracer("toolrelay", _VERSION, tracer_provider=tracer_provider)
+        self._tracing = False
+        self._checked_at = -1.0
         self.capture_content = capture_content
 
     def label(self, name: Any) -> str:
         return name if isinstance(name, str) and self.registry.owns(name) else UNKNOWN_TOOL
 
     def tracing(self) -> bool:
-        """Is anyone collecting spans? (No SDK configured: no span is even started.)"""
+        """Is anyone collecting spans? (No SDK configured: no span is even started.)
+
+        A global provider can be set once, later; until then this is re-checked at most
+        once a second (the check reads the environment).
+        """
+        if self._tracing:
+            return True
+        now = time.monotonic()
+        if now - self._checked_at < 1.0:
+            return False
+        self._checked_at = now
         provider = self.provider or trace.get_tracer_provider()
-        return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+        self._tracing = not isinstance(
+            provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider
+        )
+        return self._tracing
 
     # -- the outermost stage ------------------------------------------------------------
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         if not self.tracing():
             return await self._measure(call_next, inv)
         with self.tracer.start_as_current_span(
-            "execute_tool", kind=trace.SpanKind.INTERNAL, record_exception=False,
-            set_status_on_exception=False,
+            f"execute_tool {self.label(inv.name)}", kind=trace.SpanKind.INTERNAL,
+            record_exception=False, set_status_on_exception=False,
         ) as span:  # fmt: skip
             return await self._measure(call_next, inv, span)
 
@@ -85,7 +101,6 @@ class Telemetry:
         if span is not None and span.is_recording():
             decl = None if inv.tool is None else inv.tool.decl
             name = decl.name if decl is not None else str(inv.name)
-            span.update_name(f"execute_tool {decl.name if decl else UNKNOWN_TOOL}")
             finish(
                 span, name, inv.call_id, decl.description if decl else None, inv.key,
                 inv.attempts, outcome, out.message,
@@ -107,18 +122,19 @@ class Telemetry:
         if isinstance(event, AttemptEnded):
             metrics.attempt_child(tool, event.result).inc()
             if event.result == "circuit_open" and inv.key is not None:
-                metrics.breaker_rejected.labels(inv.key).inc()
+                metrics.key_child(metrics.breaker_rejected, inv.key).inc()
             elif event.result == "overloaded" and inv.key is not None:
-                metrics.bulkhead_rejected.labels(inv.key).inc()
+                metrics.key_child(metrics.bulkhead_rejected, inv.key).inc()
         elif isinstance(event, RetryScheduled):
             metrics.retries.labels(tool).inc()
         elif isinstance(event, FaultInjected):
             metrics.faults.labels(tool, event.fault).inc()
         elif isinstance(event, WorkerAbandoned):
             pass  # the gauge follows the pools (see workers_changed)
-        span = trace.get_current_span()
-        if span.is_recording():
-            add_event(span, event)
+        if self._tracing:
+            span = trace.get_current_span()
+            if span.is_recording():
+                add_event(span, event)
 
     def breaker_transition(self, key: str, old: str, new: str) -> None:
         self.metrics.transitions.labels(key, old, new).inc()

@@ -115,6 +115,7 @@ class Metrics:
         self._call_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._inflight_children: dict[str, Any] = {}
         self._attempt_children: dict[tuple[str, str], Any] = {}
+        self._key_children: dict[tuple[int, str], Any] = {}
 
     def call_children(self, tool: str, outcome: str) -> tuple[Any, Any]:
         """The (counter, histogram) children for one label set, bound once."""
@@ -131,6 +132,13 @@ class Metrics:
         child = self._attempt_children.get((tool, result))
         if child is None:
             child = self._attempt_children[(tool, result)] = self.attempts.labels(tool, result)
+        return child
+
+    def key_child(self, metric: Any, key: str) -> Any:
+        """The child of a ``{breaker_key}`` metric, bound once."""
+        child = self._key_children.get((id(metric), key))
+        if child is None:
+            child = self._key_children[(id(metric), key)] = metric.labels(key)
         return child
 
     def inflight_child(self, tool: str) -> Any:

@@ -51,24 +51,27 @@ def finish(
     content: tuple[Any, Any] | None,
 ) -> None:
     """Set the attributes known once the call has its answer (recording spans only)."""
-    span.set_attribute(OPERATION, "execute_tool")
-    span.set_attribute(TOOL_NAME, name[:128])
-    span.set_attribute(TOOL_TYPE, "function")
+    attributes: dict[str, Any] = {
+        OPERATION: "execute_tool",
+        TOOL_NAME: name[:128],
+        TOOL_TYPE: "function",
+        ATTEMPTS: attempts,
+        OUTCOME: outcome,
+    }
     if call_id is not None:
-        span.set_attribute(CALL_ID, call_id)
+        attributes[CALL_ID] = call_id
     if description:
-        span.set_attribute(DESCRIPTION, description[:1024])
+        attributes[DESCRIPTION] = description[:1024]
     if key is not None:
-        span.set_attribute(BREAKER_KEY, key)
-    span.set_attribute(ATTEMPTS, attempts)
-    span.set_attribute(OUTCOME, outcome)
+        attributes[BREAKER_KEY] = key
     if content is not None:
-        span.set_attribute(ARGUMENTS, _content(content[0]))
+        attributes[ARGUMENTS] = _content(content[0])
         if content[1] is not None:
-            span.set_attribute(RESULT, _content(content[1]))
+            attributes[RESULT] = _content(content[1])
     if outcome != "ok":
-        span.set_attribute(ERROR_TYPE, outcome)
+        attributes[ERROR_TYPE] = outcome
         span.set_status(Status(StatusCode.ERROR, message))
+    span.set_attributes(attributes)
 
 
 def add_event(span: Span, event: Event) -> None:

@@ -1,0 +1,119 @@
+"""The benchmark harness (bench/run.py) runs and reports: its correctness, never its speed."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "bench" / "run.py"
+
+
+def load_harness() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("toolrelay_bench_run", RUN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def harness() -> ModuleType:
+    return load_harness()
+
+
+def test_quick_run_prints_one_table_and_writes_results(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    only = "overhead,fastfail,agents"
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--quick", "--only", only, "--results", str(results)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert out.count("benchmark  ") == 1  # one table, one header
+    for row in (
+        "dispatch (metrics + tracing API) / bare call",
+        "dispatch, telemetry off / bare call",
+        "open-breaker answer / successful dispatch",
+    ):
+        assert row in out
+    agents_measured = "toolrelay / Agents SDK invoke_function_tool (timeout enforced)" in out
+    assert agents_measured or "skipped (pip install '.[bench]')" in out
+    assert "ERROR" not in out
+    assert "naive stack" not in out  # --only was honoured
+    assert f"wrote {results}" in out
+
+    text = results.read_text(encoding="utf-8")
+    assert text.startswith("# toolrelay benchmark results")
+    assert "--quick --only overhead,fastfail,agents" in text
+    for heading in ("## Machine", "## Results", "## Method"):
+        assert heading in text
+    for fact in ("**CPU**", "**cores**", "**Python**", "anyio ", "pybreaker ", "tenacity "):
+        assert fact in text
+    for package in ("jsonschema-rs", "opentelemetry-sdk", "prometheus-client", "openai-agents"):
+        assert package in text
+    assert "| benchmark | result | target | status | context |" in text
+    assert "| open-breaker answer / successful dispatch |" in text
+    assert "≤ 0.5×" in text
+
+
+def test_unknown_benchmark_is_refused() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--only", "nope", "--results", "-"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "unknown benchmark" in proc.stderr
+
+
+def test_check_fails_on_a_missed_target_or_an_error(
+    harness: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Row = harness.Row
+    fake = {
+        "overhead": [Row("overhead", "context only", 100.0)],
+        "fastfail": [Row("fastfail", "met", 0.4, target="≤ 0.5×", passed=True)],
+        "agents": [Row("agents", "not installed", status=harness.SKIP_BENCH)],
+        "scale": [Row("scale", "missed", 1.3, target="≤ 1.1×", passed=False)],
+        "memory": [Row("memory", "memory", status="ERROR", context="exit 1: boom")],
+    }
+    monkeypatch.setattr(harness, "run_isolated", lambda name, quick: fake[name])
+
+    assert harness.main(["--only", "overhead,fastfail,agents", "--check", "--results", "-"]) == 0
+    out = capsys.readouterr().out
+    assert "info" in out and "ok" in out and "skipped (pip install '.[bench]')" in out
+
+    assert harness.main(["--only", "overhead,scale", "--check", "--results", "-"]) == 1
+    assert "1 target(s) missed" in capsys.readouterr().out
+    assert harness.main(["--only", "memory", "--check", "--results", "-"]) == 1
+    assert harness.main(["--only", "scale", "--results", "-"]) == 0  # no --check: report only
+
+
+def test_rows_render_with_units_and_verdicts(harness: ModuleType) -> None:
+    Row = harness.Row
+    rows = [
+        Row("a", "ratio", 1.234, target="≤ 2×", passed=True),
+        Row("b", "latency", 4.5, unit="ms", target="≤ 5 ms", passed=True),
+        Row("c", "rate", 12345.6, unit="calls/s"),
+        Row("d", "growth", 11.0, unit="MB", target="≤ 10 MB", passed=False),
+    ]
+    assert [r.shown() for r in rows] == ["1.23×", "4.50 ms", "12,346 calls/s", "11.00 MB"]
+    assert [r.verdict for r in rows] == ["ok", "ok", "info", "MISS"]
+    table = harness.text_table(rows).splitlines()
+    assert table[0].split()[:4] == ["benchmark", "result", "target", "status"]
+    assert len(table) == 2 + len(rows)
+    assert harness.percentile([5.0, 1.0, 3.0, 2.0, 4.0], 99) == 5.0
+    assert harness.percentile(list(range(1, 101)), 50) == 50
+    assert harness.paired_ratio([2.0, 4.0, 9.0], [1.0, 1.0, 1.0]) == 4.0
