@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 import pybreaker
@@ -149,7 +149,7 @@ class KeyBreaker:
         if opened_at is None:
             return 0.0
         due = opened_at.timestamp() + self.config.reset_timeout_s
-        return max(0.0, due - datetime.now(UTC).timestamp())
+        return max(0.0, due - time.time())
 
     def admit(self) -> int:
         """ADMIT, TRIAL (a half-open trial; report it back with ``trial=True``) or REJECT."""

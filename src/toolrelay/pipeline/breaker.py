@@ -12,25 +12,22 @@ import time
 from ..breakers import REJECT, TRIAL, Breakers, KeyBreaker
 from ..contract import ErrorType
 from ..events import BreakerTransition
-from ..outcome import Outcome, Verdict, failure
+from ..outcome import Outcome, Verdict
 from . import Invocation, Next
 
 
-def rejection(inv: Invocation, breaker: KeyBreaker) -> Outcome:
-    """The ``circuit_open`` answer, with when to try again."""
+def rejection(inv: Invocation, breaker: KeyBreaker, wait: float | None = None) -> Outcome:
+    """The ``circuit_open`` answer, with when to try again (``wait``, if already known)."""
     assert inv.tool is not None
-    wait = breaker.retry_after()
+    if wait is None:
+        wait = breaker.retry_after()
     if wait > 0:
         hint = f"try again in {wait:.1f} s" if wait < 10 else f"try again in {wait:.0f} s"
     else:  # half-open, with every trial place taken
         wait = min(1.0, breaker.config.reset_timeout_s)
         hint = "a trial call is testing it; try again in a moment"
-    return failure(
-        ErrorType.CIRCUIT_OPEN,
-        f"{inv.tool.decl.name} is paused because {breaker.key} is failing; {hint}",
-        retryable=True,
-        retry_after_s=wait,
-    )
+    message = f"{inv.tool.decl.name} is paused because {breaker.key} is failing; {hint}"
+    return Outcome(False, None, ErrorType.CIRCUIT_OPEN, message, True, wait)
 
 
 class Breaker:

@@ -24,9 +24,10 @@ class FastFail:
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         assert inv.key is not None
-        if self.breakers.blocked_for(inv.key) is None:
+        wait = self.breakers.blocked_for(inv.key)
+        if wait is None:
             return await call_next(inv)
         inv.attempts = 1
         if inv.observers:
             inv.emit(AttemptEnded(1, ErrorType.CIRCUIT_OPEN.value))
-        return rejection(inv, self.breakers.get(inv.key))
+        return rejection(inv, self.breakers.get(inv.key), wait)
