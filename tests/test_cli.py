@@ -215,3 +215,14 @@ def test_live_view_renders_tools_breakers_and_slot() -> None:
     assert "searxng" in text and "open" in text and "closed → open at 9.2 s" in text
     assert "max 1.20 s of a 3.0 s budget" in text
     assert "faults now: search upstream hangs" in text
+
+
+def test_check_validates_the_serve_section(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('[serve]\ntransport = "http"\n[serve.http]\nport = 8000\n')
+    assert toolrelay("check", str(good)).returncode == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[serve]\ncolour = 1\n")
+    result = toolrelay("check", str(bad))
+    assert result.returncode == 2
+    assert "serve: Additional properties are not allowed ('colour'" in one_clear_line(result)

@@ -65,6 +65,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("experiment", type=Path)
     run.add_argument("--json", type=Path, help="write the report as JSON to this file")
     run.add_argument("--seed", type=int)
+
+    serve = commands.add_parser("serve", help="serve the tools over MCP, with an admin API")
+    serve.add_argument("--config", help=f"config file (default: ./{DEFAULT_CONFIG} if present)")
+    serve.add_argument("--transport", choices=["stdio", "http"], help="default: stdio")
+    serve.add_argument("--host", help="HTTP transport address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="HTTP transport port (default 8000)")
+    serve.add_argument("--profile", help="the profile of stdio and token-less HTTP callers")
+    serve.add_argument("--admin-host", help="admin API address (default 127.0.0.1)")
+    serve.add_argument("--admin-port", type=int, help="serve the admin API on this port")
+    serve.add_argument("--admin-token-env", metavar="VAR",
+                       help="environment variable holding the admin token "
+                       "(default TOOLRELAY_ADMIN_TOKEN)")  # fmt: skip
+    serve.add_argument("--allow-remote", action="store_true", default=None,
+                       help="allow binding non-loopback addresses")  # fmt: skip
     return parser
 
 
@@ -107,6 +121,10 @@ def _check(args: argparse.Namespace) -> int:
     from .config import load_config
 
     config = load_config(args.config)
+    if config.serve:
+        from .serve.settings import parse_serve_section
+
+        parse_serve_section(config.serve, config.path)
     parts = [
         f"{len(config.plugins)} plugins",
         f"{len(config.tools)} tool overrides",
@@ -148,6 +166,37 @@ def _chaos(args: argparse.Namespace) -> int:
     return experiment_main(args.experiment, json_path=args.json, seed=args.seed)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import ServeError
+
+    try:
+        from .serve import main as serve_main
+    except ImportError as exc:
+        raise CliError(
+            f"serve needs the MCP SDK 2.x: pip install 'toolrelay[serve]' ({exc})"
+        ) from None
+
+    for name in ("port", "admin_port"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value <= 65535:
+            raise CliError(f"--{name.replace('_', '-')} must be between 0 and 65535")
+    try:
+        return serve_main(
+            args.config,
+            defaults=EMBEDDED_DEFAULTS,
+            transport=args.transport,
+            host=args.host,
+            port=args.port,
+            profile=args.profile,
+            admin_host=args.admin_host,
+            admin_port=args.admin_port,
+            admin_token_env=args.admin_token_env,
+            allow_remote=args.allow_remote,
+        )
+    except ServeError as exc:
+        raise CliError(str(exc)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``toolrelay`` command."""
     args = _parser().parse_args(argv)
@@ -163,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(_specs, args)
         if args.command == "check":
             return _check(args)
+        if args.command == "serve":
+            return _serve(args)
         return _chaos(args)
     except (CliError, ConfigError, PluginLoadError) as exc:
         print(f"toolrelay: {exc}", file=sys.stderr)

@@ -154,6 +154,10 @@ CONFIG_SCHEMA: dict[str, Any] = {
                 "audit_arguments": {"type": "boolean"},
             },
         },
+        "serve": {
+            "type": "object",
+            "description": "toolrelay serve's own settings; checked by toolrelay.serve.settings",
+        },
         "telemetry": {
             "type": "object",
             "additionalProperties": False,
@@ -189,6 +193,7 @@ class Config:
     faults: list[Fault] = field(default_factory=list)
     dispatcher: dict[str, Any] = field(default_factory=dict)
     telemetry: dict[str, Any] = field(default_factory=dict)
+    serve: dict[str, Any] = field(default_factory=dict)
 
 
 def _where(path: list[str | int]) -> str:
@@ -222,6 +227,7 @@ def parse_config(data: Mapping[str, Any], path: Path | None = None) -> Config:
         faults=faults,
         dispatcher=dict(data.get("dispatcher", {})),
         telemetry=dict(data.get("telemetry", {})),
+        serve=dict(data.get("serve", {})),
     )
 
 

@@ -1,0 +1,302 @@
+"""Chaos Toolkit activities for a running ``toolrelay serve``, through its admin API.
+
+Actions: :func:`inject_fault`, :func:`clear_faults`, :func:`force_open_breaker`,
+:func:`reset_breaker`. Probes: :func:`breaker_state`, :func:`answered_ratio`.
+:func:`discover` returns the Chaos Toolkit discovery document of these activities.
+
+Where the admin API is and its token come from the experiment, as Chaos Toolkit passes
+them::
+
+    "configuration": {"toolrelay_admin_url": {"type": "env", "key": "TOOLRELAY_ADMIN_URL"}},
+    "secrets": {"toolrelay": {"admin_token": {"type": "env", "key": "TOOLRELAY_ADMIN_TOKEN"}}}
+
+with ``"secrets": ["toolrelay"]`` on each activity's provider. Without them, the
+``TOOLRELAY_ADMIN_URL`` and ``TOOLRELAY_ADMIN_TOKEN`` environment variables are used. A
+refused request raises :class:`ToolrelayAdminError` with the API's own message, which
+Chaos Toolkit reports as the activity's failure.
+
+(This module deliberately has no ``from __future__ import annotations``: Chaos Toolkit's
+discovery reads the annotations as Python types.)
+"""
+
+import importlib
+import inspect
+import os
+import platform
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = [
+    "ToolrelayAdminError",
+    "answered_ratio",
+    "breaker_state",
+    "clear_faults",
+    "discover",
+    "force_open_breaker",
+    "inject_fault",
+    "reset_breaker",
+]
+
+Configuration = dict[str, Any]
+Secrets = dict[str, Any]
+
+ACTIONS = ("inject_fault", "clear_faults", "force_open_breaker", "reset_breaker")
+PROBES = ("breaker_state", "answered_ratio")
+URL_KEY = "toolrelay_admin_url"
+TIMEOUT_KEY = "toolrelay_admin_timeout_s"
+TOKEN_KEY = "admin_token"
+CALLS_METRIC = "toolrelay_mcp_tool_calls"
+
+
+class ToolrelayAdminError(RuntimeError):
+    """The admin API could not be reached or refused the request."""
+
+
+# -- the admin API -------------------------------------------------------------------------
+def _settings(
+    configuration: Configuration | None, secrets: Secrets | None
+) -> tuple[str, str, float]:
+    config = configuration or {}
+    url = str(config.get(URL_KEY) or os.environ.get("TOOLRELAY_ADMIN_URL", "")).rstrip("/")
+    token = str((secrets or {}).get(TOKEN_KEY) or os.environ.get("TOOLRELAY_ADMIN_TOKEN", ""))
+    if not url:
+        raise ToolrelayAdminError(
+            f"no admin API URL: set configuration {URL_KEY!r} or TOOLRELAY_ADMIN_URL"
+        )
+    if not token:
+        raise ToolrelayAdminError(
+            f"no admin token: set secret {TOKEN_KEY!r} or TOOLRELAY_ADMIN_TOKEN"
+        )
+    return url, token, float(config.get(TIMEOUT_KEY, 10.0))
+
+
+def _request(
+    method: str,
+    path: str,
+    configuration: Configuration | None,
+    secrets: Secrets | None,
+    *,
+    body: Any = None,
+    params: Mapping[str, str] | None = None,
+) -> httpx.Response:
+    url, token, timeout = _settings(configuration, secrets)
+    try:
+        response = httpx.request(
+            method,
+            url + path,
+            headers={"Authorization": f"Bearer {token}"},
+            json=body,
+            params=params,
+            timeout=timeout,
+        )
+    except httpx.HTTPError as exc:
+        raise ToolrelayAdminError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+    if response.status_code >= 400:
+        try:
+            detail = response.json()
+            reason = f"{detail['error']}: {detail['message']}"
+        except (ValueError, KeyError, TypeError):
+            reason = response.text[:200]
+        raise ToolrelayAdminError(f"{method} {path} answered {response.status_code} {reason}")
+    return response
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    data = response.json()
+    if not isinstance(data, dict):
+        raise ToolrelayAdminError(f"{response.request.url.path}: expected a JSON object")
+    return data
+
+
+# -- actions -------------------------------------------------------------------------------
+def inject_fault(
+    fault: dict[str, Any],
+    seed: int | None = None,
+    replace: bool = False,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> dict[str, Any]:
+    """Put a fault in force in the gateway's pipeline (``PUT /faults``).
+
+    ``fault`` is a toolrelay fault, as in ``[[faults]]`` of ``toolrelay.toml``: ``kind``
+    (latency, error, exception, hang, bad_output), ``tool`` or ``breaker_key``, ``rate``,
+    and the kind's settings. ``seed`` restarts the fault dice; ``replace`` clears the faults
+    in force first. Returns ``{"added": [ids], "faults": [every fault in force]}``.
+    """
+    params = {"replace": "true" if replace else "false"}
+    if seed is not None:
+        params["seed"] = str(int(seed))
+    response = _request("PUT", "/faults", configuration, secrets, body=fault, params=params)
+    return _json(response)
+
+
+def clear_faults(
+    configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> dict[str, Any]:
+    """Remove every fault (``DELETE /faults``); returns ``{"removed": n}``."""
+    return _json(_request("DELETE", "/faults", configuration, secrets))
+
+
+def force_open_breaker(
+    key: str, configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> dict[str, Any]:
+    """Open the breaker of ``key`` and keep it open, no trial calls, until it is reset
+    (``POST /breakers/{key}/open``); returns the breaker's state."""
+    return _json(_request("POST", f"/breakers/{key}/open", configuration, secrets))
+
+
+def reset_breaker(
+    key: str, configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> dict[str, Any]:
+    """Back to a fresh closed breaker for ``key`` (``POST /breakers/{key}/reset``)."""
+    return _json(_request("POST", f"/breakers/{key}/reset", configuration, secrets))
+
+
+# -- probes --------------------------------------------------------------------------------
+def breaker_state(
+    key: str, configuration: Configuration | None = None, secrets: Secrets | None = None
+) -> str:
+    """The state of the breaker of ``key``: ``closed``, ``open`` or ``half_open``."""
+    return str(_json(_request("GET", f"/breakers/{key}", configuration, secrets))["state"])
+
+
+def _call_counts(
+    configuration: Configuration | None, secrets: Secrets | None, tool: str
+) -> dict[str, float]:
+    """MCP ``tools/call`` counts by outcome (for one tool, or all)."""
+    text = _request("GET", "/metrics", configuration, secrets).text
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != CALLS_METRIC:
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total") or (tool and sample.labels["tool"] != tool):
+                continue
+            outcome = sample.labels["outcome"]
+            counts[outcome] = counts.get(outcome, 0.0) + sample.value
+    return counts
+
+
+def answered_ratio(
+    tool: str = "",
+    window_s: float = 0.0,
+    ok_only: bool = False,
+    configuration: Configuration | None = None,
+    secrets: Secrets | None = None,
+) -> float:
+    """The fraction of MCP tool calls the gateway answered, from its metrics.
+
+    An answer is any result, a structured error (``timeout``, ``circuit_open``, …)
+    included; a call the client cancelled was not answered. With ``ok_only`` it is the
+    fraction of answered calls whose answer was ``ok`` instead. ``tool`` limits it to one
+    tool; ``window_s > 0`` counts only the calls that ended during the next ``window_s``
+    seconds (the probe waits), otherwise every call since the gateway started. With no
+    call to count the ratio is 1.0.
+    """
+    before = _call_counts(configuration, secrets, tool) if window_s > 0 else {}
+    if window_s > 0:
+        time.sleep(window_s)
+    after = _call_counts(configuration, secrets, tool)
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    total = sum(delta.values())
+    answered = total - delta.get("cancelled", 0.0)
+    if ok_only:
+        return 1.0 if answered <= 0 else delta.get("ok", 0.0) / answered
+    return 1.0 if total <= 0 else answered / total
+
+
+# -- discovery -----------------------------------------------------------------------------
+def _chaoslib_discovery() -> Any:
+    """``chaoslib.discovery.discover`` when Chaos Toolkit is installed, else ``None``."""
+    try:
+        return importlib.import_module("chaoslib.discovery.discover")
+    except ImportError:
+        return None
+
+
+def _activities() -> list[dict[str, Any]]:
+    chaoslib = _chaoslib_discovery()
+    if chaoslib is None:
+        return _describe_activities()
+    found: list[dict[str, Any]] = chaoslib.discover_activities(__name__, "action")
+    activities = []
+    for activity in found:
+        if activity["name"] in PROBES:
+            activity["type"] = "probe"
+        if activity["name"] in ACTIONS + PROBES:
+            activities.append(activity)
+    return activities
+
+
+def _describe_activities() -> list[dict[str, Any]]:
+    """The same entries ``chaoslib.discovery.discover_activities`` would give."""
+    module = sys.modules[__name__]
+    activities = []
+    for name in ACTIONS + PROBES:
+        func = getattr(module, name)
+        arguments = []
+        for param in inspect.signature(func).parameters.values():
+            argument: dict[str, Any] = {"name": param.name}
+            if param.default is not inspect.Parameter.empty:
+                argument["default"] = param.default
+            arguments.append(argument)
+        activities.append(
+            {
+                "type": "probe" if name in PROBES else "action",
+                "name": name,
+                "mod": __name__,
+                "doc": inspect.getdoc(func),
+                "arguments": arguments,
+            }
+        )
+    return activities
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def _system(configuration: Configuration | None) -> dict[str, Any] | None:
+    try:
+        tools = _json(_request("GET", "/tools", configuration, None))["tools"]
+        breakers = _json(_request("GET", "/breakers", configuration, None))["breakers"]
+    except ToolrelayAdminError:
+        return None
+    return {"tools": tools, "breakers": breakers}
+
+
+def discover(discover_system: bool = True) -> dict[str, Any]:
+    """The Chaos Toolkit discovery document: these activities and, with
+    ``discover_system`` and a reachable admin API (``TOOLRELAY_ADMIN_URL`` and
+    ``TOOLRELAY_ADMIN_TOKEN``), the gateway's tools and breakers."""
+    chaoslib = _chaoslib_discovery()
+    if chaoslib is None:
+        node = platform.uname()
+        result: dict[str, Any] = {
+            "id": str(uuid.uuid4()),
+            "target": "toolrelay",
+            "date": datetime.now(UTC).isoformat(),
+            "platform": {
+                "system": node.system,
+                "node": node.node,
+                "python": platform.python_version(),
+            },
+            "extension": {"name": "toolrelay", "version": _version()},
+            "activities": [],
+            "system": None,
+        }
+    else:
+        result = chaoslib.initialize_discovery_result("toolrelay", _version(), "toolrelay")
+    result["activities"].extend(_activities())
+    if discover_system:
+        result["system"] = _system(None)
+    return result

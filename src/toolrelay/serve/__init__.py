@@ -1,0 +1,34 @@
+"""``toolrelay serve``: the dispatcher's tools behind an MCP server, with an admin API.
+
+* :mod:`~toolrelay.serve.settings` — the ``[serve]`` section of ``toolrelay.toml``;
+* :mod:`~toolrelay.serve.gateway` — the MCP server (stdio and streamable HTTP);
+* :mod:`~toolrelay.serve.answers` — toolrelay answers as MCP tool results;
+* :mod:`~toolrelay.serve.watch` — ``tools/list_changed`` when breakers or plugins change;
+* :mod:`~toolrelay.serve.admin` and :mod:`~toolrelay.serve.openapi` — the admin API;
+* :mod:`~toolrelay.serve.upstreams` — MCP servers behind the gateway;
+* :mod:`~toolrelay.serve.runner` — starting and stopping all of it.
+
+Needs the ``serve`` extra (the MCP SDK 2.x, with starlette and uvicorn). ``settings`` and
+``errors`` import without it, so ``[serve]`` can be checked anywhere; the rest is imported
+on first use. See docs/serve.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import ServeError
+from .settings import ServeSettings, load
+
+if TYPE_CHECKING:
+    from .runner import Service, main
+
+__all__ = ["ServeError", "ServeSettings", "Service", "load", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Service", "main"):
+        from . import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,103 @@
+"""Bearer tokens and bind addresses: who may talk to the gateway and its admin API.
+
+Tokens come from environment variables (or, discouraged, the config file) and are compared
+in constant time. A non-loopback bind address is refused unless remote access is allowed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from mcp.server.auth.provider import AccessToken
+
+from .errors import ServeError
+from .settings import ClientSettings
+
+__all__ = [
+    "ServeError",
+    "StaticTokenVerifier",
+    "check_bind",
+    "is_loopback",
+    "resolve_secret",
+    "token_matches",
+]
+
+
+def is_loopback(host: str) -> bool:
+    """Is ``host`` a loopback address (``127.0.0.0/8``, ``::1``, ``localhost``)?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, allow_remote: bool, what: str) -> None:
+    """Refuse a non-loopback ``host`` for ``what`` unless ``allow_remote``."""
+    if not allow_remote and not is_loopback(host):
+        raise ServeError(
+            f"refusing to bind the {what} to {host!r}: it is not a loopback address "
+            "(pass --allow-remote to expose it)"
+        )
+
+
+def resolve_secret(
+    env_name: str | None, literal: str | None, environ: Mapping[str, str], what: str
+) -> str:
+    """The token for ``what``: the literal from the config, else ``environ[env_name]``."""
+    if literal:
+        return literal
+    value = environ.get(env_name, "") if env_name else ""
+    if not value.strip():
+        raise ServeError(
+            f"the {what} needs a bearer token: set the environment variable {env_name}"
+        )
+    return value.strip()
+
+
+def token_matches(given: str, expected: str) -> bool:
+    """Constant-time comparison of two tokens."""
+    return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Client:
+    name: str
+    token: str
+
+
+class StaticTokenVerifier:
+    """The SDK's ``TokenVerifier`` over fixed tokens: one token per configured client.
+
+    A valid token yields an ``AccessToken`` whose ``client_id`` is the client's name, which
+    the gateway maps back to the client's profile and identity.
+    """
+
+    def __init__(self, clients: Sequence[ClientSettings], environ: Mapping[str, str]) -> None:
+        seen: dict[str, str] = {}
+        resolved = []
+        for client in clients:
+            token = resolve_secret(
+                client.token_env, client.token, environ, f"MCP client {client.name!r}"
+            )
+            if token in seen:
+                raise ServeError(
+                    f"MCP clients {seen[token]!r} and {client.name!r} have the same token"
+                )
+            seen[token] = client.name
+            resolved.append(_Client(client.name, token))
+        self._clients = tuple(resolved)
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        """The client owning ``token``, or ``None``; every candidate is compared in full."""
+        found = None
+        for client in self._clients:
+            if token_matches(token, client.token):
+                found = client
+        if found is None:
+            return None
+        return AccessToken(token=token, client_id=found.name, scopes=[])

@@ -1,0 +1,217 @@
+"""The MCP server in front of the dispatcher, on the MCP SDK's low-level ``Server``.
+
+* ``tools/list`` is ``dispatcher.specs(profile, format="mcp")`` for the caller's profile, so
+  tools whose breaker is open are not offered.
+* ``tools/call`` runs ``dispatcher.dispatch(...)`` and answers with
+  :func:`~toolrelay.serve.answers.call_tool_result`; a client's ``notifications/cancelled``
+  cancels the dispatch (the SDK cancels the handler, the cancellation reaches the tool).
+* ``subscriptions/listen`` (2026-era clients) and ``notifications/tools/list_changed``
+  (2025-era clients) come from the :class:`~toolrelay.serve.watch.ToolListWatcher`.
+
+Both protocol eras are served, over stdio (:meth:`Gateway.run_stdio`) and streamable HTTP
+(:meth:`Gateway.http_app`, stateful sessions for the 2025 handshake, single exchanges for
+2026-era requests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
+from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.provider import TokenVerifier
+from mcp.server.connection import Connection
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from .. import __version__
+from ..dispatcher import Dispatcher
+from .answers import call_tool_result
+from .auth import is_loopback
+from .callers import Callers
+from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics
+from .watch import ToolListWatcher
+
+__all__ = ["Gateway", "transport_security"]
+
+INSTRUCTIONS = (
+    "Tool calls run through toolrelay. A failed call is an isError result whose text and "
+    "structuredContent are the answer envelope {ok: false, error_type, message, retryable, "
+    "retry_after_s?}; retry only when retryable is true, after retry_after_s if given."
+)
+MAX_HTTP_SESSIONS = 1000
+HTTP_SESSION_IDLE_S = 30 * 60.0
+
+
+class _GatewayServer(Server[Any]):
+    """The low-level server, advertising ``tools.listChanged`` on every transport.
+
+    The streamable HTTP session manager builds its initialization options with no
+    arguments, so the default is changed here rather than at each call site.
+    """
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+
+def _peer_key(ctx: ServerRequestContext[Any, Any]) -> str:
+    """Names a handshake-era connection: its HTTP session id, or ``stdio``."""
+    headers = getattr(ctx.request, "headers", None)
+    session_id = None if headers is None else headers.get(MCP_SESSION_ID_HEADER)
+    return f"http:{session_id}" if session_id else "stdio"
+
+
+def _connection_of(ctx: ServerRequestContext[Any, Any]) -> Connection | None:
+    """The request's connection. SDK 2.3 hands the low-level handlers no public way to
+    it (``ServerRequestContext`` has no ``connection`` yet), so the session's is read."""
+    connection = getattr(ctx.session, "_connection", None)
+    return connection if isinstance(connection, Connection) else None
+
+
+class _PeerTracker:
+    """Server middleware: remembers each 2025-era connection once it is initialized, and
+    forgets it when the connection's exit stack unwinds."""
+
+    def __init__(self, watcher: ToolListWatcher, callers: Callers) -> None:
+        self._watcher = watcher
+        self._callers = callers
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        result = await call_next(ctx)
+        if (
+            ctx.method == "notifications/initialized"
+            and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        ):
+            key = _peer_key(ctx)
+            self._watcher.add_peer(key, ctx.session, self._callers.current().profile)
+            connection = _connection_of(ctx)
+            if connection is not None:
+                connection.exit_stack.callback(self._watcher.remove_peer, key)
+        return result
+
+
+def transport_security(host: str) -> TransportSecuritySettings:
+    """DNS-rebinding protection for the HTTP transport bound to ``host``."""
+    if host in ("0.0.0.0", "::", ""):
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    if not is_loopback(host):
+        hosts.append(f"[{host}]:*" if ":" in host else f"{host}:*")
+    origins = [f"{scheme}://{entry}" for entry in hosts for scheme in ("http", "https")]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+    )
+
+
+class Gateway:
+    """The dispatcher's tools as an MCP server."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        callers: Callers,
+        watcher: ToolListWatcher,
+        metrics: GatewayMetrics,
+        *,
+        name: str = "toolrelay",
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.callers = callers
+        self.watcher = watcher
+        self.metrics = metrics
+        self.server = _GatewayServer(
+            name,
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_subscriptions_listen=self._listen,
+        )
+        self.server.middleware.append(_PeerTracker(watcher, callers))
+
+    # -- handlers -----------------------------------------------------------------------------
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        specs = self.dispatcher.specs(self.callers.current().profile, format="mcp")
+        return types.ListToolsResult(tools=[types.Tool.model_validate(spec) for spec in specs])
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        caller = self.callers.current()
+        name = params.name
+        label = name if self.dispatcher.registry.owns(name) else UNKNOWN_TOOL
+        call_id = None if ctx.request_id is None else str(ctx.request_id)
+        try:
+            result = await self.dispatcher.dispatch(
+                name, params.arguments or {}, caller.ctx, profile=caller.profile, call_id=call_id
+            )
+        except anyio.get_cancelled_exc_class():
+            self.metrics.call(label, CANCELLED)
+            raise
+        self.metrics.call(label, "ok" if result.ok else str(result.error_type))
+        return call_tool_result(result)
+
+    async def _listen(
+        self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        handler = self.watcher.listen_handler(self.callers.current().profile)
+        return await handler(ctx, params)
+
+    # -- transports ---------------------------------------------------------------------------
+    async def run_stdio(self) -> None:
+        """Serve one client over this process's stdin and stdout until stdin closes."""
+        async with stdio_server() as (read_stream, write_stream):
+            options = self.server.create_initialization_options()
+            await self.server.run(read_stream, write_stream, options)
+
+    def http_app(
+        self, *, host: str, path: str, verifier: TokenVerifier | None = None
+    ) -> tuple[Starlette, StreamableHTTPSessionManager]:
+        """The streamable HTTP app (serving ``path``) and its session manager.
+
+        Run the manager (``async with manager.run():``) while the app serves. With a
+        ``verifier`` every request needs a bearer token it accepts (401 otherwise), and a
+        session can only be used with the token that opened it.
+        """
+        manager = StreamableHTTPSessionManager(
+            app=self.server,
+            security_settings=transport_security(host),
+            session_idle_timeout=HTTP_SESSION_IDLE_S,
+            max_sessions=MAX_HTTP_SESSIONS,
+        )
+        endpoint: ASGIApp = StreamableHTTPASGIApp(manager)
+        middleware: list[Middleware] = []
+        if verifier is not None:
+            endpoint = RequireAuthMiddleware(endpoint, [])
+            middleware = [
+                Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(verifier)),
+                Middleware(AuthContextMiddleware),
+            ]
+        app = Starlette(routes=[Route(path, endpoint=endpoint)], middleware=middleware)
+        return app, manager

@@ -1,0 +1,55 @@
+"""The ``[telemetry]`` settings of ``toolrelay.toml`` as ``toolrelay serve`` applies them.
+
+``otlp_endpoint`` sends every call's span over OTLP/HTTP (extra ``otlp``), as service
+``toolrelay-serve``; ``metrics_port`` (non-zero) also serves the Prometheus registry on a
+plain ``/metrics`` endpoint without a token, for scrapers that cannot send one (the admin
+API's ``/metrics`` has the same content behind the admin token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from ..telemetry import serve_metrics
+from .auth import check_bind
+from .errors import ServeError
+
+__all__ = ["metrics_endpoint", "tracer_provider"]
+
+
+def tracer_provider(telemetry: Mapping[str, Any]) -> Any:
+    """An OpenTelemetry SDK tracer provider exporting to ``otlp_endpoint``, or ``None``."""
+    endpoint = telemetry.get("otlp_endpoint")
+    if not endpoint:
+        return None
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        raise ServeError(
+            "telemetry.otlp_endpoint needs the otlp extra: pip install 'toolrelay[otlp]'"
+        ) from None
+    provider = TracerProvider(resource=Resource.create({"service.name": "toolrelay-serve"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    return provider
+
+
+def metrics_endpoint(
+    telemetry: Mapping[str, Any], registry: CollectorRegistry, allow_remote: bool
+) -> Any:
+    """Serve ``registry`` on ``metrics_host:metrics_port`` when the port is set; the
+    server (``.shutdown()`` stops it) or ``None``."""
+    port = telemetry.get("metrics_port", 0)
+    if not port:
+        return None
+    host = str(telemetry.get("metrics_host", "127.0.0.1"))
+    check_bind(host, allow_remote, "metrics endpoint")
+    try:
+        return serve_metrics(port, host, registry=registry)
+    except OSError as exc:
+        raise ServeError(f"cannot serve /metrics on {host}:{port}: {exc.strerror or exc}") from None

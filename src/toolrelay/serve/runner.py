@@ -1,0 +1,257 @@
+"""``toolrelay serve``: put the pieces together and run them until told to stop.
+
+Order of start: the dispatcher (plugins loaded), the admin API (``/healthz`` answers,
+``/readyz`` says 503 until ready), the upstream MCP servers, the tool-list watcher, the MCP
+transport; then ready. Stop: stdin closing (stdio), or SIGINT/SIGTERM; everything is closed
+in reverse order, within a grace period after which the process exits anyway (a stdio
+reader blocked in a thread cannot be interrupted otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from typing import Any, TextIO
+
+import anyio
+import anyio.abc
+from prometheus_client import CollectorRegistry
+
+from ..config import Config
+from ..dispatcher import Dispatcher
+from .admin import AdminState, admin_app
+from .auth import StaticTokenVerifier, check_bind, is_loopback, resolve_secret
+from .callers import Callers
+from .errors import ServeError
+from .gateway import Gateway
+from .http import HttpService
+from .metrics import GatewayMetrics
+from .observability import metrics_endpoint, tracer_provider
+from .settings import ServeSettings, load
+from .upstreams import open_upstreams
+from .watch import ToolListWatcher
+
+__all__ = ["Service", "main"]
+
+log = logging.getLogger("toolrelay.serve")
+
+EXIT_GRACE_S = 5.0
+"""After a signal, how long a graceful stop may take before the process exits anyway."""
+
+
+class Service:
+    """One ``toolrelay serve`` run: a dispatcher behind an MCP transport and an admin API.
+
+    Construction checks the settings, resolves the tokens (from ``environ``) and builds the
+    dispatcher; :meth:`run` serves (asyncio only: uvicorn) until :meth:`stop`, stdin closing
+    (stdio), or SIGINT/SIGTERM when ``handle_signals``. Start-up lines go to ``out``
+    (default stderr).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        settings: ServeSettings,
+        *,
+        environ: Mapping[str, str] | None = None,
+        out: TextIO | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.handle_signals = handle_signals
+        self.environ = os.environ if environ is None else environ
+        self.out = out
+        settings.check(config)
+        http = settings.transport == "http"
+        if http:
+            check_bind(settings.host, settings.allow_remote, "MCP HTTP transport")
+        if settings.admin_port is not None:
+            check_bind(settings.admin_host, settings.allow_remote, "admin API")
+        self.admin_token = (
+            None
+            if settings.admin_port is None
+            else resolve_secret(
+                settings.admin_token_env, settings.admin_token, self.environ, "admin API"
+            )
+        )
+        clients = settings.clients if http else ()
+        self.verifier = StaticTokenVerifier(clients, self.environ) if clients else None
+        self.telemetry = dict(config.telemetry)
+        self.tracer_provider = tracer_provider(self.telemetry)
+        self.metrics_registry = CollectorRegistry()
+        self.dispatcher = Dispatcher.from_config(
+            config, metrics_registry=self.metrics_registry, tracer_provider=self.tracer_provider
+        )
+        self.metrics = GatewayMetrics(self.metrics_registry)
+        self.callers = Callers(settings.profile, clients)
+        self.watcher = ToolListWatcher(
+            self.dispatcher,
+            {caller.profile for caller in self.callers.all()},
+            self.metrics,
+            interval_s=settings.watch_interval_s,
+        )
+        self.gateway = Gateway(self.dispatcher, self.callers, self.watcher, self.metrics)
+        self.admin_state = (
+            None
+            if self.admin_token is None
+            else AdminState(self.dispatcher, self.metrics_registry, self.admin_token)
+        )
+        self._stop: anyio.Event | None = None
+
+    def _say(self, line: str) -> None:
+        print(f"toolrelay serve: {line}", file=self.out or sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        """Begin a graceful stop (from the event loop): not ready any more, then wind down."""
+        if self.admin_state is not None:
+            self.admin_state.set_ready(False, "shutting down")
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(self) -> None:
+        """Serve until stdin closes (stdio) or :meth:`stop` / a signal."""
+        self._stop = anyio.Event()
+        metrics = metrics_endpoint(
+            self.telemetry, self.metrics_registry, self.settings.allow_remote
+        )
+        try:
+            async with anyio.create_task_group() as tg:
+                if self.handle_signals:
+                    tg.start_soon(self._signals)
+                admin = await self._start_admin(tg)
+                try:
+                    async with AsyncExitStack() as upstreams:
+                        names = await open_upstreams(
+                            upstreams,
+                            self.dispatcher.registry,
+                            self.settings.upstreams,
+                            self.environ,
+                        )
+                        if names:
+                            self._say(f"upstream MCP servers: {', '.join(names)}")
+                        await self._serve_mcp()
+                finally:
+                    if self.admin_state is not None:
+                        self.admin_state.set_ready(False, "shutting down")
+                    if admin is not None:
+                        with anyio.CancelScope(shield=True):
+                            await admin.aclose()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.dispatcher.aclose()
+            if metrics is not None:
+                metrics.shutdown()
+            if self.tracer_provider is not None:
+                self.tracer_provider.shutdown()
+
+    async def _start_admin(self, tg: anyio.abc.TaskGroup) -> HttpService | None:
+        state = self.admin_state
+        if state is None or self.settings.admin_port is None:
+            return None
+        service = HttpService(admin_app(state), self.settings.admin_host, self.settings.admin_port)
+        await service.start(tg)
+        self._say(f"admin API on {service.url}")
+        return service
+
+    async def _serve_mcp(self) -> None:
+        assert self._stop is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.watcher.run)
+            if self.settings.transport == "stdio":
+                tg.start_soon(self._run_stdio)
+                self._ready("MCP over stdio")
+                await self._stop.wait()
+            else:
+                await self._run_http()
+            tg.cancel_scope.cancel()
+
+    async def _run_stdio(self) -> None:
+        try:
+            await self.gateway.run_stdio()
+        finally:
+            self.stop()
+
+    async def _run_http(self) -> None:
+        assert self._stop is not None
+        settings = self.settings
+        app, manager = self.gateway.http_app(
+            host=settings.host, path=settings.path, verifier=self.verifier
+        )
+        if not is_loopback(settings.host) and self.verifier is None:
+            log.warning(
+                "toolrelay serve: MCP on %s without bearer tokens: anyone who can reach it "
+                "can call the tools ([serve.http.clients] sets tokens)",
+                settings.host,
+            )
+        async with manager.run(), anyio.create_task_group() as tg:
+            service = HttpService(app, settings.host, settings.port)
+            await service.start(tg)
+            self._ready(f"MCP on {service.url}{settings.path}")
+            await self._stop.wait()
+            await service.aclose()
+            tg.cancel_scope.cancel()
+
+    def _ready(self, where: str) -> None:
+        count = len(self.dispatcher.registry)
+        profile = self.settings.profile
+        whose = "" if profile is None else f", profile {profile!r}"
+        auth = "" if self.verifier is None else ", bearer tokens required"
+        self._say(f"{where} ({count} tools{whose}{auth})")
+        if self.admin_state is not None:
+            self.admin_state.set_ready(True)
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                self._say(f"{signal.Signals(signum).name}: stopping")
+                self.stop()
+                _exit_later(EXIT_GRACE_S)
+
+
+def _exit_later(delay_s: float) -> None:
+    """Make sure the process ends even if a stdio reader thread never returns."""
+    timer = threading.Timer(delay_s, os._exit, args=(0,))
+    timer.daemon = True
+    timer.start()
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+    logging.getLogger("toolrelay").setLevel(logging.INFO)
+
+
+def main(
+    config_path: str | None,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    **overrides: Any,
+) -> int:
+    """Run ``toolrelay serve`` (the CLI's entry); ``overrides`` are :class:`ServeSettings`
+    fields (``None`` keeps the config file's value). Raises :class:`ServeError`,
+    :class:`~toolrelay.config.ConfigError` or :class:`~toolrelay.loading.PluginLoadError`.
+    """
+    config, settings = load(config_path, defaults)
+    settings = settings.override(**overrides)
+    service = Service(config, settings)
+    _configure_logging()
+    try:
+        anyio.run(service.run, backend="asyncio")
+    except BaseExceptionGroup as group:
+        raise _first_error(group) from None
+    except OSError as exc:
+        raise ServeError(f"{exc.strerror or exc}") from None
+    return 0
+
+
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The innermost first exception of a (nested) task-group exception group."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

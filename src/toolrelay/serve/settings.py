@@ -1,0 +1,244 @@
+"""The ``[serve]`` section of ``toolrelay.toml``: transport, callers, admin API, upstreams.
+
+The core config schema does not know ``[serve]``, so :func:`load` reads the TOML file,
+takes the section out, checks it against :data:`SERVE_SCHEMA` and hands the rest to
+:func:`toolrelay.config.parse_config`. Every error is a
+:class:`~toolrelay.config.ConfigError` naming the key path, like the core's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import jsonschema_rs
+
+from ..config import Config, ConfigError, load_config, parse_config
+
+__all__ = [
+    "DEFAULT_ADMIN_TOKEN_ENV",
+    "SERVE_SCHEMA",
+    "ClientSettings",
+    "ServeSettings",
+    "UpstreamSettings",
+    "load",
+    "parse_serve_section",
+]
+
+DEFAULT_ADMIN_TOKEN_ENV = "TOOLRELAY_ADMIN_TOKEN"
+Transport = Literal["stdio", "http"]
+
+_NAME = {"type": "string", "minLength": 1, "maxLength": 128}
+_ENV = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
+_PORT = {"type": "integer", "minimum": 0, "maximum": 65535}
+_POSITIVE = {"type": "number", "exclusiveMinimum": 0}
+_SECRET = {"type": "string", "minLength": 1}
+_CLIENT = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "token_env": _ENV,
+        "token": _SECRET,
+        "profile": _NAME,
+        "tenant": _NAME,
+    },
+    "oneOf": [{"required": ["token_env"]}, {"required": ["token"]}],
+}
+_UPSTREAM = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["breaker_key"],
+    "properties": {
+        "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "url": {"type": "string", "pattern": "^https?://"},
+        "breaker_key": _NAME,
+        "prefix": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,32}$"},
+        "timeout_s": _POSITIVE,
+        "tool_timeouts": {"type": "object", "additionalProperties": _POSITIVE},
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "cwd": {"type": "string"},
+        "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+        "bearer_token_env": _ENV,
+        "connect_timeout_s": _POSITIVE,
+        "optional": {"type": "boolean"},
+    },
+    "oneOf": [{"required": ["command"]}, {"required": ["url"]}],
+}
+
+SERVE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "transport": {"enum": ["stdio", "http"]},
+        "profile": _NAME,
+        "allow_remote": {"type": "boolean"},
+        "watch_interval_s": {"type": "number", "minimum": 0.05, "maximum": 3600},
+        "http": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "host": {"type": "string", "minLength": 1},
+                "port": _PORT,
+                "path": {"type": "string", "pattern": "^/[A-Za-z0-9_./-]*$"},
+                "clients": {"type": "object", "additionalProperties": _CLIENT},
+            },
+        },
+        "admin": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "host": {"type": "string", "minLength": 1},
+                "port": _PORT,
+                "token_env": _ENV,
+                "token": _SECRET,
+            },
+        },
+        "upstreams": {"type": "object", "additionalProperties": _UPSTREAM},
+    },
+}
+
+_VALIDATOR = jsonschema_rs.Draft202012Validator(SERVE_SCHEMA, offline=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """One MCP client of the HTTP transport: its bearer token decides its profile."""
+
+    name: str
+    token_env: str | None = None
+    token: str | None = field(default=None, repr=False)
+    profile: str | None = None
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSettings:
+    """One MCP server behind the gateway (``[serve.upstreams.NAME]``), as an ``McpSource``."""
+
+    name: str
+    breaker_key: str
+    command: tuple[str, ...] | None = None
+    url: str | None = None
+    prefix: str | None = None
+    timeout_s: float | None = None
+    tool_timeouts: Mapping[str, float] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    bearer_token_env: str | None = None
+    connect_timeout_s: float | None = None
+    optional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    """Everything ``toolrelay serve`` needs besides the dispatcher's own config.
+
+    ``profile`` is the profile of stdio callers and of HTTP callers when no ``clients``
+    are configured; with ``clients``, every HTTP request needs one of their bearer tokens
+    and gets that client's profile. ``admin_port=None`` runs no admin API.
+    """
+
+    transport: Transport = "stdio"
+    profile: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    path: str = "/mcp"
+    allow_remote: bool = False
+    clients: tuple[ClientSettings, ...] = ()
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = None
+    admin_token_env: str = DEFAULT_ADMIN_TOKEN_ENV
+    admin_token: str | None = field(default=None, repr=False)
+    upstreams: tuple[UpstreamSettings, ...] = ()
+    watch_interval_s: float = 1.0
+
+    def override(self, **changes: Any) -> ServeSettings:
+        """A copy with the given fields changed; ``None`` values leave a field as it is."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def profiles(self) -> set[str | None]:
+        """Every profile a caller of this server can have."""
+        found: set[str | None] = {self.profile}
+        found.update(client.profile for client in self.clients)
+        return found
+
+    def check(self, config: Config) -> None:
+        """Cross-checks against the dispatcher config: every named profile exists."""
+        where = config.path or "config"
+        if self.profile is not None and self.profile not in config.profiles:
+            raise ConfigError(f"{where}: serve.profile: no profile named {self.profile!r}")
+        for client in self.clients:
+            if client.profile is not None and client.profile not in config.profiles:
+                raise ConfigError(
+                    f"{where}: serve.http.clients.{client.name}.profile: "
+                    f"no profile named {client.profile!r}"
+                )
+
+
+def _where(path: list[str | int]) -> str:
+    return ".".join(["serve", *(str(p) for p in path)])
+
+
+def parse_serve_section(data: Mapping[str, Any], path: Path | None = None) -> ServeSettings:
+    """Check a decoded ``[serve]`` table and turn it into :class:`ServeSettings`."""
+    errors = [
+        f"{_where(list(error.instance_path))}: {error.message}"
+        for error in _VALIDATOR.iter_errors(dict(data))
+    ]
+    if errors:
+        shown = "; ".join(errors[:5]) + ("; …" if len(errors) > 5 else "")
+        raise ConfigError(f"{path or 'config'}: {shown}")
+    http = dict(data.get("http", {}))
+    admin = dict(data.get("admin", {}))
+    clients = tuple(
+        ClientSettings(name=name, **table) for name, table in http.pop("clients", {}).items()
+    )
+    upstreams = tuple(
+        UpstreamSettings(
+            name=name,
+            **{
+                **table,
+                "command": tuple(table["command"]) if "command" in table else None,
+                "tags": tuple(table.get("tags", ())),
+            },
+        )
+        for name, table in data.get("upstreams", {}).items()
+    )
+    settings = ServeSettings(
+        clients=clients,
+        upstreams=upstreams,
+        admin_token=admin.get("token"),
+    )
+    return settings.override(
+        transport=data.get("transport"),
+        profile=data.get("profile"),
+        allow_remote=data.get("allow_remote"),
+        watch_interval_s=data.get("watch_interval_s"),
+        host=http.get("host"),
+        port=http.get("port"),
+        path=http.get("path"),
+        admin_host=admin.get("host"),
+        admin_port=admin.get("port"),
+        admin_token_env=admin.get("token_env"),
+    )
+
+
+def load(
+    path: str | Path | None, defaults: Mapping[str, Any] | None = None
+) -> tuple[Config, ServeSettings]:
+    """Read ``path`` (or ``./toolrelay.toml``, or ``defaults`` when neither exists).
+
+    Returns the dispatcher's :class:`~toolrelay.config.Config` and the ``[serve]``
+    settings; raises :class:`~toolrelay.config.ConfigError` with one clear line.
+    """
+    if path is None and not Path("toolrelay.toml").exists():
+        config = parse_config(dict(defaults or {}))
+    else:
+        config = load_config("toolrelay.toml" if path is None else path)
+    return config, parse_serve_section(config.serve, config.path)

@@ -1,0 +1,166 @@
+"""Tell MCP clients when the tools they are offered change.
+
+The list a caller gets is ``dispatcher.specs(profile, format="mcp")``: it shrinks when a
+breaker opens (its tools are hidden), grows back when the breaker is due a trial or closes,
+and follows plugins whose declarations change. :class:`ToolListWatcher` keeps a fingerprint
+of that list per profile and re-checks it whenever a breaker changes state (a breaker
+listener) and every ``interval_s`` (for what no listener reports: a breaker becoming due a
+trial, a plugin or an upstream MCP server changing its tools). When a profile's list
+changed, its clients are told, in the way their protocol era expects:
+
+* handshake-era (2025) connections get ``notifications/tools/list_changed`` on their
+  standalone channel (stdio, or the HTTP GET stream);
+* 2026-era clients get a ``ToolsListChanged`` event on the ``subscriptions/listen``
+  streams they opened (one subscription bus per profile, so a change one profile cannot
+  see is not announced to it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+
+from ..dispatcher import Dispatcher
+from .metrics import GatewayMetrics
+
+__all__ = ["ToolListWatcher"]
+
+log = logging.getLogger("toolrelay.serve")
+
+MAX_PEERS = 2000
+"""The most handshake-era connections remembered at once."""
+NOTIFY_TIMEOUT_S = 2.0
+"""How long one client may take to accept a notification before it is dropped."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Peer:
+    session: ServerSession
+    profile: str | None
+
+
+class ToolListWatcher:
+    """Fingerprints each profile's tool list and announces changes to its clients."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        profiles: Iterable[str | None],
+        metrics: GatewayMetrics,
+        *,
+        interval_s: float = 1.0,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._metrics = metrics
+        self.interval_s = interval_s
+        self._buses = {profile: InMemorySubscriptionBus() for profile in profiles}
+        self._listeners = {profile: ListenHandler(bus) for profile, bus in self._buses.items()}
+        self._fingerprints = {profile: self.fingerprint(profile) for profile in self._buses}
+        self._peers: dict[str, _Peer] = {}
+        self._wake: anyio.Event | None = None
+        self._loop_thread: int | None = None
+        self._token: anyio.lowlevel.EventLoopToken | None = None
+        dispatcher.breakers.add_listener(self.breaker_changed)
+
+    # -- what clients are offered ------------------------------------------------------------
+    def fingerprint(self, profile: str | None) -> str:
+        """A digest of the ``tools/list`` a caller with ``profile`` gets now."""
+        specs = self._dispatcher.specs(profile, format="mcp")
+        text = json.dumps(specs, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def listen_handler(self, profile: str | None) -> ListenHandler:
+        """The ``subscriptions/listen`` handler of one profile's clients."""
+        return self._listeners[profile]
+
+    def add_peer(self, key: str, session: ServerSession, profile: str | None) -> None:
+        """Remember a handshake-era connection (``key`` names it) to notify of changes.
+
+        At most :data:`MAX_PEERS` are kept, the least recently added dropped first (a
+        safety net: connections are forgotten when they close, see :meth:`remove_peer`).
+        """
+        self._peers.pop(key, None)
+        self._peers[key] = _Peer(session, profile)
+        while len(self._peers) > MAX_PEERS:
+            del self._peers[next(iter(self._peers))]
+
+    def remove_peer(self, key: str) -> None:
+        """Forget a connection (it closed)."""
+        self._peers.pop(key, None)
+
+    def peers(self) -> int:
+        """How many handshake-era connections are remembered."""
+        return len(self._peers)
+
+    # -- triggers --------------------------------------------------------------------------
+    def breaker_changed(self, key: str, old: str, new: str) -> None:
+        """Breaker listener: wake the watcher (from any thread)."""
+        self.wake()
+
+    def wake(self) -> None:
+        """Re-check the lists now rather than at the next interval."""
+        event = self._wake
+        if event is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            event.set()
+            return
+        try:
+            anyio.from_thread.run_sync(event.set, token=self._token)
+        except Exception:  # the loop is gone: nobody to tell
+            log.debug("toolrelay serve: watcher wake-up from a thread failed", exc_info=True)
+
+    async def run(self) -> None:
+        """Re-check on every wake-up and every ``interval_s``, until cancelled."""
+        self._loop_thread = threading.get_ident()
+        self._token = anyio.lowlevel.current_token()
+        self._fingerprints = {profile: self.fingerprint(profile) for profile in self._buses}
+        while True:
+            self._wake = anyio.Event()
+            with anyio.move_on_after(self.interval_s):
+                await self._wake.wait()
+            await self.check()
+
+    async def check(self) -> list[str | None]:
+        """Compare every profile's list with the last one; announce and return the changed."""
+        changed = []
+        for profile, before in self._fingerprints.items():
+            try:
+                now = self.fingerprint(profile)
+            except Exception:
+                log.exception("toolrelay serve: could not list the tools of profile %r", profile)
+                continue
+            if now != before:
+                self._fingerprints[profile] = now
+                changed.append(profile)
+        for profile in changed:
+            await self.announce(profile)
+        return changed
+
+    async def announce(self, profile: str | None) -> None:
+        """Tell every client with ``profile`` that its tool list changed."""
+        self._metrics.announced(profile)
+        log.info("toolrelay serve: the tool list of profile %r changed", profile)
+        await self._buses[profile].publish(ToolsListChanged())
+        for key, peer in list(self._peers.items()):
+            if peer.profile != profile:
+                continue
+            delivered = False
+            with anyio.move_on_after(NOTIFY_TIMEOUT_S):
+                try:
+                    await peer.session.send_tool_list_changed()
+                    delivered = True
+                except Exception:
+                    log.debug("toolrelay serve: client %s is gone", key, exc_info=True)
+            if not delivered:
+                self._peers.pop(key, None)
