@@ -539,3 +539,29 @@ async def test_sync_places_are_given_back_even_when_the_deadline_beats_the_threa
     assert dispatcher.workers.abandoned()["q"] == 0
     again = await dispatcher.dispatch_many([_call("quick") for _ in range(200)])
     assert all(r.error_type is not ErrorType.OVERLOADED for r in again)  # no place leaked
+
+
+async def test_an_open_breaker_answers_before_arguments_or_approval() -> None:
+    registry = ToolRegistry()
+    asked: list[str] = []
+
+    @registry.tool(name="edit", parameters=OBJ, breaker_key="crm", risk="write")
+    async def edit(args: dict[str, Any], ctx: AuthContext) -> str:
+        return "edited"
+
+    async def approver(call: Any, decl: Any, ctx: AuthContext) -> bool:
+        asked.append(call.name)
+        return True
+
+    dispatcher = Dispatcher(registry, approver=approver)
+    dispatcher.breakers.force_open("crm")
+    for raw in ("{}", "{not json"):
+        result = await dispatcher.dispatch("edit", raw)
+        assert result.error_type is ErrorType.CIRCUIT_OPEN and result.attempts == 1
+    assert asked == []  # nobody was asked to approve a call that fails fast
+    assert (await dispatcher.dispatch("nope", "{not json")).error_type is ErrorType.UNKNOWN_TOOL
+    dispatcher.breakers.force_close("crm")
+    assert (await dispatcher.dispatch("edit", "{not json")).error_type is (
+        ErrorType.INVALID_ARGUMENTS
+    )
+    assert (await dispatcher.dispatch("edit", "{}")).ok and asked == ["edit"]

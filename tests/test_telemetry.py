@@ -176,11 +176,11 @@ async def test_content_only_when_opted_in() -> None:
 async def test_metric_values_after_known_calls() -> None:
     dispatcher, service, _, metrics = build()
     service.script = ["ok", "fail", "fail", "hang"]
+    await dispatcher.dispatch("get_weather", "[]")
     assert (await dispatcher.dispatch("get_weather", "{}")).ok
     assert (await dispatcher.dispatch("get_weather", "{}")).error_type == "tool_error"
     assert (await dispatcher.dispatch("get_weather", "{}")).error_type == "timeout"
     await dispatcher.dispatch("nope", "{}")
-    await dispatcher.dispatch("get_weather", "[]")
 
     def calls(tool: str, outcome: str) -> float:
         return value(metrics, "toolrelay_tool_calls_total", tool=tool, outcome=outcome)

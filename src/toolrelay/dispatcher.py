@@ -51,7 +51,7 @@ Unavailable = Literal["hide", "mark", "show"]
 class Dispatcher:
     """Runs tool calls through the pipeline, in this order (outermost first)::
 
-        audit → resolve + policy → decode → validate → fast-fail (open breaker) → approve
+        audit → resolve + policy → fast-fail (open breaker) → decode → validate → approve
         → shape (on the way out) → deadline → retry → breaker → bulkhead → faults → invoke
 
     (``telemetry`` wraps all of it when enabled.)
@@ -133,9 +133,9 @@ class Dispatcher:
         stages += [
             *([] if audit is None else [Audit(audit, arguments=audit_arguments)]),
             Resolve(registry, self.redact),
+            FastFail(self.breakers),
             Decode(max_argument_bytes, max_argument_depth),
             Validate(),
-            FastFail(self.breakers),
             Approve(approver),
             Shape(max_output_bytes, truncate_output),
             Deadline(),

@@ -17,7 +17,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry
 
-from ..events import AttemptEnded, Event, FaultInjected, RetryScheduled, WorkerAbandoned
+from ..events import Event, FaultInjected, RetryScheduled
 from ..outcome import Outcome
 from .metrics import UNKNOWN_TOOL, Metrics
 from .tracing import add_event, finish
@@ -87,17 +87,24 @@ class Telemetry:
         tool = self.label(inv.name)
         inflight = self.metrics.inflight_child(tool)
         started = time.perf_counter()
-        inflight.inc()
+        inflight(1)
         try:
             out = await call_next(inv)
         finally:
-            inflight.dec()
+            inflight(-1)
         elapsed = time.perf_counter() - started
         outcome = "ok" if out.ok else str(out.error_type)
         if tool == UNKNOWN_TOOL and inv.tool is not None:
             tool = inv.tool.decl.name  # registered during this very call
-        counter, histogram = self.metrics.call_children(tool, outcome)
-        counter.inc()
+        metrics = self.metrics
+        count, histogram, count_attempt = metrics.call_children(tool, outcome)
+        count(1)
+        if inv.attempts:  # the last attempt; earlier ones were counted as they were retried
+            count_attempt(1)
+            if outcome == "circuit_open" and inv.key is not None:
+                metrics.key_child(metrics.breaker_rejected, inv.key)(1)
+            elif outcome == "overloaded" and inv.key is not None:
+                metrics.key_child(metrics.bulkhead_rejected, inv.key)(1)
         if span is not None and span.is_recording():
             decl = None if inv.tool is None else inv.tool.decl
             name = decl.name if decl is not None else str(inv.name)
@@ -116,21 +123,17 @@ class Telemetry:
 
     # -- observers and listeners --------------------------------------------------------
     def observe(self, inv: Invocation, event: Event) -> None:
-        """Stage events: metrics, and span events on the call's span."""
-        tool = self.label(inv.name)
-        metrics = self.metrics
-        if isinstance(event, AttemptEnded):
-            metrics.attempt_child(tool, event.result).inc()
-            if event.result == "circuit_open" and inv.key is not None:
-                metrics.key_child(metrics.breaker_rejected, inv.key).inc()
-            elif event.result == "overloaded" and inv.key is not None:
-                metrics.key_child(metrics.bulkhead_rejected, inv.key).inc()
-        elif isinstance(event, RetryScheduled):
-            metrics.retries.labels(tool).inc()
+        """Stage events: metrics, and span events on the call's span.
+
+        Attempts are counted without ``AttemptEnded`` (the commonest event): a retried
+        attempt when its retry is scheduled, the last one from the call's answer.
+        """
+        if isinstance(event, RetryScheduled):
+            tool = self.label(inv.name)
+            self.metrics.retries.labels(tool).inc()
+            self.metrics.attempt_child(tool, event.error_type)(1)
         elif isinstance(event, FaultInjected):
-            metrics.faults.labels(tool, event.fault).inc()
-        elif isinstance(event, WorkerAbandoned):
-            pass  # the gauge follows the pools (see workers_changed)
+            self.metrics.faults.labels(self.label(inv.name), event.fault).inc()
         if self._tracing:
             span = trace.get_current_span()
             if span.is_recording():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -23,6 +24,22 @@ DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 OVERRUN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SLOT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 STATES = ("closed", "open", "half_open")
+
+Add = Callable[[float], None]
+
+
+def adder(child: Any) -> Add:
+    """A fast ``inc(amount)`` for a bound counter or gauge child.
+
+    The public ``inc`` re-checks, on every call, things that cannot change for a bound
+    child (observability, sign); the hot path calls the child's value store directly
+    (prometheus-client's own ``MutexValue``/``MultiProcessValue``), falling back to the
+    public method if a future release moves it.
+    """
+    value = getattr(child, "_value", None)
+    inc = getattr(value, "inc", None)
+    return inc if callable(inc) else child.inc  # type: ignore[no-any-return]
+
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, Metrics] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -112,40 +129,41 @@ class Metrics:
             "livemin",
         )
         self.storage_up.set(1)
-        self._call_children: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self._inflight_children: dict[str, Any] = {}
-        self._attempt_children: dict[tuple[str, str], Any] = {}
-        self._key_children: dict[tuple[int, str], Any] = {}
+        self._call_children: dict[tuple[str, str], tuple[Add, Any, Add]] = {}
+        self._inflight_children: dict[str, Add] = {}
+        self._attempt_children: dict[tuple[str, str], Add] = {}
+        self._key_children: dict[tuple[int, str], Add] = {}
 
-    def call_children(self, tool: str, outcome: str) -> tuple[Any, Any]:
-        """The (counter, histogram) children for one label set, bound once."""
-        pair = self._call_children.get((tool, outcome))
-        if pair is None:
-            pair = (
-                self.calls.labels(tool, outcome),
+    def call_children(self, tool: str, outcome: str) -> tuple[Add, Any, Add]:
+        """(calls adder, duration histogram, attempts adder) for one label set, bound once."""
+        entry = self._call_children.get((tool, outcome))
+        if entry is None:
+            entry = (
+                adder(self.calls.labels(tool, outcome)),
                 self.duration.labels(tool, outcome),
+                adder(self.attempts.labels(tool, outcome)),
             )
-            self._call_children[(tool, outcome)] = pair
-        return pair
+            self._call_children[(tool, outcome)] = entry
+        return entry
 
-    def attempt_child(self, tool: str, result: str) -> Any:
-        child = self._attempt_children.get((tool, result))
-        if child is None:
-            child = self._attempt_children[(tool, result)] = self.attempts.labels(tool, result)
-        return child
+    def attempt_child(self, tool: str, result: str) -> Add:
+        add = self._attempt_children.get((tool, result))
+        if add is None:
+            add = self._attempt_children[(tool, result)] = adder(self.attempts.labels(tool, result))
+        return add
 
-    def key_child(self, metric: Any, key: str) -> Any:
-        """The child of a ``{breaker_key}`` metric, bound once."""
-        child = self._key_children.get((id(metric), key))
-        if child is None:
-            child = self._key_children[(id(metric), key)] = metric.labels(key)
-        return child
+    def key_child(self, metric: Any, key: str) -> Add:
+        """The adder of a ``{breaker_key}`` counter, bound once."""
+        add = self._key_children.get((id(metric), key))
+        if add is None:
+            add = self._key_children[(id(metric), key)] = adder(metric.labels(key))
+        return add
 
-    def inflight_child(self, tool: str) -> Any:
-        child = self._inflight_children.get(tool)
-        if child is None:
-            child = self._inflight_children[tool] = self.inflight.labels(tool)
-        return child
+    def inflight_child(self, tool: str) -> Add:
+        add = self._inflight_children.get(tool)
+        if add is None:
+            add = self._inflight_children[tool] = adder(self.inflight.labels(tool))
+        return add
 
     def set_breaker_state(self, key: str, state: str) -> None:
         for name in STATES:
