@@ -23,6 +23,7 @@ log = logging.getLogger("toolrelay")
 
 
 def timeout_outcome(inv: Invocation) -> Outcome:
+    """The ``timeout`` answer (built directly: this runs for every call of a hung flood)."""
     assert inv.tool is not None
     decl = inv.tool.decl
     if inv.slot_bound:
@@ -31,9 +32,9 @@ def timeout_outcome(inv: Invocation) -> Outcome:
             f"{decl.name} was stopped after {inv.slot.elapsed():.1f} s: "
             "the model's time budget ran out"
         )
-        return failure(ErrorType.TIMEOUT, message, retryable=True)
+        return Outcome(False, None, ErrorType.TIMEOUT, message, True, None, Verdict.IGNORE)
     message = f"{decl.name} did not answer within its {decl.timeout_s:g} s deadline"
-    return failure(ErrorType.TIMEOUT, message, retryable=True, verdict=Verdict.FAILURE)
+    return Outcome(False, None, ErrorType.TIMEOUT, message, True, None, Verdict.FAILURE)
 
 
 def error_outcome(
