@@ -15,8 +15,8 @@ demo: $(STAMP)
 	$(BIN)/toolrelay demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src plugins tests bench examples
-	$(BIN)/ruff format --check src plugins tests bench examples
+	$(BIN)/ruff check src plugins tests bench examples fuzz
+	$(BIN)/ruff format --check src plugins tests bench examples fuzz
 	$(BIN)/mypy
 
 test: lint

@@ -41,6 +41,7 @@ class Approve:
                 f"tool {decl.name!r} is a {decl.risk} action and needs approval first",
             )
         request = ToolCall(decl.name, inv.args, inv.call_id)
+        inv.approval = "pending"
         limit = float("inf") if inv.slot is None else inv.slot.remaining()
         approved = False
         try:

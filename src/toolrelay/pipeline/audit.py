@@ -50,7 +50,10 @@ class Audit:
         }
         if self.arguments:
             record["arguments"] = inv.args
-        self.sink(record)
+        try:
+            self.sink(record)
+        except Exception:  # an audit failure never changes the answer or a cancellation
+            _LOG.exception("toolrelay: the audit sink failed for %s", decl.name)
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         try:

@@ -47,26 +47,50 @@ _DECODER = json.JSONDecoder(
 
 
 def _too_deep(value: Any, limit: int) -> bool:
-    """Iterative depth check: no recursion, no copies."""
+    """Iterative depth check, counting nested objects and arrays (the top object is 1)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > limit:
             return True
-        if isinstance(node, Mapping):
-            stack.extend((child, depth + 1) for child in node.values())
-        elif isinstance(node, list | tuple):
-            stack.extend((child, depth + 1) for child in node)
+        children = node.values() if isinstance(node, Mapping) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, Mapping | list))
     return False
+
+
+_SCALARS = (str, int, bool, type(None))
+
+
+def _not_json(value: Any, limit: int) -> str | None:
+    """Why a host-supplied mapping is not JSON-like (or too deep), else None."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Mapping):
+            if depth > limit:
+                return f"arguments are nested deeper than {limit} levels"
+            for key, child in node.items():
+                if not isinstance(key, str):
+                    return "argument names must be strings"
+                stack.append((child, depth + 1))
+        elif isinstance(node, list):
+            if depth > limit:
+                return f"arguments are nested deeper than {limit} levels"
+            stack.extend((child, depth + 1) for child in node)
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                return "arguments hold a number that is not finite"
+        elif not isinstance(node, _SCALARS):
+            return f"arguments hold a {type(node).__name__}, which is not JSON"
+    return None
 
 
 def decode_arguments(raw: Any, max_bytes: int, max_depth: int) -> dict[str, Any] | str:
     """The decoded arguments, or a one-line reason they were refused."""
     if isinstance(raw, Mapping):
-        if _too_deep(raw, max_depth):
-            return f"arguments are nested deeper than {max_depth} levels"
-        if not all(isinstance(k, str) for k in raw):
-            return "argument names must be strings"
+        problem = _not_json(raw, max_depth)
+        if problem is not None:
+            return problem
         return raw if isinstance(raw, dict) else dict(raw)
     if isinstance(raw, bytes | bytearray | memoryview):
         if len(raw) > max_bytes:

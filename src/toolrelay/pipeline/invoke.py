@@ -44,12 +44,15 @@ def error_outcome(
     upstream, credentials and all)."""
     assert inv.tool is not None
     if isinstance(exc, ToolError):
-        message = short(exc.message)
+        text = str(exc.message)
+        if redact is not None:
+            text = redact(text)
+        message = short(text) or f"{inv.tool.decl.name} failed and gave no reason"
         return Outcome(
             False,
             None,
             exc.error_type,
-            message if redact is None else redact(message),
+            message,
             exc.retryable,
             exc.retry_after_s,
             Verdict.FAILURE if exc.counts_as_failure else Verdict.IGNORE,

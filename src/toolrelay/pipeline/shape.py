@@ -14,6 +14,22 @@ TRUNCATION_MARKER = "[truncated by toolrelay]"
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
 
 
+def _size(data: object) -> int:
+    return len(_ENCODER.encode(data).encode("utf-8", "replace"))
+
+
+def truncated(text: str, size: int, cap: int) -> dict[str, object]:
+    """``text`` (the output's JSON) cut to fit, with an explicit marker, within ``cap`` bytes."""
+    budget = max(0, cap - 100)  # the envelope and the marker
+    while True:
+        prefix = text.encode("utf-8", "replace")[:budget].decode("utf-8", "ignore")
+        data = {"truncated": True, "original_bytes": size, "text": prefix + TRUNCATION_MARKER}
+        over = _size(data) - cap
+        if over <= 0 or budget == 0:
+            return data
+        budget = max(0, budget - over)  # escapes (\" \n …) grew it: cut what overshot
+
+
 class Shape:
     """Not JSON-safe or not matching ``output_schema`` → ``invalid_output``.
 
@@ -49,12 +65,7 @@ class Shape:
                     ErrorType.INVALID_OUTPUT,
                     f"{name} returned {size} bytes, over the {self.max_bytes}-byte cap",
                 )
-            keep = max(0, self.max_bytes - 200)
-            out.data = {
-                "truncated": True,
-                "original_bytes": size,
-                "text": text[:keep] + TRUNCATION_MARKER,
-            }
+            out.data = truncated(text, size, self.max_bytes)
             return out
         checker = inv.tool.output_validator
         if checker is not None and not checker.is_valid(out.data):

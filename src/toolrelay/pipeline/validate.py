@@ -36,8 +36,13 @@ class Validate:
         except (ValueError, TypeError, OverflowError):
             return failure(ErrorType.INVALID_ARGUMENTS, "arguments hold values that are not JSON")
         if not valid:
+            try:
+                reasons = schema_errors(validator, inv.args)
+            except (ValueError, TypeError, OverflowError):  # e.g. lone surrogates
+                return failure(
+                    ErrorType.INVALID_ARGUMENTS, "arguments hold text that is not valid Unicode"
+                )
             return failure(
-                ErrorType.VALIDATION_ERROR,
-                "arguments do not match the schema: " + schema_errors(validator, inv.args),
+                ErrorType.VALIDATION_ERROR, "arguments do not match the schema: " + reasons
             )
         return await call_next(inv)
