@@ -1034,6 +1034,9 @@ def markdown(rows: Sequence[Row], settings: Settings, wall_s: float, only: list[
         "the SDK's export thread included.",
         "",
     ]
+    history = HERE / "OPTIMISATIONS.md"
+    if history.exists():  # the hand-kept log of what each optimisation bought
+        out += [history.read_text(encoding="utf-8").rstrip(), ""]
     return "\n".join(out)
 
 
