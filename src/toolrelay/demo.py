@@ -244,18 +244,9 @@ async def _schedule(
 def _tracer_provider(endpoint: str | None) -> Any:
     if not endpoint:
         return None
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError as exc:
-        raise RuntimeError(
-            "--otlp-endpoint needs the otlp extra: pip install 'toolrelay[otlp]'"
-        ) from exc
-    provider = TracerProvider(resource=Resource.create({"service.name": "toolrelay-demo"}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-    return provider
+    from .telemetry.otlp import otlp_tracer_provider
+
+    return otlp_tracer_provider(endpoint, "toolrelay-demo")
 
 
 def _verdicts(report: DemoReport, duration: float) -> list[Invariant]:

@@ -25,18 +25,12 @@ def tracer_provider(telemetry: Mapping[str, Any]) -> Any:
     endpoint = telemetry.get("otlp_endpoint")
     if not endpoint:
         return None
+    from ..telemetry.otlp import OtlpUnavailable, otlp_tracer_provider
+
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        raise ServeError(
-            "telemetry.otlp_endpoint needs the otlp extra: pip install 'toolrelay[otlp]'"
-        ) from None
-    provider = TracerProvider(resource=Resource.create({"service.name": "toolrelay-serve"}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-    return provider
+        return otlp_tracer_provider(str(endpoint), "toolrelay-serve")
+    except OtlpUnavailable as exc:
+        raise ServeError(f"telemetry.otlp_endpoint: {exc}") from None
 
 
 def metrics_endpoint(
