@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from toolrelay.contract import AuthContext, ErrorType, ToolDeclaration, ToolError
+from toolrelay.contract import ErrorType, ToolDeclaration, ToolError
 
 __all__ = [
     "HTTP_KEYS",
@@ -309,9 +309,6 @@ class HttpPlugin:
 
     def declaration(self, name: str) -> ToolDeclaration | None:
         return self._decls.get(name)
-
-    async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
-        raise NotImplementedError
 
     async def aclose(self) -> None:
         """Close the HTTP client (a later call opens a new one)."""
