@@ -79,8 +79,8 @@ class Retry:
         out = await call_next(inv)
         if inv.observers:
             inv.emit(AttemptEnded(1, "ok" if out.ok else str(out.error_type)))
-        if out.ok or not _worth_retrying(out):
-            return out
+        if out.ok or out.error_type is ErrorType.TIMEOUT or not _worth_retrying(out):
+            return out  # a timeout means the call's one deadline has passed
         assert inv.tool is not None and inv.key is not None
         decl = inv.tool.decl
         config = self._config_for(inv.key)
