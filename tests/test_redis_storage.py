@@ -168,3 +168,26 @@ async def test_a_hung_redis_is_probed_rarely() -> None:
         listener.close()
         for conn in accepted:
             conn.close()
+
+
+async def test_redis_round_trips_per_call_are_bounded(redis: RedisServer) -> None:
+    import redis as redis_py
+
+    dispatcher, flaky = make(redis.url)
+    flaky.failing = False
+    client = redis_py.Redis.from_url(redis.url)
+    await dispatcher.dispatch("lookup", "{}")  # creates the breaker and its keys
+
+    def commands() -> int:
+        stats = client.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+    before = commands()
+    for _ in range(20):
+        assert (await dispatcher.dispatch("lookup", "{}")).ok
+    per_call = (commands() - before) / 20
+    # admission reads the state, recording reads state and failure count: nothing else
+    # (the fast-fail check trusts the state this process last saw)
+    assert per_call <= 3, per_call
+    client.close()
+    dispatcher.close()

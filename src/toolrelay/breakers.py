@@ -88,7 +88,7 @@ class _Listener(pybreaker.CircuitBreakerListener):
         self.owner = owner
 
     def state_change(self, cb: Any, old_state: Any, new_state: Any) -> None:
-        old = _STATE.get(old_state.name, "closed") if old_state is not None else "closed"
+        old: State = _STATE.get(old_state.name, "closed") if old_state is not None else "closed"
         new = _STATE[new_state.name]
         if old != new:
             self.owner._transitioned(old, new)
@@ -117,6 +117,8 @@ class KeyBreaker:
         """Failures counted against the service, slow successes included (cumulative)."""
         self.pinned_open = False
         self.transitions = 0
+        self.known: State = "closed"
+        """The state as last seen by this process (no storage read)."""
         self.last_transition: tuple[str, str] = ("closed", "closed")
         self.cb = pybreaker.CircuitBreaker(
             fail_max=config.fail_max,
@@ -126,10 +128,12 @@ class KeyBreaker:
             listeners=[_Listener(self)],
             name=key,
         )
+        self.known = self.state
 
-    def _transitioned(self, old: str, new: str) -> None:
+    def _transitioned(self, old: State, new: State) -> None:
         self.transitions += 1
         self.last_transition = (old, new)
+        self.known = new
         if new != "half_open":
             self.trials = 0
         self._on_transition(self.key, old, new)
@@ -137,9 +141,9 @@ class KeyBreaker:
     @property
     def state(self) -> State:
         """The state now, syncing with shared storage (other processes' transitions)."""
-        if self.pinned_open:
-            return "open"
-        return _STATE[self.cb.state.name]
+        state: State = "open" if self.pinned_open else _STATE[self.cb.state.name]
+        self.known = state
+        return state
 
     def retry_after(self) -> float:
         """Seconds until a trial call will be admitted (0 when it would be now)."""
@@ -290,10 +294,14 @@ class Breakers:
         breaker.force_close()
         breaker.storage.reset_success_counter()
 
-    def blocked_for(self, key: str) -> float | None:
-        """Seconds the key will still fail fast, or None if a call would be admitted now."""
+    def blocked_for(self, key: str, *, fresh: bool = True) -> float | None:
+        """Seconds the key will still fail fast, or None if a call would be admitted now.
+
+        ``fresh=False`` trusts the state this process last saw instead of reading shared
+        storage (the fast-fail check: the breaker stage reads it fresh anyway).
+        """
         breaker = self._breakers.get(key)
-        if breaker is None or breaker.state != "open":
+        if breaker is None or (breaker.state if fresh else breaker.known) != "open":
             return None
         wait = breaker.retry_after()
         return wait if wait > 0 or breaker.pinned_open else None

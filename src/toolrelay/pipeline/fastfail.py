@@ -25,7 +25,7 @@ class FastFail:
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         assert inv.key is not None
-        wait = self.breakers.blocked_for(inv.key)
+        wait = self.breakers.blocked_for(inv.key, fresh=False)
         if wait is None:
             return await call_next(inv)
         inv.attempts = 1
