@@ -92,28 +92,24 @@ def _config_source(path: str | None) -> Any:
     return parse_config(EMBEDDED_DEFAULTS)
 
 
-async def _call(args: argparse.Namespace) -> int:
+def _dispatcher(args: argparse.Namespace) -> Any:
     from .dispatcher import Dispatcher
 
-    dispatcher = Dispatcher.from_config(_config_source(args.config), telemetry=False, audit=None)
-    try:
+    return Dispatcher.from_config(_config_source(args.config), telemetry=False, audit=None)
+
+
+async def _call(args: argparse.Namespace) -> int:
+    async with _dispatcher(args) as dispatcher:
         result = await dispatcher.dispatch(
             args.tool, args.args_json, profile=args.profile, call_id="cli"
         )
-    finally:
-        await dispatcher.aclose()
     print(json.dumps(result.to_model(), ensure_ascii=False, indent=2))
     return 0 if result.ok else 1
 
 
 async def _specs(args: argparse.Namespace) -> int:
-    from .dispatcher import Dispatcher
-
-    dispatcher = Dispatcher.from_config(_config_source(args.config), telemetry=False, audit=None)
-    try:
+    async with _dispatcher(args) as dispatcher:
         print(json.dumps(dispatcher.specs(args.profile, args.format), indent=2))
-    finally:
-        await dispatcher.aclose()
     return 0
 
 

@@ -170,6 +170,12 @@ class Dispatcher:
         load_configured_plugins(registry, config)
         return cls(registry, **{**dispatcher_arguments(config), **overrides})
 
+    async def __aenter__(self) -> Dispatcher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     async def aclose(self) -> None:
         """Close what the dispatcher holds: plugins' ``aclose()`` and the storage link."""
         for plugin in self.registry.plugins():

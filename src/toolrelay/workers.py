@@ -30,7 +30,7 @@ IDLE_S = 30.0
 
 
 class _Job:
-    __slots__ = ("abandoned", "args", "context", "ctx", "done", "error", "event", "fn",
+    __slots__ = ("abandoned", "args", "context", "done", "error", "event", "fn",
                  "result", "skip", "started", "token")  # fmt: skip
 
     def __init__(self) -> None:
@@ -45,7 +45,6 @@ class _Job:
         self.context = contextvars.Context()
         self.event: anyio.Event | None = None
         self.token: Any = None
-        self.ctx: Any = None
 
 
 def _nothing(*args: Any) -> None:

@@ -17,27 +17,39 @@ from ..outcome import Outcome, failure
 from . import Invocation, Next
 
 
+class _Gate:
+    """One key's places and its settings, looked up once per call."""
+
+    __slots__ = ("config", "places")
+
+    def __init__(self, config: BreakerConfig) -> None:
+        self.config = config
+        self.places = anyio.Semaphore(config.max_concurrent)
+
+
 class Bulkhead:
     __slots__ = ("_config_for", "_gates", "_tenants")
 
     def __init__(self, config_for: Callable[[str], BreakerConfig]) -> None:
         self._config_for = config_for
-        self._gates: dict[str, tuple[anyio.Semaphore, float]] = {}
+        self._gates: dict[str, _Gate] = {}
         self._tenants: dict[tuple[str, str | None], int] = {}
 
     def in_flight(self) -> dict[str, int]:
         """Calls holding a place, per key."""
         return {
-            key: self._config_for(key).max_concurrent - gate.value
-            for key, (gate, _) in self._gates.items()
+            key: gate.config.max_concurrent - gate.places.value for key, gate in self._gates.items()
         }
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         key = inv.key
         assert key is not None and inv.tool is not None
-        share = self._config_for(key).max_concurrent_per_tenant
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _Gate(self._config_for(key))
+        share = gate.config.max_concurrent_per_tenant
         if share is None:
-            return await self._admit(call_next, inv, key)
+            return await self._admit(call_next, inv, gate)
         tenant = (key, inv.ctx.tenant_id)
         held = self._tenants.get(tenant, 0)
         if held >= share:
@@ -48,7 +60,7 @@ class Bulkhead:
             )
         self._tenants[tenant] = held + 1
         try:
-            return await self._admit(call_next, inv, key)
+            return await self._admit(call_next, inv, gate)
         finally:
             left = self._tenants[tenant] - 1
             if left:
@@ -56,33 +68,26 @@ class Bulkhead:
             else:
                 del self._tenants[tenant]
 
-    async def _admit(self, call_next: Next, inv: Invocation, key: str) -> Outcome:
+    async def _admit(self, call_next: Next, inv: Invocation, gate: _Gate) -> Outcome:
         assert inv.tool is not None
-        entry = self._gates.get(key)
-        if entry is None:
-            config = self._config_for(key)
-            entry = self._gates[key] = (
-                anyio.Semaphore(config.max_concurrent),
-                config.bulkhead_wait_s,
-            )
-        gate, wait_s = entry
+        places = gate.places
         try:
-            gate.acquire_nowait()
+            places.acquire_nowait()
         except anyio.WouldBlock:
-            limit = min(wait_s, inv.deadline - anyio.current_time())
+            limit = min(gate.config.bulkhead_wait_s, inv.deadline - anyio.current_time())
             acquired = False
             if limit > 0:
                 with anyio.move_on_after(limit):
-                    await gate.acquire()
+                    await places.acquire()
                     acquired = True
             if not acquired:
                 return failure(
                     ErrorType.OVERLOADED,
-                    f"{inv.tool.decl.name} is busy: {key} already has "
-                    f"{self._config_for(key).max_concurrent} calls in flight",
+                    f"{inv.tool.decl.name} is busy: {inv.key} already has "
+                    f"{gate.config.max_concurrent} calls in flight",
                     retryable=True,
                 )
         try:
             return await call_next(inv)
         finally:
-            gate.release()
+            places.release()

@@ -46,23 +46,12 @@ _DECODER = json.JSONDecoder(
 )
 
 
-def _too_deep(value: Any, limit: int) -> bool:
-    """Iterative depth check, counting nested objects and arrays (the top object is 1)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, Mapping) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, Mapping | list))
-    return False
-
-
 _SCALARS = (str, int, bool, type(None))
 
 
 def _not_json(value: Any, limit: int) -> str | None:
-    """Why a host-supplied mapping is not JSON-like (or too deep), else None."""
+    """Why a value is not JSON-like or too deep (objects and arrays count, the top object
+    is level 1), else None. Iterative: no recursion, no copies."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
@@ -124,8 +113,10 @@ def decode_arguments(raw: Any, max_bytes: int, max_depth: int) -> dict[str, Any]
     if not isinstance(value, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
         return f"arguments must be a JSON object, not {kind.get(type(value), 'a number')}"
-    if text.count("{") + text.count("[") > max_depth and _too_deep(value, max_depth):
-        return f"arguments are nested deeper than {max_depth} levels"
+    if text.count("{") + text.count("[") > max_depth:  # else it cannot be too deep
+        problem = _not_json(value, max_depth)  # decoded JSON: only its depth can be wrong
+        if problem is not None:
+            return problem
     return value
 
 

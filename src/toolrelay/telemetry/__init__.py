@@ -75,16 +75,18 @@ class Telemetry:
 
     # -- the outermost stage ------------------------------------------------------------
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+        tool = self.label(inv.name)
         if not self.tracing():
-            return await self._measure(call_next, inv)
+            return await self._measure(call_next, inv, tool)
         with self.tracer.start_as_current_span(
-            f"execute_tool {self.label(inv.name)}", kind=trace.SpanKind.INTERNAL,
+            f"execute_tool {tool}", kind=trace.SpanKind.INTERNAL,
             record_exception=False, set_status_on_exception=False,
         ) as span:  # fmt: skip
-            return await self._measure(call_next, inv, span)
+            return await self._measure(call_next, inv, tool, span)
 
-    async def _measure(self, call_next: Next, inv: Invocation, span: Span | None = None) -> Outcome:
-        tool = self.label(inv.name)
+    async def _measure(
+        self, call_next: Next, inv: Invocation, tool: str, span: Span | None = None
+    ) -> Outcome:
         inflight = self.metrics.inflight_child(tool)
         started = time.perf_counter()
         inflight(1)
