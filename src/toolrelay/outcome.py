@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,13 @@ class Outcome:
     verdict: Verdict = Verdict.SUCCESS
     final: bool = False
     """Set when no further attempt may be made (e.g. this failure opened the breaker)."""
+
+    def __await__(self) -> Generator[Any, None, Outcome]:
+        """An outcome is its own finished awaitable: a stage that answers at once (or
+        passes the call on) can be a plain ``def`` returning an outcome or
+        ``call_next(inv)``, and costs the call no coroutine frame of its own."""
+        return self
+        yield  # pragma: no cover - makes this a generator that never suspends
 
 
 def success(data: Any) -> Outcome:

@@ -1,9 +1,12 @@
 """The dispatch pipeline: one stage a module, composed once by the dispatcher.
 
-A stage is an object with ``async def __call__(self, call_next, inv) -> Outcome``. It may
-answer at once (returning an :class:`~toolrelay.outcome.Outcome`) or pass the invocation on
-by awaiting ``call_next(inv)``. Stages never raise for a failure of the call; only a
-cancellation (and bugs) propagate.
+A stage is an object whose ``__call__(call_next, inv)`` returns an awaitable
+:class:`~toolrelay.outcome.Outcome`. It may answer at once or pass the invocation on to
+``call_next(inv)``. A stage that only checks or prepares the call is a plain ``def`` that
+returns an outcome (an outcome is its own finished awaitable) or ``call_next(inv)``
+itself, so it adds no coroutine frame to a call; a stage that must see the answer (or a
+cancellation) is an ``async def`` that awaits ``call_next(inv)``. Stages never raise for a
+failure of the call; only a cancellation (and bugs) propagate.
 """
 
 from __future__ import annotations

@@ -29,24 +29,29 @@ class Approve:
     def __init__(self, approver: Approver | None) -> None:
         self.approver = approver
 
-    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         assert inv.tool is not None
         decl = inv.tool.decl
         if not inv.profile.needs_approval(decl):
-            return await call_next(inv)
+            return call_next(inv)
         if self.approver is None:
             inv.approval = "needs_approval"
             return failure(
                 ErrorType.NEEDS_APPROVAL,
                 f"tool {decl.name!r} is a {decl.risk} action and needs approval first",
             )
+        return self._ask(call_next, inv, self.approver)
+
+    async def _ask(self, call_next: Next, inv: Invocation, approver: Approver) -> Outcome:
+        assert inv.tool is not None
+        decl = inv.tool.decl
         request = ToolCall(decl.name, inv.args, inv.call_id)
         inv.approval = "pending"
         limit = float("inf") if inv.slot is None else inv.slot.remaining()
         approved = False
         try:
             with anyio.move_on_after(limit) as scope:
-                decision = self.approver(request, decl, inv.ctx)
+                decision = approver(request, decl, inv.ctx)
                 if inspect.isawaitable(decision):
                     decision = await decision
                 approved = decision is True

@@ -7,7 +7,7 @@ ignores it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -41,7 +41,7 @@ class Bulkhead:
             key: gate.config.max_concurrent - gate.places.value for key, gate in self._gates.items()
         }
 
-    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         key = inv.key
         assert key is not None and inv.tool is not None
         gate = self._gates.get(key)
@@ -49,7 +49,12 @@ class Bulkhead:
             gate = self._gates[key] = _Gate(self._config_for(key))
         share = gate.config.max_concurrent_per_tenant
         if share is None:
-            return await self._admit(call_next, inv, gate)
+            return self._admit(call_next, inv, gate)
+        return self._share(call_next, inv, gate, share)
+
+    async def _share(self, call_next: Next, inv: Invocation, gate: _Gate, share: int) -> Outcome:
+        key = inv.key
+        assert key is not None and inv.tool is not None
         tenant = (key, inv.ctx.tenant_id)
         held = self._tenants.get(tenant, 0)
         if held >= share:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 import anyio
 
 from ..contract import ErrorType
@@ -18,7 +20,7 @@ class Deadline:
 
     __slots__ = ()
 
-    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         assert inv.tool is not None
         inv.deadline = anyio.current_time() + inv.tool.decl.timeout_s
         slot = inv.slot
@@ -31,4 +33,4 @@ class Deadline:
                     f"{inv.tool.decl.name} was not started: the model's time budget is spent",
                     retryable=True,
                 )
-        return await call_next(inv)
+        return call_next(inv)

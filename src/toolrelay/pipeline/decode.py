@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from ..contract import ErrorType
@@ -129,9 +129,9 @@ class Decode:
         self.max_bytes = max_bytes
         self.max_depth = max_depth
 
-    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         args = decode_arguments(inv.raw_args, self.max_bytes, self.max_depth)
         if isinstance(args, str):
             return failure(ErrorType.INVALID_ARGUMENTS, args)
         inv.args = args
-        return await call_next(inv)
+        return call_next(inv)

@@ -9,6 +9,8 @@ call. A call with bad arguments to a paused tool learns of its mistake on the ne
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from ..breakers import Breakers
 from ..contract import ErrorType
 from ..events import AttemptEnded
@@ -23,11 +25,11 @@ class FastFail:
     def __init__(self, breakers: Breakers) -> None:
         self.breakers = breakers
 
-    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         assert inv.key is not None
         wait = self.breakers.blocked_for(inv.key, fresh=False)
         if wait is None:
-            return await call_next(inv)
+            return call_next(inv)
         inv.attempts = 1
         if inv.observers:
             inv.emit(AttemptEnded(1, ErrorType.CIRCUIT_OPEN.value))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -114,9 +114,12 @@ class FaultInjector:
     def __bool__(self) -> bool:
         return bool(self._faults)
 
-    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         if not self._faults:
-            return await call_next(inv)
+            return call_next(inv)
+        return self._inject(call_next, inv)
+
+    async def _inject(self, call_next: Next, inv: Invocation) -> Outcome:
         assert inv.tool is not None and inv.key is not None
         name, key = inv.tool.decl.name, inv.key
         for fault in list(self._faults.values()):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from ..contract import ErrorType
 from ..outcome import Outcome, failure
@@ -29,7 +29,7 @@ class Resolve:
         self.registry = registry
         self.redact = redact
 
-    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         name = inv.name
         try:
             tool = self.registry.resolve(name) if isinstance(name, str) else None
@@ -44,4 +44,4 @@ class Resolve:
             inv.approval = "policy"
             return failure(ErrorType.TOOL_POLICY, f"tool {shown(name)} is not available to you")
         inv.key = tool.decl.key
-        return await call_next(inv)
+        return call_next(inv)

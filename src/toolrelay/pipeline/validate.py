@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from ..contract import ErrorType
@@ -28,7 +29,7 @@ class Validate:
 
     __slots__ = ()
 
-    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         assert inv.tool is not None
         validator = inv.tool.validator
         try:
@@ -45,4 +46,4 @@ class Validate:
             return failure(
                 ErrorType.VALIDATION_ERROR, "arguments do not match the schema: " + reasons
             )
-        return await call_next(inv)
+        return call_next(inv)

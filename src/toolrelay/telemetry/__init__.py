@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -74,10 +75,13 @@ class Telemetry:
         return self._tracing
 
     # -- the outermost stage ------------------------------------------------------------
-    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         tool = self.label(inv.name)
         if not self.tracing():
-            return await self._measure(call_next, inv, tool)
+            return self._measure(call_next, inv, tool)
+        return self._traced(call_next, inv, tool)
+
+    async def _traced(self, call_next: Next, inv: Invocation, tool: str) -> Outcome:
         with self.tracer.start_as_current_span(
             f"execute_tool {tool}", kind=trace.SpanKind.INTERNAL,
             record_exception=False, set_status_on_exception=False,
