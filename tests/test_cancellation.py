@@ -620,3 +620,113 @@ async def test_a_failing_audit_sink_never_swallows_a_cancellation() -> None:
         answered.append(await dispatcher.dispatch("edit", "{}", TENANTS[0]))
     assert answered == []
     assert scope.cancelled_caught
+
+
+# -- the deadline and the host's cancellation meeting --------------------------------------
+# On asyncio a call's deadline cancels the task itself (toolrelay.expiry); these pin down
+# that it never eats the host's cancellation and never leaves a cancel request behind.
+def _deadline_registry(handler: Callable[..., Awaitable[Any]], timeout_s: float) -> Dispatcher:
+    registry = ToolRegistry()
+    registry.tool(name="slow", parameters=ANY, timeout_s=timeout_s)(handler)
+    never_opens = BreakerConfig(fail_max=1_000_000)
+    return Dispatcher(registry, default_breaker=never_opens, metrics_registry=CollectorRegistry())
+
+
+async def test_a_host_cancel_arriving_while_the_deadline_unwinds_the_handler_wins() -> None:
+    outer = anyio.CancelScope()
+    unwound: list[bool] = []
+
+    async def slow(args: dict[str, Any], ctx: AuthContext) -> Any:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            outer.cancel()  # the host gives up at the very moment the deadline struck
+            unwound.append(True)
+            raise
+
+    dispatcher = _deadline_registry(slow, 0.05)
+    answered: list[ToolResult] = []
+    with outer:
+        answered.append(await dispatcher.dispatch("slow", "{}"))
+    assert unwound == [True]
+    assert answered == [], "a host cancellation must propagate, not become a timeout answer"
+    assert outer.cancelled_caught
+    await anyio.sleep(0.01)  # and nothing is left pending on this task
+
+
+async def test_a_handler_that_swallows_its_cancellation_still_times_out_cleanly() -> None:
+    async def stubborn(args: dict[str, Any], ctx: AuthContext) -> Any:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            pass  # badly behaved: eats the cancellation and returns
+        return {"late": True}
+
+    dispatcher = _deadline_registry(stubborn, 0.05)
+    result = await dispatcher.dispatch("slow", "{}")
+    assert result.error_type is ErrorType.TIMEOUT
+    assert result.data is None
+    with anyio.fail_after(1):
+        await anyio.sleep(0.01)  # no cancellation request was left behind on this task
+    again = await dispatcher.dispatch("slow", "{}")  # and the next call times out normally
+    assert again.error_type is ErrorType.TIMEOUT
+
+
+async def test_the_deadline_cancels_a_handler_running_its_own_task_group() -> None:
+    ended: list[str] = []
+
+    async def fan_out(args: dict[str, Any], ctx: AuthContext) -> Any:
+        async def child(name: str) -> None:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                ended.append(name)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(child, "a")
+            tg.start_soon(child, "b")
+        return {}
+
+    dispatcher = _deadline_registry(fan_out, 0.05)
+    started = anyio.current_time()
+    result = await dispatcher.dispatch("slow", "{}")
+    assert result.error_type is ErrorType.TIMEOUT
+    assert sorted(ended) == ["a", "b"]
+    assert anyio.current_time() - started < 1
+
+
+async def test_a_handler_raising_while_cancelled_at_its_deadline_answers_timeout() -> None:
+    async def messy(args: dict[str, Any], ctx: AuthContext) -> Any:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            raise RuntimeError("cleanup failed")
+
+    dispatcher = _deadline_registry(messy, 0.05)
+    result = await dispatcher.dispatch("slow", "{}")
+    assert result.error_type is ErrorType.TIMEOUT
+    with anyio.fail_after(1):
+        await anyio.sleep(0.01)
+
+
+async def test_host_deadlines_racing_the_tool_deadline_never_turn_into_answers() -> None:
+    async def hang(args: dict[str, Any], ctx: AuthContext) -> Any:
+        await anyio.sleep_forever()
+
+    dispatcher = _deadline_registry(hang, 0.01)
+    rng = random.Random(SEED)
+    answers = cancels = 0
+    for _ in range(150):
+        late = False
+        with anyio.move_on_after(0.01 + rng.uniform(-0.002, 0.002)) as scope:
+            result = await dispatcher.dispatch("slow", "{}")
+            # an answer is only ever handed over while the host still wants it
+            late = anyio.current_effective_deadline() == float("-inf")
+            assert result.error_type is ErrorType.TIMEOUT
+            answers += 1
+            await anyio.lowlevel.checkpoint()
+        assert not (late and not scope.cancelled_caught)
+        cancels += scope.cancelled_caught
+    assert answers and cancels  # both sides of the race were exercised
+    with anyio.fail_after(1):
+        await anyio.sleep(0.01)  # no stray cancellation request is left on the task
