@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry
 
-from ..events import Event, FaultInjected, RetryScheduled
+from ..events import AttemptEnded, Event, FaultInjected, RetryScheduled
 from ..outcome import Outcome
 from .metrics import UNKNOWN_TOOL, Metrics
 from .tracing import add_event, finish
@@ -132,8 +132,11 @@ class Telemetry:
         """Stage events: metrics, and span events on the call's span.
 
         Attempts are counted without ``AttemptEnded`` (the commonest event): a retried
-        attempt when its retry is scheduled, the last one from the call's answer.
+        attempt when its retry is scheduled, the last one from the call's answer. The
+        first attempt's end (every call has one) is not even a span event.
         """
+        if type(event) is AttemptEnded and event.number == 1:
+            return
         if isinstance(event, RetryScheduled):
             tool = self.label(inv.name)
             self.metrics.retries.labels(tool).inc()
