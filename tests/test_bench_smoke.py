@@ -117,3 +117,35 @@ def test_rows_render_with_units_and_verdicts(harness: ModuleType) -> None:
     assert harness.percentile([5.0, 1.0, 3.0, 2.0, 4.0], 99) == 5.0
     assert harness.percentile(list(range(1, 101)), 50) == 50
     assert harness.paired_ratio([2.0, 4.0, 9.0], [1.0, 1.0, 1.0]) == 4.0
+
+
+def test_quick_deadline_run_separates_checked_stress_and_diagnosis_rows() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--quick", "--only", "deadline", "--results", "-"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stdout.splitlines()
+
+    def row(start: str) -> str:
+        found = [line for line in lines if line.startswith(start)]
+        assert len(found) == 1, (start, proc.stdout)
+        return found[0]
+
+    checked = row("1000 hung async calls: healthy p99 / unloaded")
+    assert "≤ 2×" in checked and ("ok" in checked or "MISS" in checked)
+    assert "launching took" in row("1000 hung async calls: p99 answer − deadline")
+    stress = row("stress: 1000 hung async calls in one loop iteration: healthy p99")
+    assert " info " in stress and "≤" not in stress
+    assert "full collection(s)" in stress
+    paused = row("1000 hung async calls, collector paused: healthy p99")
+    assert " info " in paused
+    # the spread flood really arrived over ~100 ms; the burst in one iteration
+    spread_launch = float(
+        row("1000 hung async calls: p99 answer − deadline").split("launching took ")[1].split()[0]
+    )
+    assert spread_launch >= 90
+    assert "0 slots" in row("sync worker slots still held")
