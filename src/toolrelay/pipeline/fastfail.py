@@ -18,6 +18,8 @@ from ..outcome import Outcome
 from . import Invocation, Next
 from .breaker import rejection
 
+REJECTED = AttemptEnded(1, ErrorType.CIRCUIT_OPEN.value)
+
 
 class FastFail:
     __slots__ = ("breakers",)
@@ -32,5 +34,5 @@ class FastFail:
             return call_next(inv)
         inv.attempts = 1
         if inv.observers:
-            inv.emit(AttemptEnded(1, ErrorType.CIRCUIT_OPEN.value))
+            inv.emit(REJECTED)
         return rejection(inv, self.breakers.get(inv.key), wait)

@@ -24,6 +24,7 @@ from ..outcome import Outcome
 from . import Invocation, Next
 
 NOT_RETRIED = frozenset({ErrorType.CIRCUIT_OPEN, ErrorType.OVERLOADED})
+FIRST_OK = AttemptEnded(1, "ok")  # events are immutable: the commonest one is built once
 
 
 def _worth_retrying(out: Outcome) -> bool:
@@ -78,7 +79,7 @@ class Retry:
         inv.attempts = 1
         out = await call_next(inv)
         if inv.observers:
-            inv.emit(AttemptEnded(1, "ok" if out.ok else str(out.error_type)))
+            inv.emit(FIRST_OK if out.ok else AttemptEnded(1, str(out.error_type)))
         if out.ok or out.error_type is ErrorType.TIMEOUT or not _worth_retrying(out):
             return out  # a timeout means the call's one deadline has passed
         assert inv.tool is not None and inv.key is not None
