@@ -730,3 +730,22 @@ async def test_host_deadlines_racing_the_tool_deadline_never_turn_into_answers()
     assert answers and cancels  # both sides of the race were exercised
     with anyio.fail_after(1):
         await anyio.sleep(0.01)  # no stray cancellation request is left on the task
+
+
+async def test_handler_scopes_racing_the_tool_deadline_end_in_an_answer_and_nothing_pending() -> None:
+    rng = random.Random(SEED + 1)
+
+    async def inner_timeout(args: dict[str, Any], ctx: AuthContext) -> Any:
+        with anyio.move_on_after(0.01 + rng.uniform(-0.002, 0.002)):
+            await anyio.sleep_forever()
+        return {"inner": True}
+
+    dispatcher = _deadline_registry(inner_timeout, 0.01)
+    seen: Counter[str] = Counter()
+    for _ in range(150):
+        result = await dispatcher.dispatch("slow", "{}")
+        seen["ok" if result.ok else str(result.error_type)] += 1
+        assert result.ok or result.error_type is ErrorType.TIMEOUT, result
+    assert seen["ok"] and seen["timeout"], seen  # both sides of the race were exercised
+    with anyio.fail_after(1):
+        await anyio.sleep(0.01)
