@@ -732,7 +732,7 @@ async def test_host_deadlines_racing_the_tool_deadline_never_turn_into_answers()
         await anyio.sleep(0.01)  # no stray cancellation request is left on the task
 
 
-async def test_handler_scopes_racing_the_tool_deadline_end_in_an_answer_and_nothing_pending() -> None:
+async def test_handler_scopes_racing_the_tool_deadline_end_in_an_answer() -> None:
     rng = random.Random(SEED + 1)
 
     async def inner_timeout(args: dict[str, Any], ctx: AuthContext) -> Any:
