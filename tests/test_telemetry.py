@@ -103,6 +103,42 @@ async def test_success_span_follows_genai_conventions() -> None:
     assert span.parent.span_id == host.get_span_context().span_id  # child of the host's span
 
 
+async def test_handler_spans_are_children_of_the_call_span_and_the_context_is_restored() -> None:
+    from opentelemetry import trace
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("plugin")
+    registry = ToolRegistry()
+
+    @registry.tool(name="fetch_async", parameters=OBJ)
+    async def fetch_async(args: dict[str, Any], ctx: AuthContext) -> Any:
+        with tracer.start_as_current_span("http GET async"):
+            await anyio.sleep(0.001)
+        return {}
+
+    @registry.tool(name="fetch_sync", parameters=OBJ)
+    def fetch_sync(args: dict[str, Any], ctx: AuthContext) -> Any:
+        with tracer.start_as_current_span("http GET sync"):  # on a worker thread
+            return {}
+
+    dispatcher = Dispatcher(
+        registry, tracer_provider=provider, metrics_registry=CollectorRegistry()
+    )
+    before = trace.get_current_span()
+    for name in ("fetch_async", "fetch_sync"):
+        assert (await dispatcher.dispatch(name, "{}")).ok
+        assert trace.get_current_span() is before  # the call's span is no longer current
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    for kind in ("async", "sync"):
+        call = spans[f"execute_tool fetch_{kind}"]
+        child = spans[f"http GET {kind}"]
+        assert child.parent is not None
+        assert child.parent.span_id == call.context.span_id
+        assert child.context.trace_id == call.context.trace_id
+
+
 async def test_failure_span_has_error_type_status_and_retry_events() -> None:
     dispatcher, service, exporter, _ = build()
     service.script = ["fail", "fail"]

@@ -14,7 +14,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from opentelemetry import trace
+from opentelemetry import context, trace
 from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry
 
@@ -82,11 +82,17 @@ class Telemetry:
         return self._traced(call_next, inv, tool)
 
     async def _traced(self, call_next: Next, inv: Invocation, tool: str) -> Outcome:
-        with self.tracer.start_as_current_span(
-            f"execute_tool {tool}", kind=trace.SpanKind.INTERNAL,
-            record_exception=False, set_status_on_exception=False,
-        ) as span:  # fmt: skip
+        """The call's span, current while the call runs (so the handler's spans are its
+        children). What ``start_as_current_span(record_exception=False,
+        set_status_on_exception=False)`` does, without its two generator-based context
+        managers (~3 µs a call)."""
+        span = self.tracer.start_span(f"execute_tool {tool}", kind=trace.SpanKind.INTERNAL)
+        token = context.attach(trace.set_span_in_context(span))
+        try:
             return await self._measure(call_next, inv, tool, span)
+        finally:
+            context.detach(token)
+            span.end()
 
     async def _measure(
         self, call_next: Next, inv: Invocation, tool: str, span: Span | None = None
