@@ -623,8 +623,10 @@ async def test_a_failing_audit_sink_never_swallows_a_cancellation() -> None:
 
 
 # -- the deadline and the host's cancellation meeting --------------------------------------
-# On asyncio a call's deadline cancels the task itself (toolrelay.expiry); these pin down
-# that it never eats the host's cancellation and never leaves a cancel request behind.
+# The call's deadline is an anyio cancel scope on every backend. These pin down what that
+# buys and what any faster replacement must keep (a native asyncio timer was tried, see
+# bench/OPTIMISATIONS.md): the host's cancellation is never eaten, no cancel request is left
+# behind, a handler's shielded section is not cut, and a handler sees its deadline.
 def _deadline_registry(handler: Callable[..., Awaitable[Any]], timeout_s: float) -> Dispatcher:
     registry = ToolRegistry()
     registry.tool(name="slow", parameters=ANY, timeout_s=timeout_s)(handler)
@@ -749,3 +751,37 @@ async def test_handler_scopes_racing_the_tool_deadline_end_in_an_answer() -> Non
     assert seen["ok"] and seen["timeout"], seen  # both sides of the race were exercised
     with anyio.fail_after(1):
         await anyio.sleep(0.01)
+
+
+async def test_a_shielded_section_of_a_handler_is_not_cut_by_the_deadline() -> None:
+    # a plugin protects a critical section (a commit, a cleanup call) the anyio way; the
+    # deadline waits for it on every backend, as any anyio cancellation would
+    committed: list[bool] = []
+
+    async def commit(args: dict[str, Any], ctx: AuthContext) -> Any:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.1)  # longer than the deadline
+            committed.append(True)
+        await anyio.sleep(1)  # the deadline's cancellation lands here
+        return {"late": True}
+
+    dispatcher = _deadline_registry(commit, 0.02)
+    result = await dispatcher.dispatch("slow", "{}")
+    assert committed == [True]
+    assert result.error_type is ErrorType.TIMEOUT
+    assert 0.09 <= result.duration_s < 0.5
+
+
+async def test_a_handler_sees_its_deadline_as_the_effective_deadline() -> None:
+    seen: list[float] = []
+
+    async def look(args: dict[str, Any], ctx: AuthContext) -> Any:
+        seen.append(anyio.current_effective_deadline())  # e.g. to pass on to an upstream
+        return {}
+
+    dispatcher = _deadline_registry(look, 2.5)
+    before = anyio.current_time()
+    assert (await dispatcher.dispatch("slow", "{}")).ok
+    after = anyio.current_time()
+    assert len(seen) == 1
+    assert before + 2.5 <= seen[0] <= after + 2.5

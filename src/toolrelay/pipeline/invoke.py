@@ -1,6 +1,6 @@
 """Stage 10 (terminal): run the handler, and turn whatever happens into an outcome.
 
-Async handlers are awaited under the call's deadline (:mod:`toolrelay.expiry`); at the deadline
+Async handlers are awaited inside a cancel scope with the call's deadline; at the deadline
 they are cancelled (their ``finally`` runs). Sync handlers run on a worker thread of their
 breaker key; at the deadline the answer comes back at once and the thread is abandoned
 (counted, and still occupying its key's place until it ends).
@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import anyio
+
 from ..contract import ErrorType, ToolError
 from ..events import WorkerAbandoned
-from ..expiry import expires, settle
 from ..outcome import Outcome, Verdict, failure, short
 from ..workers import WorkerPools
 from . import Invocation
@@ -78,14 +79,14 @@ class Invoke:
         assert tool is not None
         if not tool.is_async:
             return await self._run_sync(inv)
-        with expires(inv.deadline) as expiry:
+        with anyio.CancelScope(deadline=inv.deadline) as scope:
             try:
                 data = await tool.fn(inv.args, inv.ctx)
             except Exception as exc:
-                if not expiry.expired:
-                    return error_outcome(inv, exc, self.redact)
-        if expiry.expired:
-            await settle()  # a cancellation of the host's that came meanwhile wins
+                if scope.cancel_called:
+                    return timeout_outcome(inv)
+                return error_outcome(inv, exc, self.redact)
+        if scope.cancel_called:
             return timeout_outcome(inv)
         return Outcome(True, data)
 
@@ -103,7 +104,7 @@ class Invoke:
             )
         finished = False
         try:
-            with expires(inv.deadline) as expiry:
+            with anyio.CancelScope(deadline=inv.deadline) as scope:
                 try:
                     data = await pool.run(job, tool.fn, inv.args, inv.ctx)
                     finished = True
@@ -113,7 +114,6 @@ class Invoke:
         finally:
             if not finished and pool.abandon(job) and inv.observers:
                 inv.emit(WorkerAbandoned(inv.key))
-        if expiry.expired:
-            await settle()
+        if scope.cancel_called:
             return timeout_outcome(inv)
         return Outcome(True, data)
