@@ -726,18 +726,6 @@ async def bench_deadline(s: Settings) -> list[Row]:
         )
         return [lateness, healthy]
 
-    def diagnosis(label: str, runs: list[Flood]) -> Row:
-        """What the healthy tool sees when the flood is not a burst (info only)."""
-        probe = statistics.median(r.probe_p99 for r in runs)
-        ratio = max(probe, FLOOR_S) / max(base, FLOOR_S)
-        return Row(
-            "deadline",
-            f"{label}: healthy p99 / unloaded",
-            ratio,
-            context=f"p99 {ms(probe)} (median of {len(runs)}), unloaded {ms(base)}; lateness "
-            f"p99 {ms(statistics.median(r.p99 for r in runs))}",
-        )
-
     # The checked floods arrive over flood_spread_s (10,000 calls/s for 1,000 calls); the
     # stress floods start every call in one event-loop iteration, which stalls the whole
     # process for the launch (any asyncio program would), so they are reported, not
@@ -753,7 +741,8 @@ async def bench_deadline(s: Settings) -> list[Row]:
     for tool, n, kind in (("hang_async", s.async_flood, "async"),
                           ("hang_sync", s.sync_flood, "sync")):  # fmt: skip
         runs = await floods(tool, n, s.floods, spread, collector=False)
-        diagnosed.append(diagnosis(f"{n} hung {kind} calls, collector paused", runs))
+        label = f"{n} hung {kind} calls, collector paused"
+        diagnosed.append(rows_for(label, runs, 0.0, checked=False)[1])  # its healthy row
     # every handler has returned by now, so every worker slot should be free again
     await anyio.sleep(0.2)
     held = d.workers.live().get("flood_sync", 0)

@@ -627,7 +627,7 @@ async def test_a_failing_audit_sink_never_swallows_a_cancellation() -> None:
 # buys and what any faster replacement must keep (a native asyncio timer was tried, see
 # bench/OPTIMISATIONS.md): the host's cancellation is never eaten, no cancel request is left
 # behind, a handler's shielded section is not cut, and a handler sees its deadline.
-def _deadline_registry(handler: Callable[..., Awaitable[Any]], timeout_s: float) -> Dispatcher:
+def _deadline_dispatcher(handler: Callable[..., Awaitable[Any]], timeout_s: float) -> Dispatcher:
     registry = ToolRegistry()
     registry.tool(name="slow", parameters=ANY, timeout_s=timeout_s)(handler)
     never_opens = BreakerConfig(fail_max=1_000_000)
@@ -646,7 +646,7 @@ async def test_a_host_cancel_arriving_while_the_deadline_unwinds_the_handler_win
             unwound.append(True)
             raise
 
-    dispatcher = _deadline_registry(slow, 0.05)
+    dispatcher = _deadline_dispatcher(slow, 0.05)
     answered: list[ToolResult] = []
     with outer:
         answered.append(await dispatcher.dispatch("slow", "{}"))
@@ -664,7 +664,7 @@ async def test_a_handler_that_swallows_its_cancellation_still_times_out_cleanly(
             pass  # badly behaved: eats the cancellation and returns
         return {"late": True}
 
-    dispatcher = _deadline_registry(stubborn, 0.05)
+    dispatcher = _deadline_dispatcher(stubborn, 0.05)
     result = await dispatcher.dispatch("slow", "{}")
     assert result.error_type is ErrorType.TIMEOUT
     assert result.data is None
@@ -689,7 +689,7 @@ async def test_the_deadline_cancels_a_handler_running_its_own_task_group() -> No
             tg.start_soon(child, "b")
         return {}
 
-    dispatcher = _deadline_registry(fan_out, 0.05)
+    dispatcher = _deadline_dispatcher(fan_out, 0.05)
     started = anyio.current_time()
     result = await dispatcher.dispatch("slow", "{}")
     assert result.error_type is ErrorType.TIMEOUT
@@ -704,7 +704,7 @@ async def test_a_handler_raising_while_cancelled_at_its_deadline_answers_timeout
         finally:
             raise RuntimeError("cleanup failed")
 
-    dispatcher = _deadline_registry(messy, 0.05)
+    dispatcher = _deadline_dispatcher(messy, 0.05)
     result = await dispatcher.dispatch("slow", "{}")
     assert result.error_type is ErrorType.TIMEOUT
     with anyio.fail_after(1):
@@ -715,7 +715,7 @@ async def test_host_deadlines_racing_the_tool_deadline_never_turn_into_answers()
     async def hang(args: dict[str, Any], ctx: AuthContext) -> Any:
         await anyio.sleep_forever()
 
-    dispatcher = _deadline_registry(hang, 0.01)
+    dispatcher = _deadline_dispatcher(hang, 0.01)
     rng = random.Random(SEED)
     answers = cancels = 0
     for _ in range(150):
@@ -742,7 +742,7 @@ async def test_handler_scopes_racing_the_tool_deadline_end_in_an_answer() -> Non
             await anyio.sleep_forever()
         return {"inner": True}
 
-    dispatcher = _deadline_registry(inner_timeout, 0.01)
+    dispatcher = _deadline_dispatcher(inner_timeout, 0.01)
     seen: Counter[str] = Counter()
     for _ in range(150):
         result = await dispatcher.dispatch("slow", "{}")
@@ -765,7 +765,7 @@ async def test_a_shielded_section_of_a_handler_is_not_cut_by_the_deadline() -> N
         await anyio.sleep(1)  # the deadline's cancellation lands here
         return {"late": True}
 
-    dispatcher = _deadline_registry(commit, 0.02)
+    dispatcher = _deadline_dispatcher(commit, 0.02)
     result = await dispatcher.dispatch("slow", "{}")
     assert committed == [True]
     assert result.error_type is ErrorType.TIMEOUT
@@ -779,7 +779,7 @@ async def test_a_handler_sees_its_deadline_as_the_effective_deadline() -> None:
         seen.append(anyio.current_effective_deadline())  # e.g. to pass on to an upstream
         return {}
 
-    dispatcher = _deadline_registry(look, 2.5)
+    dispatcher = _deadline_dispatcher(look, 2.5)
     before = anyio.current_time()
     assert (await dispatcher.dispatch("slow", "{}")).ok
     after = anyio.current_time()

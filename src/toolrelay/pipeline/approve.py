@@ -40,11 +40,11 @@ class Approve:
                 ErrorType.NEEDS_APPROVAL,
                 f"tool {decl.name!r} is a {decl.risk} action and needs approval first",
             )
-        return self._ask(call_next, inv, self.approver)
+        return self._ask(call_next, inv, decl, self.approver)
 
-    async def _ask(self, call_next: Next, inv: Invocation, approver: Approver) -> Outcome:
-        assert inv.tool is not None
-        decl = inv.tool.decl
+    async def _ask(
+        self, call_next: Next, inv: Invocation, decl: ToolDeclaration, approver: Approver
+    ) -> Outcome:
         request = ToolCall(decl.name, inv.args, inv.call_id)
         inv.approval = "pending"
         limit = float("inf") if inv.slot is None else inv.slot.remaining()

@@ -50,11 +50,12 @@ class Bulkhead:
         share = gate.config.max_concurrent_per_tenant
         if share is None:
             return self._admit(call_next, inv, gate)
-        return self._share(call_next, inv, gate, share)
+        return self._share(call_next, inv, gate, key, share)
 
-    async def _share(self, call_next: Next, inv: Invocation, gate: _Gate, share: int) -> Outcome:
-        key = inv.key
-        assert key is not None and inv.tool is not None
+    async def _share(
+        self, call_next: Next, inv: Invocation, gate: _Gate, key: str, share: int
+    ) -> Outcome:
+        assert inv.tool is not None
         tenant = (key, inv.ctx.tenant_id)
         held = self._tenants.get(tenant, 0)
         if held >= share:
