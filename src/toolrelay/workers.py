@@ -8,6 +8,8 @@ that: on asyncio it hands the token back when a thread is abandoned, trio does n
 Threads are started by one spawner thread, never on the event loop: starting a thread
 waits for it to run, which costs the loop up to a millisecond per thread — enough to make
 every deadline of a flood of new sync calls late by the time it takes to start them all.
+The spawner takes the keys in turn, so one key's backlog of thread starts never holds up
+another key's.
 Idle threads are kept for reuse and end after ``IDLE_S`` without work.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -25,6 +28,8 @@ import anyio.from_thread
 import anyio.lowlevel
 
 __all__ = ["KeyWorkers", "WorkerPools"]
+
+log = logging.getLogger("toolrelay")
 
 IDLE_S = 30.0
 
@@ -52,28 +57,53 @@ def _nothing(*args: Any) -> None:
 
 
 class _Spawner:
-    """One daemon thread that starts worker threads on request."""
+    """One daemon thread that starts worker threads on request, taking the keys in turn.
+
+    Keys are served round-robin: one thread start per key with requests pending, per
+    round. A key whose hung calls have asked for thousands of threads thus delays another
+    key's next thread by at most one start, whatever the size of its backlog; first come
+    first served made a call on key B wait for every thread key A had asked for before it.
+    """
 
     def __init__(self) -> None:
-        self._requests: queue.SimpleQueue[KeyWorkers] = queue.SimpleQueue()
+        self._pending: dict[KeyWorkers, int] = {}
+        """Thread starts asked for and not yet made, per key; the order is the round's."""
+        self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
     def request(self, pool: KeyWorkers) -> None:
-        self._requests.put(pool)
-        with self._lock:
+        with self._wake:
+            self._pending[pool] = self._pending.get(pool, 0) + 1
+            self._wake.notify()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="toolrelay-spawner", daemon=True
                 )
                 self._thread.start()
 
+    def _next(self) -> KeyWorkers:
+        """Wait for a request; take one from the key whose turn it is, which then goes to
+        the back of the round if it still has more."""
+        with self._wake:
+            while not self._pending:
+                self._wake.wait()
+            pool = next(iter(self._pending))
+            left = self._pending.pop(pool) - 1
+            if left:
+                self._pending[pool] = left
+            return pool
+
     def _run(self) -> None:
         while True:
-            pool = self._requests.get()
-            threading.Thread(
-                target=pool._work, name=f"toolrelay-worker[{pool.key}]", daemon=True
-            ).start()
+            pool = self._next()
+            try:
+                threading.Thread(
+                    target=pool._work, name=f"toolrelay-worker[{pool.key}]", daemon=True
+                ).start()
+            except RuntimeError:  # out of threads: the key's next call asks again
+                log.warning("toolrelay: could not start a worker thread for %r", pool.key)
+                with pool._lock:
+                    pool.threads -= 1
 
 
 _SPAWNER = _Spawner()
