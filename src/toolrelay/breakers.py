@@ -1,12 +1,27 @@
 """Circuit breakers per breaker key, on pybreaker's state and storage.
 
-pybreaker keeps the state (``closed``/``open``/``half-open``), the counters and
-``opened_at``, in memory or in Redis, and tells listeners about transitions. Its ``call()``
-and ``calling()`` are not used: ``call()`` records a coroutine as a success before it runs
-and holds a lock for the whole call, ``calling()`` counts a cancellation as a failure, its
+pybreaker keeps the state (``closed``/``open``/``half-open``), the consecutive-failure and
+half-open success counters, and tells listeners about transitions. Its ``call()`` and
+``calling()`` are not used: ``call()`` records a coroutine as a success before it runs and
+holds a lock for the whole call, ``calling()`` counts a cancellation as a failure, its
 half-open state admits every caller, and ``exclude`` resets the failure count. Admission
 and counting are therefore done here, in :meth:`KeyBreaker.admit` and
-:meth:`KeyBreaker.record`, which never hold a lock across the call.
+:meth:`KeyBreaker.record`, which never hold a lock across the call and never wait on I/O.
+
+Every state change starts a new *period* (a generation number). ``admit`` hands out a
+token naming the period; a call's verdict counts only in the period that admitted it, so a
+trial that outlives its half-open period neither frees a place in a later one nor helps
+close it, and a failure admitted before a recovery does not count after it.
+
+Failures are counted in one of three windows: ``consecutive`` (pybreaker's counter; the
+default), ``count`` (the last N recorded calls) or ``time`` (the last N seconds, in
+one-second buckets), the last two with a minimum number of calls and failure-rate and
+slow-call-rate thresholds, as in resilience4j and Polly v8.
+
+With shared storage (:mod:`toolrelay.storage`) the breaker stays local-first: decisions are
+made from local state at once, and the storage replicates them on a thread of its own;
+what other replicas decided arrives in :attr:`KeyBreaker.inbox` and is adopted on the next
+call.
 """
 
 from __future__ import annotations
@@ -14,38 +29,68 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import pybreaker
 
 from .outcome import Verdict
 
-__all__ = ["BreakerConfig", "Breakers", "KeyBreaker", "State"]
+if TYPE_CHECKING:
+    from .storage import SharedStorage
+
+__all__ = ["BreakerConfig", "Breakers", "KeyBreaker", "Remote", "State"]
 
 log = logging.getLogger("toolrelay")
 
 State = Literal["closed", "open", "half_open"]
+Window = Literal["consecutive", "count", "time"]
 _STATE: dict[str, State] = {
     pybreaker.STATE_CLOSED: "closed",
     pybreaker.STATE_OPEN: "open",
     pybreaker.STATE_HALF_OPEN: "half_open",
 }
+_PYBREAKER: dict[State, str] = {v: k for k, v in _STATE.items()}
 
-ADMIT, TRIAL, REJECT = 0, 1, 2
+REJECT = -1
+"""What :meth:`KeyBreaker.admit` returns for a call that may not run. Any other value is a
+token: ``period << 1`` for a call admitted while closed, ``period << 1 | 1`` for a trial."""
 
 TransitionListener = Callable[[str, str, str], None]
+Clock = Callable[[], float]
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"BreakerConfig.{name} must be an integer ≥ 1, not {value!r}")
+
+
+def _rate(name: str, value: Any) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
+        raise ValueError(f"BreakerConfig.{name} must be a number in (0, 1], not {value!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BreakerConfig:
     """The resilience settings shared by every tool naming one ``breaker_key``.
 
-    ``fail_max`` consecutive failures open the breaker; after ``reset_timeout_s`` up to
-    ``half_open_max_calls`` trial calls run at once, ``success_threshold`` successes close
-    it and one failure re-opens it. ``slow_call_s`` makes a slower success count as a
-    failure. ``max_concurrent`` calls may be in flight (and as many worker threads live);
+    What opens the breaker (``window``):
+
+    - ``"consecutive"`` (default): ``fail_max`` failures in a row.
+    - ``"count"``: of the last ``window_size`` recorded calls, once at least
+      ``minimum_calls`` are in the window, a share of ``failure_rate`` or more failed, or a
+      share of ``slow_call_rate`` or more took longer than ``slow_call_s``.
+    - ``"time"``: the same over the calls recorded in the last ``window_size`` seconds.
+
+    After ``reset_timeout_s`` an open breaker lets up to ``half_open_max_calls`` trial
+    calls run at once; ``success_threshold`` successful trials close it and one failed
+    trial re-opens it. With ``reset_timeout_max_s`` each re-open after a failed trial
+    doubles the break, up to that maximum; closing resets it. ``slow_call_s`` makes a
+    slower success count as a failure in the consecutive window and in trials.
+
+    ``max_concurrent`` calls may be in flight (and as many worker threads live);
     ``bulkhead_wait_s`` is how long a call may wait for a place before ``overloaded``;
     ``max_concurrent_per_tenant`` caps one tenant's share of those places.
     ``max_attempts`` counts all attempts of an idempotent tool; waits between them start
@@ -54,9 +99,15 @@ class BreakerConfig:
 
     fail_max: int = 5
     reset_timeout_s: float = 30.0
+    reset_timeout_max_s: float | None = None
     success_threshold: int = 1
     half_open_max_calls: int = 1
     slow_call_s: float | None = None
+    window: Window = "consecutive"
+    window_size: int = 100
+    minimum_calls: int = 10
+    failure_rate: float = 0.5
+    slow_call_rate: float | None = None
     max_concurrent: int = 32
     max_concurrent_per_tenant: int | None = None
     bulkhead_wait_s: float = 0.0
@@ -65,22 +116,166 @@ class BreakerConfig:
     backoff_max_s: float = 2.0
 
     def __post_init__(self) -> None:
-        positive_ints = ("fail_max", "success_threshold", "half_open_max_calls", "max_concurrent")
-        for name in (*positive_ints, "max_attempts"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"BreakerConfig.{name} must be an integer ≥ 1, not {value!r}")
+        for name in (
+            "fail_max",
+            "success_threshold",
+            "half_open_max_calls",
+            "max_concurrent",
+            "max_attempts",
+            "window_size",
+            "minimum_calls",
+        ):
+            _positive_int(name, getattr(self, name))
         for name in ("reset_timeout_s", "bulkhead_wait_s", "backoff_initial_s", "backoff_max_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise ValueError(f"BreakerConfig.{name} must be a number ≥ 0, not {value!r}")
         share = self.max_concurrent_per_tenant
-        if share is not None and (
-            not isinstance(share, int) or isinstance(share, bool) or share < 1
-        ):
-            raise ValueError("BreakerConfig.max_concurrent_per_tenant must be an integer ≥ 1")
+        if share is not None:
+            _positive_int("max_concurrent_per_tenant", share)
         if self.slow_call_s is not None and not self.slow_call_s > 0:
             raise ValueError("BreakerConfig.slow_call_s must be positive or None")
+        if self.window not in ("consecutive", "count", "time"):
+            raise ValueError(
+                f"BreakerConfig.window must be 'consecutive', 'count' or 'time', "
+                f"not {self.window!r}"
+            )
+        _rate("failure_rate", self.failure_rate)
+        if self.slow_call_rate is not None:
+            _rate("slow_call_rate", self.slow_call_rate)
+            if self.slow_call_s is None:
+                raise ValueError("BreakerConfig.slow_call_rate needs slow_call_s")
+        top = self.reset_timeout_max_s
+        if top is not None and (
+            not isinstance(top, int | float) or not self.reset_timeout_s <= top < math.inf
+        ):
+            raise ValueError(
+                f"BreakerConfig.reset_timeout_max_s must be a number ≥ reset_timeout_s, not {top!r}"
+            )
+
+
+# -- failure windows ----------------------------------------------------------------------
+_FAILED, _SLOW, _SEEN = 1, 2, 4
+
+
+class _CountWindow:
+    """The last ``size`` recorded calls: a ring of outcome codes and running totals."""
+
+    __slots__ = ("calls", "failures", "pos", "ring", "slow")
+
+    def __init__(self, size: int) -> None:
+        self.ring = bytearray(size)
+        self.pos = 0
+        self.calls = self.failures = self.slow = 0
+
+    def add(self, failed: bool, slow: bool, now: float) -> None:
+        ring, pos = self.ring, self.pos
+        old = ring[pos]
+        if old:
+            self.calls -= 1
+            self.failures -= old & _FAILED
+            self.slow -= (old & _SLOW) >> 1
+        ring[pos] = _SEEN | failed | (slow << 1)
+        self.calls += 1
+        self.failures += failed
+        self.slow += slow
+        self.pos = pos + 1 if pos + 1 < len(ring) else 0
+
+    def totals(self, now: float) -> tuple[int, int, int]:
+        return self.calls, self.failures, self.slow
+
+
+class _TimeWindow:
+    """The calls of the last ``size`` seconds, in one-second buckets (as resilience4j)."""
+
+    __slots__ = ("buckets", "calls", "failures", "head", "size", "slow")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.buckets = [[-1, 0, 0, 0] for _ in range(size)]  # second, calls, failures, slow
+        self.head = -1
+        self.calls = self.failures = self.slow = 0
+
+    def _advance(self, second: int) -> None:
+        """Move the window's end to ``second``, emptying the buckets that fall out."""
+        size = self.size
+        first = max(self.head + 1, second - size + 1)
+        for s in range(first, second + 1):
+            bucket = self.buckets[s % size]
+            self.calls -= bucket[1]
+            self.failures -= bucket[2]
+            self.slow -= bucket[3]
+            bucket[0], bucket[1], bucket[2], bucket[3] = s, 0, 0, 0
+        self.head = second
+
+    def add(self, failed: bool, slow: bool, now: float) -> None:
+        second = int(now)
+        if second > self.head:
+            self._advance(second)
+        elif second <= self.head - self.size:
+            return  # older than the window (a clock that went back): dropped
+        bucket = self.buckets[second % self.size]
+        bucket[1] += 1
+        bucket[2] += failed
+        bucket[3] += slow
+        self.calls += 1
+        self.failures += failed
+        self.slow += slow
+
+    def totals(self, now: float) -> tuple[int, int, int]:
+        second = int(now)
+        if second > self.head:
+            self._advance(second)
+        return self.calls, self.failures, self.slow
+
+    def peek(self, now: float) -> tuple[int, int, int]:
+        """The totals at ``now`` without changing anything (for another thread)."""
+        oldest = int(now) - self.size
+        calls = failures = slow = 0
+        for second, c, f, s in list(self.buckets):
+            if second > oldest:
+                calls += c
+                failures += f
+                slow += s
+        return calls, failures, slow
+
+
+_Window = _CountWindow | _TimeWindow
+
+
+def _new_window(config: BreakerConfig) -> _Window | None:
+    if config.window == "count":
+        return _CountWindow(config.window_size)
+    if config.window == "time":
+        return _TimeWindow(config.window_size)
+    return None
+
+
+class Remote(NamedTuple):
+    """A breaker's state as the shared storage has it (see :mod:`toolrelay.storage`)."""
+
+    period: int
+    state: State
+    opened_ago_s: float
+    break_s: float
+    pinned: bool
+    permit: str | None = None
+    """A half-open trial place granted to this process, if any."""
+    authoritative: bool = False
+    """Adopt even if this process's period is ahead (a refused update, a resync)."""
+
+
+class Others(NamedTuple):
+    """What the other replicas counted in the current period (shared storage only)."""
+
+    period: int = -1
+    calls: int = 0
+    failures: int = 0
+    slow: int = 0
+    consecutive: int = 0
+
+
+NOBODY = Others()
 
 
 class _Listener(pybreaker.CircuitBreakerListener):
@@ -95,7 +290,8 @@ class _Listener(pybreaker.CircuitBreakerListener):
 
 
 class KeyBreaker:
-    """The breaker of one key. Not thread-safe: used from the event loop only."""
+    """The breaker of one key. Not thread-safe: used from the event loop only (the shared
+    storage's thread talks to it only through :attr:`inbox` and :attr:`others`)."""
 
     def __init__(
         self,
@@ -103,23 +299,45 @@ class KeyBreaker:
         config: BreakerConfig,
         storage: pybreaker.CircuitBreakerStorage | None,
         on_transition: TransitionListener,
+        clock: Clock = time.monotonic,
     ) -> None:
         self.key = key
         self.config = config
         self.storage = storage or pybreaker.CircuitMemoryStorage(pybreaker.STATE_CLOSED)
+        shared = getattr(storage, "replicated", False)
+        self.shared: SharedStorage | None = storage if shared else None  # type: ignore[assignment]
+        self.clock = clock
         self._on_transition = on_transition
+        self.period = 0
+        """Bumped by every state change; a call's verdict counts only in its own period."""
         self.trials = 0
+        """Half-open trials of the current period in flight."""
+        self.permits: list[str] = []
+        """Shared storage: trial places granted to this process and not yet used."""
+        self.held: list[str] = []
+        """Shared storage: trial places in use by calls in flight."""
+        self._claimed_at = -math.inf
+        self.break_s = config.reset_timeout_s
+        """The current break: ``reset_timeout_s``, grown by failed trials if configured."""
+        self.opened = -math.inf
+        """When the breaker last opened, on :attr:`clock`."""
+        self.window = _new_window(config)
+        self.inbox: deque[Remote] = deque()
+        self.others = NOBODY
+        self.records = 0
+        """Verdicts recorded (cumulative; the shared storage watches it for activity)."""
         self.admitted = 0
         """Calls admitted in the closed state (cumulative)."""
         self.trials_admitted = 0
         """Half-open trial calls admitted (cumulative)."""
         self.failures_recorded = 0
-        """Failures counted against the service, slow successes included (cumulative)."""
+        """Failures counted against the service, slow calls included (cumulative)."""
         self.pinned_open = False
         self.transitions = 0
         self.known: State = "closed"
-        """The state as last seen by this process (no storage read)."""
+        """The state as this process knows it."""
         self.last_transition: tuple[str, str] = ("closed", "closed")
+        self._adopting = False
         self.cb = pybreaker.CircuitBreaker(
             fail_max=config.fail_max,
             reset_timeout=config.reset_timeout_s,
@@ -128,108 +346,255 @@ class KeyBreaker:
             listeners=[_Listener(self)],
             name=key,
         )
-        self.known = self.state
+        self.known = _STATE[self.cb.state.name]
+        if self.shared is not None:
+            self.shared.attach(self)
+
+    # -- periods and transitions ------------------------------------------------------------
+    def _new_period(self) -> None:
+        self.period += 1
+        self.trials = 0
+        self.permits.clear()
+        self.held.clear()
+        self._claimed_at = -math.inf
+        if self.window is not None:
+            self.window = _new_window(self.config)
+        self.others = NOBODY
 
     def _transitioned(self, old: State, new: State) -> None:
+        self._new_period()
         self.transitions += 1
         self.last_transition = (old, new)
         self.known = new
-        if new != "half_open":
-            self.trials = 0
         self._on_transition(self.key, old, new)
+
+    def _move(self, new: State) -> None:
+        """Change state here (a local decision) and tell the shared storage."""
+        expected = self.period
+        if new == "open":
+            self.opened = self.clock()
+            self.cb.open()
+        elif new == "half_open":
+            self.cb.half_open()
+        else:
+            self.break_s = self.config.reset_timeout_s
+            self.cb.close()
+        if self.shared is not None:
+            self.shared.transition(self, expected, new)
+
+    def _open(self, *, after_trial: bool) -> None:
+        top = self.config.reset_timeout_max_s
+        if not after_trial:
+            self.break_s = self.config.reset_timeout_s
+        elif top is not None:
+            self.break_s = min(top, max(self.break_s * 2, self.config.reset_timeout_s))
+        self._move("open")
+
+    def adopt(self, remote: Remote) -> None:
+        """Take on what the shared storage says (another replica's decision)."""
+        if not remote.authoritative and remote.period < self.period:
+            return  # our own newer decision is on its way to the storage
+        same = (
+            remote.period == self.period
+            and remote.state == self.known
+            and remote.pinned == self.pinned_open
+        )
+        if not same:
+            self.pinned_open = remote.pinned
+            self.break_s = remote.break_s
+            if remote.state == "open":
+                self.opened = self.clock() - remote.opened_ago_s
+            if remote.state != self.known:
+                name = _PYBREAKER[remote.state]
+                self.storage.state = name
+                self.cb.state = name  # notifies: a new period
+            else:
+                self._new_period()
+            self.period = remote.period
+        if remote.permit is not None and remote.state == "half_open":
+            self.permits.append(remote.permit)
+            self._claimed_at = -math.inf
+
+    def _drain(self) -> None:
+        inbox = self.inbox
+        while inbox:
+            self.adopt(inbox.popleft())
 
     @property
     def state(self) -> State:
-        """The state now, syncing with shared storage (other processes' transitions)."""
-        state: State = "open" if self.pinned_open else _STATE[self.cb.state.name]
-        self.known = state
-        return state
+        """The state now (what other replicas decided included)."""
+        if self.inbox:
+            self._drain()
+        return "open" if self.pinned_open else self.known
 
     def retry_after(self) -> float:
         """Seconds until a trial call will be admitted (0 when it would be now)."""
         if self.pinned_open:
-            return self.config.reset_timeout_s
-        opened_at = self.storage.opened_at
-        if opened_at is None:
+            return self.break_s
+        if self.known != "open":
             return 0.0
-        due = opened_at.timestamp() + self.config.reset_timeout_s
-        return max(0.0, due - time.time())
+        return max(0.0, self.opened + self.break_s - self.clock())
+
+    # -- admission and counting --------------------------------------------------------------
+    def _sharing(self) -> bool:
+        shared = self.shared
+        return shared is not None and shared.link.up
+
+    def _claim(self) -> None:
+        """Ask the shared storage for a trial place (answered through the inbox)."""
+        now = self.clock()
+        if now - self._claimed_at > 1.0:
+            self._claimed_at = now
+            assert self.shared is not None
+            self.shared.claim(self, self.period)
 
     def admit(self) -> int:
-        """ADMIT, TRIAL (a half-open trial; report it back with ``trial=True``) or REJECT."""
-        state = self.state
+        """A token for the call (see :data:`REJECT`)."""
+        if self.inbox:
+            self._drain()
+        state = self.known
         if state == "closed":
             self.admitted += 1
-            return ADMIT
+            return self.period << 1
         if state == "open":
             if self.pinned_open or self.retry_after() > 0:
                 return REJECT
-            self.cb.half_open()
+            if self._sharing():
+                self._claim()  # the shared storage moves every replica to half-open
+                return REJECT
+            self._move("half_open")
         if self.trials >= self.config.half_open_max_calls:
             return REJECT
+        if self._sharing():
+            if not self.permits:
+                self._claim()
+                return REJECT
+            self.held.append(self.permits.pop())
         self.trials += 1
         self.trials_admitted += 1
-        return TRIAL
+        return self.period << 1 | 1
 
-    def release(self, trial: bool) -> None:
+    def release(self, token: int) -> None:
         """The admitted call ended without a verdict (cancelled)."""
-        if trial and self.trials > 0:
+        if token >> 1 == self.period and token & 1:
             self.trials -= 1
+            if self.held:
+                self._trial_done(None)
 
-    def record(self, verdict: Verdict, trial: bool, duration_s: float) -> bool:
+    def _trial_done(self, success: bool | None) -> None:
+        permit = self.held.pop()
+        self._claimed_at = -math.inf  # our place is free again: the next call may ask
+        assert self.shared is not None
+        self.shared.trial_done(self, self.period, permit, success)
+
+    def record(self, verdict: Verdict, token: int, duration_s: float) -> bool:
         """Count one finished call; True when this failure opened the breaker."""
-        self.release(trial)
+        if self.inbox:
+            self._drain()
+        if token >> 1 != self.period:
+            return False  # admitted in an earlier period: says nothing about this one
+        trial = token & 1
+        if trial:
+            self.trials -= 1
         if verdict is Verdict.IGNORE:
+            if trial and self.held:
+                self._trial_done(None)
             return False
-        slow = self.config.slow_call_s
-        if verdict is Verdict.SUCCESS and slow is not None and duration_s > slow:
-            verdict = Verdict.FAILURE
-        state = self.state
-        storage = self.storage
-        if verdict is Verdict.FAILURE:
+        self.records += 1
+        limit = self.config.slow_call_s
+        slow = limit is not None and duration_s > limit
+        failed = verdict is Verdict.FAILURE
+        if failed or slow:
             self.failures_recorded += 1
-        if verdict is Verdict.SUCCESS:
-            if state == "closed":
-                if storage.counter:
-                    storage.reset_counter()
-            elif state == "half_open" and trial:
-                storage.increment_success_counter()
-                if storage.success_counter >= self.config.success_threshold:
-                    self.cb.close()
-            return False
-        if state == "closed":
-            storage.increment_counter()
-            if storage.counter >= self.config.fail_max:
-                self.cb.open()
+        storage = self.storage
+        if trial:
+            if failed or slow:
+                self._open(after_trial=True)
                 return True
-        elif state == "half_open" and trial:
-            self.cb.open()
+            storage.increment_success_counter()
+            if self.held:
+                self._trial_done(True)
+            if storage.success_counter >= self.config.success_threshold:
+                self._move("closed")
+            return False
+        window = self.window
+        others = self.others
+        if others.period != self.period:
+            others = NOBODY
+        if window is None:
+            if failed or slow:
+                storage.increment_counter()
+                if storage.counter + others.consecutive >= self.config.fail_max:
+                    self._open(after_trial=False)
+                    return True
+            elif storage.counter:
+                storage.reset_counter()
+            return False
+        window.add(failed, slow, self.clock())
+        if not (failed or slow):
+            return False
+        calls, failures, slow_calls = window.totals(self.clock())
+        calls += others.calls
+        if calls < self.config.minimum_calls:
+            return False
+        rate = self.config.slow_call_rate
+        if (failures + others.failures) / calls >= self.config.failure_rate or (
+            rate is not None and (slow_calls + others.slow) / calls >= rate
+        ):
+            self._open(after_trial=False)
             return True
         return False
 
+    def rates(self) -> tuple[float, float]:
+        """Failure rate and slow-call rate in the current window (0 when it is empty)."""
+        if self.window is None:
+            return 0.0, 0.0
+        calls, failures, slow = self.window.totals(self.clock())
+        others = self.others if self.others.period == self.period else NOBODY
+        calls += others.calls
+        if not calls:
+            return 0.0, 0.0
+        return (failures + others.failures) / calls, (slow + others.slow) / calls
+
     # -- operator controls --------------------------------------------------------------
     def force_open(self) -> None:
-        """Open and stay open (no trials) until :meth:`force_close` or :meth:`reset`."""
+        """Open and stay open (no trials) until :meth:`force_close` or :meth:`reset`;
+        with shared storage, on every replica."""
+        if self.inbox:
+            self._drain()
         self.pinned_open = True
-        if self.cb.state.name != pybreaker.STATE_OPEN:
+        if self.known != "open":
+            self.opened = self.clock()
             self.cb.open()
+        if self.shared is not None:
+            self.shared.force(self)
 
     def force_close(self) -> None:
-        """Close now, counters cleared; normal operation resumes."""
+        """Close now, counters cleared; normal operation resumes (on every replica)."""
+        if self.inbox:
+            self._drain()
         self.pinned_open = False
-        self.trials = 0
         self.storage.reset_counter()
-        if self.cb.state.name != pybreaker.STATE_CLOSED:
+        self.break_s = self.config.reset_timeout_s
+        if self.known != "closed":
             self.cb.close()
+        else:
+            self._new_period()
+        if self.shared is not None:
+            self.shared.force(self)
 
     def snapshot(self) -> dict[str, Any]:
         state = self.state
+        failure_rate, slow_rate = self.rates()
         return {
             "state": state,
             "failures": self.storage.counter,
             "trials_in_flight": self.trials,
             "retry_after_s": round(self.retry_after(), 3) if state == "open" else None,
             "pinned_open": self.pinned_open,
+            "failure_rate": round(failure_rate, 4),
+            "slow_call_rate": round(slow_rate, 4),
+            "break_s": float(self.break_s),
         }
 
 
@@ -240,16 +605,18 @@ class Breakers:
     """Every breaker of a dispatcher, one per key, created on first use.
 
     ``storage_factory(key)`` returns the pybreaker storage for a key (``None`` for local
-    memory); see :mod:`toolrelay.storage` for the Redis one.
+    memory); see :mod:`toolrelay.storage` for the shared one.
     """
 
     def __init__(
         self,
         config_for: Callable[[str], BreakerConfig],
         storage_factory: StorageFactory | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
         self._config_for = config_for
         self._storage_factory = storage_factory
+        self._clock = clock
         self._breakers: dict[str, KeyBreaker] = {}
         self.listeners: list[TransitionListener] = []
         self.on_create: list[Callable[[str, str], None]] = []
@@ -258,7 +625,7 @@ class Breakers:
         breaker = self._breakers.get(key)
         if breaker is None:
             storage = None if self._storage_factory is None else self._storage_factory(key)
-            breaker = KeyBreaker(key, self._config_for(key), storage, self._notify)
+            breaker = KeyBreaker(key, self._config_for(key), storage, self._notify, self._clock)
             self._breakers[key] = breaker
             for hook in self.on_create:
                 hook(key, breaker.state)
@@ -294,14 +661,10 @@ class Breakers:
         breaker.force_close()
         breaker.storage.reset_success_counter()
 
-    def blocked_for(self, key: str, *, fresh: bool = True) -> float | None:
-        """Seconds the key will still fail fast, or None if a call would be admitted now.
-
-        ``fresh=False`` trusts the state this process last saw instead of reading shared
-        storage (the fast-fail check: the breaker stage reads it fresh anyway).
-        """
+    def blocked_for(self, key: str) -> float | None:
+        """Seconds the key will still fail fast, or None if a call would be admitted now."""
         breaker = self._breakers.get(key)
-        if breaker is None or (breaker.state if fresh else breaker.known) != "open":
+        if breaker is None or breaker.state != "open":
             return None
         wait = breaker.retry_after()
         return wait if wait > 0 or breaker.pinned_open else None

@@ -43,9 +43,15 @@ _BREAKER = {
     "properties": {
         "fail_max": _COUNT,
         "reset_timeout_s": _NUMBER,
+        "reset_timeout_max_s": _NUMBER,
         "success_threshold": _COUNT,
         "half_open_max_calls": _COUNT,
         "slow_call_s": _POSITIVE,
+        "window": {"enum": ["consecutive", "count", "time"]},
+        "window_size": _COUNT,
+        "minimum_calls": _COUNT,
+        "failure_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "slow_call_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "max_concurrent": _COUNT,
         "max_concurrent_per_tenant": _COUNT,
         "bulkhead_wait_s": _NUMBER,
@@ -101,6 +107,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
                 "url": {"type": "string", "pattern": "^(redis|rediss|unix)://"},
                 "timeout_s": _POSITIVE,
                 "probe_interval_s": _POSITIVE,
+                "sync_interval_s": _POSITIVE,
             },
         },
         "profiles": {
@@ -291,6 +298,8 @@ def dispatcher_arguments(config: Config) -> dict[str, Any]:
             kwargs["breaker_storage_timeout_s"] = storage["timeout_s"]
         if "probe_interval_s" in storage:
             kwargs["breaker_storage_probe_s"] = storage["probe_interval_s"]
+        if "sync_interval_s" in storage:
+            kwargs["breaker_storage_sync_s"] = storage["sync_interval_s"]
     telemetry = config.telemetry
     if "enabled" in telemetry:
         kwargs["telemetry"] = telemetry["enabled"]

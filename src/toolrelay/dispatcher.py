@@ -71,6 +71,7 @@ class Dispatcher:
         breaker_storage: str | None = None,
         breaker_storage_timeout_s: float = 0.05,
         breaker_storage_probe_s: float = 5.0,
+        breaker_storage_sync_s: float = 0.2,
         max_argument_bytes: int = DEFAULT_MAX_BYTES,
         max_argument_depth: int = DEFAULT_MAX_DEPTH,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
@@ -111,6 +112,7 @@ class Dispatcher:
                 breaker_storage,
                 timeout_s=breaker_storage_timeout_s,
                 probe_interval_s=breaker_storage_probe_s,
+                sync_interval_s=breaker_storage_sync_s,
                 on_change=None if tel is None else tel.storage_changed,
             )
             self.storage_link = link

@@ -48,6 +48,7 @@ class Invocation:
         "raw_args",
         "slot",
         "slot_bound",
+        "started",
         "tool",
     )
 
@@ -74,6 +75,8 @@ class Invocation:
         self.deadline: float = float("inf")
         self.slot_bound = False
         self.attempts = 0
+        self.started = 0.0
+        """When the current attempt got its bulkhead place (``time.perf_counter``)."""
         self.approval = "not_required"
 
     def emit(self, event: Event) -> None:

@@ -2,14 +2,16 @@
 
 Open → ``circuit_open`` at once with ``retry_after_s``; the handler is not called and no
 deadline is waited out. Half-open → at most ``half_open_max_calls`` trials at a time.
-Each attempt's verdict is recorded; a cancellation is neither success nor failure.
+Each attempt's verdict is recorded, in the breaker period that admitted it; a cancellation
+is neither success nor failure. A call's duration (for ``slow_call_s``) starts when it
+has its bulkhead place: waiting for our own concurrency limit is not the service's fault.
 """
 
 from __future__ import annotations
 
 import time
 
-from ..breakers import REJECT, TRIAL, Breakers, KeyBreaker
+from ..breakers import REJECT, Breakers, KeyBreaker
 from ..contract import ErrorType
 from ..events import BreakerTransition
 from ..outcome import Outcome, Verdict
@@ -40,20 +42,19 @@ class Breaker:
         assert inv.key is not None and inv.tool is not None
         breaker = self.breakers.get(inv.key)
         seen = breaker.transitions
-        decision = breaker.admit()
-        if decision == REJECT:
+        token = breaker.admit()
+        if token == REJECT:
             if inv.observers and breaker.transitions != seen:
                 inv.emit(BreakerTransition(inv.key, *breaker.last_transition))
             return rejection(inv, breaker)
-        trial = decision == TRIAL
-        started = time.perf_counter()
+        inv.started = time.perf_counter()  # the bulkhead moves it past any wait for a place
         try:
             out = await call_next(inv)
         except BaseException:
-            breaker.release(trial)  # a cancellation says nothing about the service
+            breaker.release(token)  # a cancellation says nothing about the service
             raise
         verdict = Verdict.SUCCESS if out.ok else out.verdict
-        if breaker.record(verdict, trial, time.perf_counter() - started):
+        if breaker.record(verdict, token, time.perf_counter() - inv.started):
             out.final = True
         if inv.observers and breaker.transitions != seen:
             inv.emit(BreakerTransition(inv.key, *breaker.last_transition))

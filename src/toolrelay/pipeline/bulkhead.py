@@ -7,6 +7,7 @@ ignores it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -86,6 +87,7 @@ class Bulkhead:
                 with anyio.move_on_after(limit):
                     await places.acquire()
                     acquired = True
+                    inv.started = time.perf_counter()  # queueing is not the service's time
             if not acquired:
                 return failure(
                     ErrorType.OVERLOADED,

@@ -29,7 +29,7 @@ class FastFail:
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         assert inv.key is not None
-        wait = self.breakers.blocked_for(inv.key, fresh=False)
+        wait = self.breakers.blocked_for(inv.key)
         if wait is None:
             return call_next(inv)
         inv.attempts = 1

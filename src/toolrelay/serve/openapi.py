@@ -24,7 +24,16 @@ FAULT_SCHEMA: dict[str, Any] = copy.deepcopy(CONFIG_SCHEMA["properties"]["faults
 _NULLABLE_NUMBER = {"type": ["number", "null"]}
 _BREAKER: dict[str, Any] = {
     "type": "object",
-    "required": ["state", "failures", "trials_in_flight", "retry_after_s", "pinned_open"],
+    "required": [
+        "state",
+        "failures",
+        "trials_in_flight",
+        "retry_after_s",
+        "pinned_open",
+        "failure_rate",
+        "slow_call_rate",
+        "break_s",
+    ],
     "properties": {
         "state": {"enum": ["closed", "open", "half_open"]},
         "failures": {"type": "integer", "minimum": 0},
@@ -36,6 +45,23 @@ _BREAKER: dict[str, Any] = {
         "pinned_open": {
             "type": "boolean",
             "description": "Forced open: no trial calls until closed or reset.",
+        },
+        "failure_rate": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "description": "Failed share of the calls in the window (rate windows only).",
+        },
+        "slow_call_rate": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "description": "Slow share of the calls in the window (rate windows only).",
+        },
+        "break_s": {
+            "type": "number",
+            "minimum": 0,
+            "description": "The current break: how long an opening lasts before a trial.",
         },
     },
 }
