@@ -280,11 +280,13 @@ class RedisLink:
             self._ops.put(op)
 
     def close(self) -> None:
+        """Hand over what is queued (waiting at most 2 s for the writer), then disconnect.
+        The listener notices within half a second and ends by itself."""
         self._closed.set()
         self._ops.put(_STOP)
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(2.0)
+        writer = self._threads[0] if self._threads else None
+        if writer is not None and writer is not threading.current_thread():
+            writer.join(2.0)
         self.client.close()
 
     # -- health --------------------------------------------------------------------------------
