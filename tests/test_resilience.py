@@ -505,7 +505,7 @@ async def test_sync_handler_failures_and_timeouts_open_the_breaker() -> None:
     release = threading.Event()
     script = ["fail", "hang"]
 
-    @registry.tool(name="legacy", parameters=OBJ, breaker_key="crm", timeout_s=0.05)
+    @registry.tool(name="legacy", parameters=OBJ, breaker_key="crm", timeout_s=0.3)
     def legacy(args: dict[str, Any], ctx: AuthContext) -> str:
         step = script.pop(0) if script else "ok"
         if step == "fail":

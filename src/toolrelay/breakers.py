@@ -322,6 +322,12 @@ class KeyBreaker:
         self.opened = -math.inf
         """When the breaker last opened, on :attr:`clock`."""
         self.window = _new_window(config)
+        self.minimum_calls = (
+            min(config.minimum_calls, config.window_size)
+            if config.window == "count"
+            else config.minimum_calls
+        )
+        """A count window can never hold more than ``window_size`` calls (as resilience4j)."""
         self.inbox: deque[Remote] = deque()
         self.others = NOBODY
         self.records = 0
@@ -530,20 +536,27 @@ class KeyBreaker:
             elif storage.counter:
                 storage.reset_counter()
             return False
-        window.add(failed, slow, self.clock())
-        if not (failed or slow):
-            return False
-        calls, failures, slow_calls = window.totals(self.clock())
+        now = self.clock()
+        window.add(failed, slow, now)
+        calls, failures, slow_calls = window.totals(now)
+        failures += others.failures
+        slow_calls += others.slow
+        if not (failures or slow_calls):
+            return False  # the common case: nothing in the window could open it
         calls += others.calls
-        if calls < self.config.minimum_calls:
+        if calls < self.minimum_calls:
             return False
         rate = self.config.slow_call_rate
-        if (failures + others.failures) / calls >= self.config.failure_rate or (
-            rate is not None and (slow_calls + others.slow) / calls >= rate
+        if failures / calls >= self.config.failure_rate or (
+            rate is not None and slow_calls / calls >= rate
         ):
             self._open(after_trial=False)
             return True
         return False
+
+    def _window_failures(self) -> int:
+        assert self.window is not None
+        return self.window.totals(self.clock())[1]
 
     def rates(self) -> tuple[float, float]:
         """Failure rate and slow-call rate in the current window (0 when it is empty)."""
@@ -588,7 +601,7 @@ class KeyBreaker:
         failure_rate, slow_rate = self.rates()
         return {
             "state": state,
-            "failures": self.storage.counter,
+            "failures": self.storage.counter if self.window is None else self._window_failures(),
             "trials_in_flight": self.trials,
             "retry_after_s": round(self.retry_after(), 3) if state == "open" else None,
             "pinned_open": self.pinned_open,
