@@ -9,7 +9,7 @@ round) and reported as the median of the per-round ratios, so the figures hold o
 shared machine; absolute figures are medians too and are given for context only.
 
 Benchmarks (``--only`` names): overhead, naive, agents, fastfail, deadline, scale, memory,
-throughput. ``--check`` exits 1 when a target is missed (or a benchmark fails);
+throughput, breakers. ``--check`` exits 1 when a target is missed (or a benchmark fails);
 ``--quick`` is a seconds-long smoke run; ``--results -`` writes no RESULTS.md.
 """
 
@@ -77,11 +77,21 @@ class Settings:
     flood_timeout_s: float = 0.2
     flood_spread_s: float = 0.1
     scale_tools: int = 10_000
+    breaker_calls: int = 20_000
+    """admit + record pairs per case and round (the breaker window rows)"""
+    p99_rounds: int = 21
+    p99_round_s: float = 0.5
+    """each case's share of a round in the slowed-Redis p99 row"""
+    transitions: int = 100
+    """transitions timed in the replica convergence row"""
 
     @classmethod
     def make(cls, quick: bool) -> Settings:
         if quick:
-            return cls(True, 5, 300, 100, 20_000, 5_000, 10_000, 1)
+            return cls(
+                True, 5, 300, 100, 20_000, 5_000, 10_000, 1,
+                breaker_calls=10_000, p99_rounds=3, p99_round_s=0.25, transitions=20,
+            )  # fmt: skip
         return cls(False, 21, 2000, 500, 1_000_000, 50_000, 10_000, 3)
 
 
@@ -91,6 +101,7 @@ class Row:
     name: str
     value: float | None = None
     unit: str = "×"
+    """"×", "ms", "MB", "calls/s", "slots", or "+µs" (a signed difference per call)."""
     target: str = ""
     passed: bool | None = None
     """True/False against the target; None for context rows, skips and errors."""
@@ -117,6 +128,8 @@ class Row:
             return f"{self.value:.2f} MB"
         if self.unit == "slots":
             return f"{self.value:.0f} slots"
+        if self.unit == "+µs":
+            return f"{self.value:+.2f} µs"
         return f"{self.value:.2f} {self.unit}"
 
 
@@ -138,6 +151,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 def paired_ratio(top: Sequence[float], bottom: Sequence[float]) -> float:
     """Median of the per-round ratios top/bottom (both measured in the same round)."""
     return statistics.median(a / b for a, b in zip(top, bottom, strict=True))
+
+
+def paired_difference(top: Sequence[float], bottom: Sequence[float]) -> float:
+    """Median of the per-round differences top − bottom (both measured in the same round)."""
+    return statistics.median(a - b for a, b in zip(top, bottom, strict=True))
 
 
 async def interleave(
@@ -973,6 +991,320 @@ async def bench_throughput(s: Settings) -> list[Row]:
     ]
 
 
+# -- 9. breakers: failure windows and shared state ---------------------------------------
+def interleave_sync(
+    cases: dict[str, Callable[[int], None]], rounds: int, calls: int, warmup: int
+) -> dict[str, list[float]]:
+    """:func:`interleave` for synchronous cases: ``fn(n)`` makes ``n`` calls in a loop."""
+    names = list(cases)
+    for fn in cases.values():
+        fn(warmup)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else reversed(names):
+            gc.collect()
+            started = time.perf_counter()
+            cases[name](calls)
+            samples[name].append((time.perf_counter() - started) / calls)
+    return samples
+
+
+def breaker_loop(breaker: Any) -> Callable[[int], None]:
+    """``admit()`` + ``record()`` ``n`` times: 1 call in 20 fails, the others succeed."""
+    from toolrelay.outcome import Verdict
+
+    admit, record = breaker.admit, breaker.record
+    success, failure = Verdict.SUCCESS, Verdict.FAILURE
+
+    def run(n: int) -> None:
+        for i in range(n):
+            record(failure if i % 20 == 19 else success, admit(), 0.001)
+
+    return run
+
+
+def bench_breaker_windows(s: Settings) -> list[Row]:
+    from toolrelay.breakers import Breakers
+
+    never = 10**9  # no window may open: every case must stay on the closed path
+    configs = {
+        "consecutive": BreakerConfig(fail_max=never),
+        # failure_rate 1.0 is never reached at 1 failure in 20, yet every failure goes
+        # the whole way (minimum_calls met, the rate computed)
+        "count": BreakerConfig(window="count", window_size=100, failure_rate=1.0),
+        "time": BreakerConfig(window="time", window_size=10, failure_rate=1.0),
+    }
+    breakers = Breakers(configs.__getitem__)
+    cases = {name: breaker_loop(breakers.get(name)) for name in configs}
+    calls = s.breaker_calls
+    samples = interleave_sync(cases, s.rounds, calls, calls // 4)
+    for name in configs:
+        snap = breakers.get(name).snapshot()
+        if snap["state"] != "closed":
+            raise RuntimeError(f"the {name} breaker left the closed state: {snap}")
+    m = medians(samples)
+    sizes = {"count": "100 calls", "time": "10 s"}
+    rows = []
+    for name in ("count", "time"):
+        extra = paired_difference(samples[name], samples["consecutive"])
+        rows.append(
+            Row(
+                "breakers",
+                f"breaker admit + record, {name} window / consecutive",
+                extra * 1e6,
+                unit="+µs",
+                target="≤ 1 µs",
+                passed=extra <= 1e-6,
+                context=f"{paired_ratio(samples[name], samples['consecutive']):.2f}×: "
+                f"{us(m[name])} vs {us(m['consecutive'])} per call; 1 call in 20 fails; "
+                f"a window of {sizes[name]}",
+            )
+        )
+    return rows
+
+
+REDIS_SKIPS = {
+    "binary": "skipped (redis-server not installed)",
+    "client": "skipped (pip install '.[redis]')",
+}
+REDIS_ROWS = (
+    ("dispatch with Redis-shared breakers / in-memory breakers", "≤ 1.2×"),
+    ("healthy dispatch p99, Redis slowed by 40 ms per command / Redis at full speed", "≤ 1.5×"),
+    ("replica convergence after a transition (p99 of {n})", ""),
+)
+
+
+def link_of(d: Dispatcher) -> Any:
+    link = d.storage_link
+    assert link is not None
+    return link
+
+
+async def until(done: Callable[[], bool], what: str, poll_s: float, limit_s: float = 5) -> None:
+    """Poll ``done()`` every ``poll_s`` until it is true (an error after ``limit_s``)."""
+    deadline = time.perf_counter() + limit_s
+    for delay in itertools.repeat(poll_s):
+        if done():
+            return
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{what} did not happen within {limit_s:g} s")
+        await anyio.sleep(delay)
+
+
+async def linked(d: Dispatcher, key: str = "svc") -> None:
+    """Create the key's breaker and wait for the link's first sync (its state read)."""
+    d.breakers.get(key)
+    link = link_of(d)
+    await until(lambda: link.commands > 0, "the link's first sync", 0.002, 10)
+
+
+async def close_all(*things: Any) -> None:
+    """``close()`` each (dispatchers, proxies) on threads at once: a link's close waits
+    up to 0.5 s for its listener thread."""
+    async with anyio.create_task_group() as tg:
+        for thing in things:
+            if thing is not None:
+                tg.start_soon(anyio.to_thread.run_sync, thing.close)
+
+
+def still_up(*named: tuple[str, Dispatcher]) -> None:
+    for label, d in named:
+        link = link_of(d)
+        if not link.up or link.failures:
+            raise RuntimeError(f"the {label} link lost Redis ({link.failures} failure(s))")
+
+
+async def redis_vs_memory(s: Settings, url: str, sync_s: float) -> Row:
+    registry = noop_registry()
+    shared = dispatcher(registry, breaker_storage=url, breaker_storage_sync_s=sync_s)
+    local = dispatcher(registry)
+    try:
+        await linked(shared)
+        cases = {"redis": dispatch_case(shared), "memory": dispatch_case(local)}
+        await sanity(cases)
+        before = link_of(shared).commands
+        samples = await interleave(cases, s.rounds, s.calls, s.warmup)
+        synced = link_of(shared).commands - before
+        still_up(("shared", shared))
+    finally:
+        await close_all(shared, local)
+    m = medians(samples)
+    ratio = paired_ratio(samples["redis"], samples["memory"])
+    name, target = REDIS_ROWS[0]
+    return Row(
+        "breakers",
+        name,
+        ratio,
+        target=target,
+        passed=ratio <= 1.2,
+        context=f"{us(m['redis'])} vs {us(m['memory'])} per call; the link made {synced} "
+        f"Redis round trip(s) meanwhile, on its own thread (sync every {sync_s:g} s)",
+    )
+
+
+async def latencies(d: Dispatcher, seconds: float, into: list[float]) -> list[float]:
+    """Sequential dispatches for ``seconds``; each one's latency, also appended to ``into``."""
+    out: list[float] = []
+    gc.collect()
+    await anyio.lowlevel.checkpoint()
+    clock = time.perf_counter
+    until = clock() + seconds
+    while True:
+        started = clock()
+        result = await d.dispatch("noop", ARGS, CTX, call_id="call_1")
+        ended = clock()
+        if not result.ok:
+            raise RuntimeError(f"a healthy call answered {result.to_model()}")
+        out.append(ended - started)
+        if ended >= until:
+            break
+    into.extend(out)
+    return out
+
+
+async def slowed_redis_p99(s: Settings, server_port: int, url: str, sync_s: float) -> Row:
+    from breaker_servers import slow_proxy
+
+    delay_s = 0.040
+    proxy = slow_proxy("127.0.0.1", server_port, delay_s)
+    registry = noop_registry()
+    slow = fast = None
+    try:
+        # a 1 s socket timeout: 40 ms per command must not mark Redis down
+        slow = dispatcher(
+            registry,
+            breaker_storage=proxy.url,
+            breaker_storage_sync_s=sync_s,
+            breaker_storage_timeout_s=1.0,
+        )
+        fast = dispatcher(registry, breaker_storage=url, breaker_storage_sync_s=sync_s)
+        took = time.perf_counter()
+        await linked(slow)
+        first_sync = time.perf_counter() - took
+        await linked(fast)
+        cases = {"slow": slow, "fast": fast}
+        for d in cases.values():  # warm-up (and the keys become active: they sync)
+            await latencies(d, 0.05, [])
+        before = {name: link_of(d).commands for name, d in cases.items()}
+        pooled: dict[str, list[float]] = {name: [] for name in cases}
+        ratios = []
+        for index in range(s.p99_rounds):
+            p99s = {}
+            for name in list(cases) if index % 2 == 0 else reversed(list(cases)):
+                sample = await latencies(cases[name], s.p99_round_s, pooled[name])
+                p99s[name] = percentile(sample, 99)
+            ratios.append(p99s["slow"] / p99s["fast"])
+        grew = {name: link_of(d).commands - before[name] for name, d in cases.items()}
+        still_up(("slowed", slow), ("direct", fast))
+        if grew["slow"] < 1:
+            raise RuntimeError("the slowed link never synced during the measurement")
+    finally:
+        await close_all(slow, fast, proxy)
+    ratio = statistics.median(ratios)
+    name, target = REDIS_ROWS[1]
+    p99 = {name: percentile(values, 99) for name, values in pooled.items()}
+    p50 = {name: percentile(values, 50) for name, values in pooled.items()}
+    return Row(
+        "breakers",
+        name,
+        ratio,
+        target=target,
+        passed=ratio <= 1.5,
+        context=f"p99 {us(p99['slow'])} vs {us(p99['fast'])}, p50 {us(p50['slow'])} vs "
+        f"{us(p50['fast'])} ({len(pooled['slow']):,} / {len(pooled['fast']):,} calls in "
+        f"{s.p99_rounds} rounds of {s.p99_round_s:g} s); Redis round trips meanwhile: "
+        f"slowed link {grew['slow']}, direct {grew['fast']} (sync every {sync_s:g} s; "
+        f"the slowed link's first took {ms(first_sync)}); both links stayed up",
+    )
+
+
+async def convergence(s: Settings, url: str, sync_s: float) -> Row:
+    from collections import deque
+
+    class StampedInbox(deque):  # type: ignore[type-arg]
+        """The observing breaker's inbox, noting when each update arrives (any thread)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.stamps: list[tuple[float, Any]] = []
+
+        def append(self, item: Any) -> None:
+            self.stamps.append((time.perf_counter(), item))
+            super().append(item)
+
+    registry = noop_registry()
+    here = dispatcher(registry, breaker_storage=url, breaker_storage_sync_s=sync_s)
+    there = dispatcher(registry, breaker_storage=url, breaker_storage_sync_s=sync_s)
+    poll_s = 0.0005
+    delays: list[float] = []
+    arrivals: list[float] = []
+    inbox = StampedInbox()
+
+    async def seen(state: str) -> None:
+        stamps = inbox.stamps
+        stamps.clear()
+        started = time.perf_counter()
+        if state == "open":
+            here.breakers.force_open("svc")
+        else:
+            here.breakers.force_close("svc")
+        await until(lambda: there.breakers.state("svc") == state, f"seeing {state!r}", poll_s)
+        delays.append(time.perf_counter() - started)
+        arrivals.append(min(at for at, r in list(stamps) if r.state == state) - started)
+
+    try:
+        await linked(here)
+        await linked(there)
+        there.breakers.get("svc").inbox = inbox
+        for index in range(6):  # warm-up: both links subscribed, scripts loaded
+            await seen("open" if index % 2 == 0 else "closed")
+        delays.clear()
+        arrivals.clear()
+        for index in range(s.transitions):
+            await seen("open" if index % 2 == 0 else "closed")
+        still_up(("deciding", here), ("observing", there))
+    finally:
+        await close_all(here, there)
+    p99 = percentile(delays, 99)
+    late = sum(1 for d in delays if d >= sync_s / 2)
+    return Row(
+        "breakers",
+        REDIS_ROWS[2][0].format(n=s.transitions),
+        p99 * 1e3,
+        unit="ms",
+        context=f"p50 {ms(percentile(delays, 50))}, max {ms(max(delays))}; force_open / "
+        f"force_close alternating on replica A, replica B's state polled every "
+        f"{poll_s * 1e3:g} ms (asyncio waits in 1 ms steps); the update reached B's inbox "
+        f"after p50 {ms(percentile(arrivals, 50))}, p99 {ms(percentile(arrivals, 99))}; "
+        f"periodic sync every {sync_s:g} s: {late} of {len(delays)} took ≥ "
+        f"{sync_s / 2:g} s (pub/sub missed)",
+    )
+
+
+async def bench_breakers(s: Settings) -> list[Row]:
+    rows = bench_breaker_windows(s)
+    sys.path.insert(0, str(HERE))
+    from breaker_servers import RedisServer, redis_binary
+
+    binary = redis_binary()
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        binary, skip = None, REDIS_SKIPS["client"]
+    else:
+        skip = REDIS_SKIPS["binary"]
+    if binary is None:
+        for name, target in REDIS_ROWS:
+            rows.append(Row("breakers", name.format(n=s.transitions), target=target, status=skip))
+        return rows
+    sync_s = 0.2
+    with RedisServer(binary) as server:
+        rows.append(await redis_vs_memory(s, server.url, sync_s))
+        rows.append(await slowed_redis_p99(s, server.port, server.url, sync_s))
+        rows.append(await convergence(s, server.url, sync_s))
+    return rows
+
+
 BENCHES: dict[str, Callable[[Settings], Awaitable[list[Row]]]] = {
     "overhead": bench_overhead,
     "naive": bench_naive,
@@ -982,6 +1314,7 @@ BENCHES: dict[str, Callable[[Settings], Awaitable[list[Row]]]] = {
     "scale": bench_scale,
     "memory": bench_memory,
     "throughput": bench_throughput,
+    "breakers": bench_breakers,
 }
 
 
@@ -1135,6 +1468,22 @@ def markdown(rows: Sequence[Row], settings: Settings, wall_s: float, only: list[
         "`ru_maxrss` after parking the in-flight calls on an `anyio.Event`.",
         "- **throughput**: the worker process is pinned to one CPU (`sched_setaffinity`), "
         "the SDK's export thread included.",
+        "- **breakers**: the window rows time `KeyBreaker.admit()` + `record()` in a plain "
+        f"loop ({settings.breaker_calls:,} pairs per case and round, interleaved as above, 1 "
+        "call in 20 a failure; `failure_rate=1.0`, so every failure computes the rate but "
+        "none opens the breaker); the result is the median of the per-round differences "
+        "from the consecutive counter. The Redis rows start a private `redis-server` on a "
+        "loopback port (skipped without one, or without the `redis` package). A shared "
+        "dispatcher's link syncs every 0.2 s on its own threads; a row's dispatchers share "
+        "one process, so every case runs beside every link's threads. The slowed row puts "
+        "tests/slow_proxy.py's `SlowProxy` (+40 ms on every command; link timeout 1 s) "
+        "before one dispatcher's Redis and times back-to-back healthy dispatches, "
+        f"{settings.p99_round_s:g} s per case and round ({settings.p99_rounds} rounds); the "
+        "ratio is the median of the per-round p99 ratios, and the row is an error unless the "
+        "slowed link synced meanwhile and both links stayed up. Convergence: replica A "
+        "forces its breaker open and closed in turn, replica B (its own link, the same "
+        "server) is polled with `anyio.sleep(0.0005)` until it reports the state; beside it, "
+        "when the update reached B's inbox (stamped on B's listener thread).",
         "",
     ]
     history = HERE / "OPTIMISATIONS.md"
