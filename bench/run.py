@@ -1284,7 +1284,7 @@ async def convergence(s: Settings, url: str, sync_s: float) -> Row:
 async def bench_breakers(s: Settings) -> list[Row]:
     rows = bench_breaker_windows(s)
     sys.path.insert(0, str(HERE))
-    from breaker_servers import RedisServer, redis_binary
+    from breaker_servers import redis_binary, redis_server
 
     binary = redis_binary()
     try:
@@ -1298,7 +1298,7 @@ async def bench_breakers(s: Settings) -> list[Row]:
             rows.append(Row("breakers", name.format(n=s.transitions), target=target, status=skip))
         return rows
     sync_s = 0.2
-    with RedisServer(binary) as server:
+    with redis_server(binary) as server:
         rows.append(await redis_vs_memory(s, server.url, sync_s))
         rows.append(await slowed_redis_p99(s, server.port, server.url, sync_s))
         rows.append(await convergence(s, server.url, sync_s))

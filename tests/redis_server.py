@@ -1,4 +1,5 @@
-"""A real redis-server on a free loopback port, started and stopped by the tests."""
+"""A real redis-server on a free loopback port, started and stopped by the tests (and by
+the breakers benchmark, which passes the binary itself: this module needs no pytest)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import tempfile
 import time
 from types import TracebackType
 
-from conftest import need_binary
-
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -18,8 +17,12 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None) -> None:
-        self.binary = need_binary("redis-server")
+    def __init__(self, port: int | None = None, binary: str | None = None) -> None:
+        if binary is None:
+            from conftest import need_binary  # skips (or fails) the test without it
+
+            binary = need_binary("redis-server")
+        self.binary = binary
         self.port = port or free_port()
         self.dir = tempfile.TemporaryDirectory(prefix="toolrelay-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
