@@ -124,8 +124,27 @@ async def test_limits_are_configurable() -> None:
     assert (await dispatcher.dispatch("get_weather", '{"city": "Oslo"}')).ok
     assert not (await dispatcher.dispatch("get_weather", '{"city": "Oslo, Norway, Europe"}')).ok
     nested = {"city": "x", "more": {"a": [1]}}
-    result = await dispatcher.dispatch("get_weather", nested)
+    deep = Dispatcher(weather_registry(), max_argument_bytes=100, max_argument_depth=2)
+    result = await deep.dispatch("get_weather", nested)
     assert "nested deeper than 2" in result.message
+
+
+async def test_mapping_arguments_have_the_same_byte_cap_as_text() -> None:
+    """A host (or the MCP gateway) passing a dict gets the same 256 KiB cap as JSON text."""
+    dispatcher = Dispatcher(weather_registry())
+    huge = {"city": "x" * (5 * 1024 * 1024)}
+    refused = await dispatcher.dispatch("get_weather", huge)
+    assert refused.error_type is ErrorType.INVALID_ARGUMENTS
+    assert "larger than 262144 bytes" in refused.message
+    many = {"city": "Oslo", "tags": ["abcdefgh"] * 40_000}  # ~440 KB as JSON, small strings
+    assert "larger than" in (await dispatcher.dispatch("get_weather", many)).message
+    small = Dispatcher(weather_registry(), max_argument_bytes=40)
+    assert (await small.dispatch("get_weather", {"city": "Oslo"})).ok
+    # counted in UTF-8 bytes, like text: 12 characters of 4 bytes each are 48 bytes
+    wide = await small.dispatch("get_weather", {"city": "😀" * 12})
+    assert "larger than 40 bytes" in wide.message
+    text = await small.dispatch("get_weather", '{"city": "' + "😀" * 12 + '"}')
+    assert "larger than 40 bytes" in text.message
 
 
 async def test_accepted_argument_forms() -> None:
@@ -703,6 +722,28 @@ async def test_dispatch_many_is_concurrent_and_ordered() -> None:
     assert [r.data for r in results[1:4]] == [0, 1, 2]
     assert results[0].error_type is ErrorType.TIMEOUT
     assert seen[-1] == 0  # the slow call was answered last; the others did not wait for it
+
+
+async def test_dispatch_many_survives_a_failing_on_result(caplog: pytest.LogCaptureFixture) -> None:
+    """A host callback that raises must not cancel the sibling calls."""
+    registry = ToolRegistry()
+    finished: list[int] = []
+
+    @registry.tool(name="slow", parameters={"type": "object"}, timeout_s=5)
+    async def slow(args: dict[str, Any], ctx: AuthContext) -> Any:
+        await anyio.sleep(0.05 * args["n"])
+        finished.append(args["n"])
+        return args["n"]
+
+    def on_result(index: int, result: ToolResult) -> None:
+        if index == 0:
+            raise RuntimeError("host bug")
+
+    calls = [ToolCall("slow", {"n": n}, f"c{n}") for n in range(3)]
+    results = await Dispatcher(registry).dispatch_many(calls, CTX, on_result=on_result)
+    assert [r.data for r in results] == [0, 1, 2], results
+    assert finished == [0, 1, 2]
+    assert any("on_result raised for call 0" in r.getMessage() for r in caplog.records)
 
 
 # -- formats, multiple dispatchers, public API ------------------------------------------------

@@ -266,7 +266,8 @@ class Dispatcher:
         """Run calls concurrently, each with its own deadline; results in input order.
 
         ``on_result(index, result)`` is called as each call is answered, so a host can hand
-        a fast answer to the model without waiting for a slow one.
+        a fast answer to the model without waiting for a slow one. An exception it raises is
+        logged and does not touch the other calls.
         """
         results: list[ToolResult | None] = [None] * len(calls)
 
@@ -276,7 +277,10 @@ class Dispatcher:
             )
             results[index] = result
             if on_result is not None:
-                on_result(index, result)
+                try:
+                    on_result(index, result)
+                except Exception:
+                    log.exception("toolrelay: on_result raised for call %d (%s)", index, call.name)
 
         async with anyio.create_task_group() as tg:
             for index, call in enumerate(calls):

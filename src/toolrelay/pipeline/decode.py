@@ -46,38 +46,58 @@ _DECODER = json.JSONDecoder(
 )
 
 
-_SCALARS = (str, int, bool, type(None))
+def _text_bytes(text: str, budget: int) -> int:
+    """UTF-8 size of ``text`` as JSON (quotes included; escapes not counted), exact only
+    when it could matter against ``budget``."""
+    size = len(text)
+    if size * 4 > budget:
+        size = len(text.encode("utf-8", "surrogatepass"))
+    return size + 2
 
 
-def _not_json(value: Any, limit: int) -> str | None:
-    """Why a value is not JSON-like or too deep (objects and arrays count, the top object
-    is level 1), else None. Iterative: no recursion, no copies."""
+def _not_json(value: Any, limit: int, max_bytes: int | None = None) -> str | None:
+    """Why a value is not JSON-like, too deep (objects and arrays count, the top object is
+    level 1) or, with ``max_bytes``, larger than that as compact JSON; else None.
+    Iterative: no recursion, no copies."""
+    budget = math.inf if max_bytes is None else max_bytes
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, Mapping):
+        if isinstance(node, str):
+            budget -= _text_bytes(node, budget) + 1  # a comma or colon after it
+        elif isinstance(node, Mapping):
             if depth > limit:
                 return f"arguments are nested deeper than {limit} levels"
+            budget -= 2
             for key, child in node.items():
                 if not isinstance(key, str):
                     return "argument names must be strings"
+                budget -= _text_bytes(key, budget) + 1
                 stack.append((child, depth + 1))
         elif isinstance(node, list):
             if depth > limit:
                 return f"arguments are nested deeper than {limit} levels"
+            budget -= 2
             stack.extend((child, depth + 1) for child in node)
         elif isinstance(node, float):
             if not math.isfinite(node):
                 return "arguments hold a number that is not finite"
-        elif not isinstance(node, _SCALARS):
+            budget -= 8
+        elif isinstance(node, int):  # bool included; no str(): huge ints refuse conversion
+            budget -= node.bit_length() // 3 + 2
+        elif node is not None:
             return f"arguments hold a {type(node).__name__}, which is not JSON"
+        else:
+            budget -= 5
+        if budget < 0:
+            return f"arguments are larger than {max_bytes} bytes"
     return None
 
 
 def decode_arguments(raw: Any, max_bytes: int, max_depth: int) -> dict[str, Any] | str:
     """The decoded arguments, or a one-line reason they were refused."""
     if isinstance(raw, Mapping):
-        problem = _not_json(raw, max_depth)
+        problem = _not_json(raw, max_depth, max_bytes)
         if problem is not None:
             return problem
         return raw if isinstance(raw, dict) else dict(raw)
