@@ -226,3 +226,40 @@ def test_check_validates_the_serve_section(tmp_path: Path) -> None:
     result = toolrelay("check", str(bad))
     assert result.returncode == 2
     assert "serve: Additional properties are not allowed ('colour'" in one_clear_line(result)
+
+
+def test_chaos_upstream_takes_its_options() -> None:
+    """The README's `toolrelay chaos upstream --port 8765` form (options after the tool)."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "toolrelay",
+            "chaos",
+            "upstream",
+            "--port",
+            str(port),
+            "--seed",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert f"stand-in upstream on http://127.0.0.1:{port}" in line, proc.stderr
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_admin/faults", timeout=5) as resp:
+            assert resp.status == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    bad = toolrelay("chaos", "upstream", "--port", "not-a-number")
+    assert bad.returncode == 2 and "invalid int value" in bad.stderr

@@ -27,6 +27,8 @@ class CliError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .chaos.upstream import add_arguments as add_upstream_arguments
+
     parser = argparse.ArgumentParser(
         prog="toolrelay", description="Run an agent's tool calls through a resilient pipeline."
     )
@@ -60,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     chaos = commands.add_parser("chaos", help="chaos tools")
     chaos_commands = chaos.add_subparsers(dest="chaos_command", required=True, metavar="TOOL")
     upstream = chaos_commands.add_parser("upstream", help="the stand-in upstream server")
-    upstream.add_argument("rest", nargs=argparse.REMAINDER)
+    add_upstream_arguments(upstream)
     run = chaos_commands.add_parser("run", help="run a chaos experiment")
     run.add_argument("experiment", type=Path)
     run.add_argument("--json", type=Path, help="write the report as JSON to this file")
@@ -156,7 +158,7 @@ def _chaos(args: argparse.Namespace) -> int:
     if args.chaos_command == "upstream":
         from .chaos.upstream import main as upstream_main
 
-        return upstream_main(args.rest)
+        return upstream_main(args)
     from .chaos.experiment import main as experiment_main
 
     return experiment_main(args.experiment, json_path=args.json, seed=args.seed)

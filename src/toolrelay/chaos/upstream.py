@@ -583,13 +583,14 @@ def _is_loopback(host: str) -> bool:
 
 
 # -- command line --------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """``toolrelay chaos upstream``: run the stand-in until interrupted."""
-    parser = argparse.ArgumentParser(
-        prog="toolrelay chaos upstream",
-        description="Serve stand-ins for Open-Meteo, SearXNG and feeds; misbehave on command "
-        "(POST /_admin/faults).",
-    )
+DESCRIPTION = (
+    "Serve stand-ins for Open-Meteo, SearXNG and feeds; misbehave on command "
+    "(POST /_admin/faults)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``toolrelay chaos upstream`` (shared with the ``toolrelay`` CLI)."""
     parser.add_argument("--host", default="127.0.0.1", help="loopback address (127.0.0.1)")
     parser.add_argument("--port", type=int, default=8765, help="port, 0 for any (8765)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault dice (0)")
@@ -598,7 +599,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="date answers by the wall clock instead of a fixed instant",
     )
-    args = parser.parse_args(argv)
+
+
+def main(argv: list[str] | argparse.Namespace | None = None) -> int:
+    """``toolrelay chaos upstream``: run the stand-in until interrupted."""
+    if isinstance(argv, argparse.Namespace):
+        args = argv
+    else:
+        parser = argparse.ArgumentParser(prog="toolrelay chaos upstream", description=DESCRIPTION)
+        add_arguments(parser)
+        args = parser.parse_args(argv)
     clock: datetime | Callable[[], datetime] = (
         (lambda: datetime.now(UTC)) if args.live_clock else REFERENCE_NOW
     )
