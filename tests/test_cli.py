@@ -263,3 +263,43 @@ def test_chaos_upstream_takes_its_options() -> None:
         proc.wait(10)
     bad = toolrelay("chaos", "upstream", "--port", "not-a-number")
     assert bad.returncode == 2 and "invalid int value" in bad.stderr
+
+
+SERVE_FILE = """
+[plugins.weather]
+base_url = "http://127.0.0.1:9"
+[serve]
+transport = "stdio"
+watch_interval_s = 0.5
+"""
+
+
+def test_one_config_file_works_for_every_command(tmp_path: Path) -> None:
+    """check, call, specs, serve and Dispatcher.from_config take the same file, [serve]
+    section included, and refuse a bad [serve] section with the same one line."""
+    from toolrelay import Dispatcher
+    from toolrelay.config import ConfigError
+
+    good = tmp_path / "toolrelay.toml"
+    good.write_text(SERVE_FILE)
+    assert toolrelay("check", str(good)).returncode == 0
+    specs = toolrelay("specs", "--config", str(good))
+    assert specs.returncode == 0 and "weather_current" in specs.stdout
+    called = toolrelay("call", "weather_current", '{"city": ""}', "--config", str(good))
+    assert called.returncode == 1 and '"error_type": "validation_error"' in called.stdout
+    Dispatcher.from_config(good).close()
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SERVE_FILE + "colour = 1\n")
+    expected = "serve: Additional properties are not allowed ('colour'"
+    for args in (
+        ["check", str(bad)],
+        ["specs", "--config", str(bad)],
+        ["call", "weather_current", "{}", "--config", str(bad)],
+        ["serve", "--config", str(bad)],
+    ):
+        result = toolrelay(*args)
+        assert result.returncode == 2, args
+        assert expected in one_clear_line(result), args
+    with pytest.raises(ConfigError, match=r"serve: Additional properties are not allowed"):
+        Dispatcher.from_config(bad)

@@ -119,10 +119,6 @@ def _check(args: argparse.Namespace) -> int:
     from .config import load_config
 
     config = load_config(args.config)
-    if config.serve:
-        from .serve.settings import parse_serve_section
-
-        parse_serve_section(config.serve, config.path)
     parts = [
         f"{len(config.plugins)} plugins",
         f"{len(config.tools)} tool overrides",

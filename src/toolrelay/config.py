@@ -215,6 +215,10 @@ def parse_config(data: Mapping[str, Any], path: Path | None = None) -> Config:
     if errors:
         shown = "; ".join(errors[:5]) + ("; …" if len(errors) > 5 else "")
         raise ConfigError(f"{path or 'config'}: {shown}")
+    if "serve" in data:  # one file for every command: its [serve] section is checked here too
+        from .serve.settings import parse_serve_section
+
+        parse_serve_section(data["serve"], path)
     breakers = dict(data.get("breakers", {}))
     default = breakers.pop("default", None)
     try:
