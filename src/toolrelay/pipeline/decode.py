@@ -46,7 +46,7 @@ _DECODER = json.JSONDecoder(
 )
 
 
-def _text_bytes(text: str, budget: int) -> int:
+def _text_bytes(text: str, budget: float) -> int:
     """UTF-8 size of ``text`` as JSON (quotes included; escapes not counted), exact only
     when it could matter against ``budget``."""
     size = len(text)
@@ -59,7 +59,7 @@ def _not_json(value: Any, limit: int, max_bytes: int | None = None) -> str | Non
     """Why a value is not JSON-like, too deep (objects and arrays count, the top object is
     level 1) or, with ``max_bytes``, larger than that as compact JSON; else None.
     Iterative: no recursion, no copies."""
-    budget = math.inf if max_bytes is None else max_bytes
+    budget: float = math.inf if max_bytes is None else max_bytes
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
