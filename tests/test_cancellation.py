@@ -718,17 +718,20 @@ async def test_host_deadlines_racing_the_tool_deadline_never_turn_into_answers()
     dispatcher = _deadline_dispatcher(hang, 0.01)
     rng = random.Random(SEED)
     answers = cancels = 0
+    overdue: list[float] = []
     for _ in range(150):
-        late = False
-        with anyio.move_on_after(0.01 + rng.uniform(-0.002, 0.002)) as scope:
+        with anyio.move_on_after(0.01 + rng.uniform(-0.005, 0.005)) as scope:
             result = await dispatcher.dispatch("slow", "{}")
-            # an answer is only ever handed over while the host still wants it
-            late = anyio.current_effective_deadline() == float("-inf")
+            # An answer is only ever handed over while the host still wants it: had the
+            # host's deadline passed well before dispatch returned, dispatch went through a
+            # checkpoint after it and must have raised the cancellation instead. (The deadline
+            # may pass just after dispatch's last checkpoint: no bug, and well under 2 ms.)
+            overdue.append(anyio.current_time() - scope.deadline)
             assert result.error_type is ErrorType.TIMEOUT
             answers += 1
             await anyio.lowlevel.checkpoint()
-        assert not (late and not scope.cancelled_caught)
         cancels += scope.cancelled_caught
+    assert max(overdue) < 0.002, sorted(overdue)[-5:]
     assert answers and cancels  # both sides of the race were exercised
     with anyio.fail_after(1):
         await anyio.sleep(0.01)  # no stray cancellation request is left on the task
