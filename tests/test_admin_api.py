@@ -263,6 +263,14 @@ async def test_faults_put_get_delete(api: httpx.AsyncClient, state: AdminState) 
         ('{"kind": "error", "tool": "t", "error_type": "x"}', 422, "invalid_fault", "error_type"),
         (json.dumps({"kind": "error", "tool": "t", "message": "m" * 241}), 422, "invalid_fault",
          "message"),
+        ('{"kind": "bad_output", "tool": "t", "output": ' + "[" * 65 + "]" * 65 + "}", 422,
+         "invalid_fault", "nested deeper than 64 levels"),
+        ('{"kind": "bad_output", "tool": "t", "output": ' + "[" * 900 + "]" * 900 + "}", 400,
+         "invalid_json", "nested deeper than 66 levels"),
+        ('{"kind": "bad_output", "tool": "t", "output": ' + "[" * 5000 + "]" * 5000 + "}", 400,
+         "invalid_json", "not valid JSON"),
+        (json.dumps({"kind": "bad_output", "tool": "t", "output": ["x" * 100] * 3000}), 413,
+         "payload_too_large", "larger than"),
     ],
 )  # fmt: skip
 async def test_bad_faults_are_4xx(
@@ -271,6 +279,7 @@ async def test_bad_faults_are_4xx(
     response = await call(api, "PUT", "/faults", content=body)
     assert needle in assert_error(response, status, error)["message"]
     assert state.dispatcher.faults.list() == {}  # all or nothing
+    assert (await call(api, "GET", "/faults")).status_code == 200  # still answering
 
 
 @pytest.mark.anyio
@@ -366,3 +375,28 @@ SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", admin_app(build_state()
 def test_openapi_property_based(case: schemathesis.Case) -> None:
     """Generated requests, valid and invalid: no 5xx, every answer as documented."""
     case.call_and_validate(headers=AUTH)
+
+
+def _nested(depth: int, leaf: str) -> str:
+    return "[" * depth + leaf + "]" * depth
+
+
+@pytest.mark.anyio
+async def test_deep_and_huge_bodies_never_answer_5xx(api: httpx.AsyncClient) -> None:
+    """Bodies of every depth and size, anywhere in a fault: a 4xx (or a fault within the
+    limits), never a 5xx, and the API keeps answering after each."""
+    rng = __import__("random").Random(7)
+    bodies = []
+    for depth in (1, 63, 64, 65, 200, 900, 999, 1001, 3000, 100_000):
+        leaf = rng.choice(['"x"', "1", "{}", '{"a": null}', "[]"])
+        bodies.append('{"kind": "bad_output", "tool": "t", "output": ' + _nested(depth, leaf) + "}")
+        bodies.append(_nested(depth, '{"kind": "hang", "tool": "t"}'))
+        bodies.append('{"kind": "error", "tool": "t", "message": ' + _nested(depth, '"m"') + "}")
+    for size in (250_000, 262_144, 262_145, 1_000_000, 5_000_000):
+        bodies.append(json.dumps({"kind": "bad_output", "tool": "t", "output": "y" * size}))
+    for body in bodies:
+        response = await call(api, "PUT", "/faults", content=body)
+        assert response.status_code < 500, (len(body), response.text[:200])
+        listed = await call(api, "GET", "/faults")
+        assert listed.status_code == 200
+        await call(api, "DELETE", "/faults")

@@ -55,9 +55,12 @@ def _text_bytes(text: str, budget: float) -> int:
     return size + 2
 
 
-def _not_json(value: Any, limit: int, max_bytes: int | None = None) -> str | None:
+def _not_json(
+    value: Any, limit: int, max_bytes: int | None = None, *, strict: bool = True
+) -> str | None:
     """Why a value is not JSON-like, too deep (objects and arrays count, the top object is
     level 1) or, with ``max_bytes``, larger than that as compact JSON; else None.
+    ``strict=False`` lets other leaf values through (only depth and size are checked).
     Iterative: no recursion, no copies."""
     budget: float = math.inf if max_bytes is None else max_bytes
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -85,13 +88,20 @@ def _not_json(value: Any, limit: int, max_bytes: int | None = None) -> str | Non
             budget -= 8
         elif isinstance(node, int):  # bool included; no str(): huge ints refuse conversion
             budget -= node.bit_length() // 3 + 2
-        elif node is not None:
+        elif node is not None and strict:
             return f"arguments hold a {type(node).__name__}, which is not JSON"
         else:
             budget -= 5
         if budget < 0:
             return f"arguments are larger than {max_bytes} bytes"
     return None
+
+
+def too_big(value: Any, max_depth: int, max_bytes: int) -> str | None:
+    """Why ``value`` is nested deeper than ``max_depth`` or larger than ``max_bytes`` as
+    JSON, else None (leaves that are not JSON pass: only the shape is checked)."""
+    problem = _not_json(value, max_depth, max_bytes, strict=False)
+    return None if problem is None else problem.replace("arguments are", "it is")
 
 
 def decode_arguments(raw: Any, max_bytes: int, max_depth: int) -> dict[str, Any] | str:

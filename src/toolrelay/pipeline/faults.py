@@ -20,6 +20,7 @@ from ..contract import ErrorType, ToolError
 from ..events import FaultInjected
 from ..outcome import Outcome
 from . import Invocation, Next
+from .decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, too_big
 from .invoke import error_outcome, timeout_outcome
 
 __all__ = ["FAULT_KINDS", "Fault", "FaultInjector", "InjectedFault"]
@@ -39,8 +40,9 @@ class Fault:
     ``latency`` delays the call by ``latency_s`` plus up to ``jitter_s`` (cut at the deadline);
     ``error`` answers as ``ToolError(message, error_type=, retryable=)`` would; ``exception``
     raises :class:`InjectedFault`; ``hang`` never returns (the deadline answers ``timeout``);
-    ``bad_output`` returns ``output`` (default: a value that is not JSON) instead of calling
-    the handler. Exactly one of ``tool`` and ``breaker_key`` names the target.
+    ``bad_output`` returns ``output`` (default: a value that is not JSON; at most 64 levels
+    deep and 256 KiB as JSON) instead of calling the handler. Exactly one of ``tool`` and
+    ``breaker_key`` names the target.
     """
 
     kind: FaultKind
@@ -67,6 +69,10 @@ class Fault:
                 raise ValueError(f"fault {name} must be a number ≥ 0")
         if self.error_type not in set(ErrorType):
             raise ValueError(f"fault error_type must be one of {[str(e) for e in ErrorType]}")
+        if self.output is not None:
+            problem = too_big(self.output, DEFAULT_MAX_DEPTH, DEFAULT_MAX_BYTES)
+            if problem is not None:
+                raise ValueError(f"fault output: {problem}")
 
     def matches(self, tool: str, key: str) -> bool:
         return self.tool == tool if self.tool is not None else self.breaker_key == key

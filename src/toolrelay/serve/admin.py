@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..dispatcher import Dispatcher
+from ..pipeline.decode import too_big
 from ..pipeline.faults import Fault
 from .auth import token_matches
 from .openapi import FAULT_SCHEMA, MAX_FAULTS, openapi_document
@@ -33,6 +34,8 @@ from .openapi import FAULT_SCHEMA, MAX_FAULTS, openapi_document
 __all__ = ["AdminState", "admin_app"]
 
 MAX_BODY_BYTES = 256 * 1024
+MAX_BODY_DEPTH = 66
+"""A list of faults whose outputs are as deep as a fault's output may be (64 levels)."""
 _FAULT_VALIDATOR = jsonschema_rs.Draft202012Validator(FAULT_SCHEMA, offline=True)
 _INTEGER = re.compile(r"^-?[0-9]{1,30}$")
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
@@ -89,9 +92,13 @@ async def _json_body(request: Request) -> Any:
                 413, "payload_too_large", f"the body is larger than {MAX_BODY_BYTES} bytes"
             )
     try:
-        return json.loads(bytes(body), parse_constant=_reject_constant)
+        value = json.loads(bytes(body), parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
         raise _Refused(400, "invalid_json", f"the body is not valid JSON ({exc})"[:240]) from None
+    problem = too_big(value, MAX_BODY_DEPTH, MAX_BODY_BYTES)
+    if problem is not None:  # before any validator walks it (they recurse)
+        raise _Refused(400, "invalid_json", f"the body is refused: {problem}")
+    return value
 
 
 def _check_query(request: Request, *allowed: str) -> None:
