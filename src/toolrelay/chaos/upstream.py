@@ -584,8 +584,7 @@ def _is_loopback(host: str) -> bool:
 
 # -- command line --------------------------------------------------------------------------
 DESCRIPTION = (
-    "Serve stand-ins for Open-Meteo, SearXNG and feeds; misbehave on command "
-    "(POST /_admin/faults)."
+    "Serve stand-ins for Open-Meteo, SearXNG and feeds; misbehave on command (POST /_admin/faults)."
 )
 
 
