@@ -82,6 +82,13 @@ CONTRACT: dict[str, Metric] = {
     "toolrelay_slot_budget_seconds": Metric("gauge"),
     "toolrelay_faults_injected_total": Metric("counter", ("tool", "fault")),
     "toolrelay_breaker_storage_up": Metric("gauge"),
+    # computed at scrape time from the breakers (rates: count and time windows only)
+    "toolrelay_breaker_failure_rate": Metric("gauge", ("breaker_key",)),
+    "toolrelay_breaker_slow_call_rate": Metric("gauge", ("breaker_key",)),
+    "toolrelay_breaker_break_duration_seconds": Metric("gauge", ("breaker_key",)),
+    "toolrelay_breaker_failure_rate_threshold": Metric("gauge", ("breaker_key",)),
+    "toolrelay_breaker_slow_call_rate_threshold": Metric("gauge", ("breaker_key",)),
+    "toolrelay_breaker_break_duration_max_seconds": Metric("gauge", ("breaker_key",)),
 }
 
 # Label values a selector may name, where the contract fixes them.
@@ -422,6 +429,33 @@ def test_dashboard_covers_the_contract() -> None:
     assert any("toolrelay_breaker_state" in t["expr"] for p in timelines for t in p["targets"])
 
 
+@pytest.mark.parametrize(
+    ("value", "limit", "unit"),
+    [
+        ("failure_rate", "failure_rate_threshold", "percentunit"),
+        ("slow_call_rate", "slow_call_rate_threshold", "percentunit"),
+        ("break_duration_seconds", "break_duration_max_seconds", "s"),
+    ],
+)
+def test_breaker_gauges_are_drawn_against_their_limits(value: str, limit: str, unit: str) -> None:
+    """Each breaker reading shares a panel with the setting it is compared with, drawn dashed."""
+    value, limit = f"toolrelay_breaker_{value}", f"toolrelay_breaker_{limit}"
+    for panel in query_panels(load_dashboard()):
+        names = [{s.name for s in selectors(t["expr"])[0]} for t in panel["targets"]]
+        if {value} in names and {limit} in names:
+            break
+    else:
+        pytest.fail(f"no panel shows {value} with {limit}")
+    assert panel["fieldConfig"]["defaults"]["unit"] == unit
+    legend = next(t["legendFormat"] for t in panel["targets"] if limit in t["expr"])
+    dashed = [
+        o["matcher"]["options"]
+        for o in panel["fieldConfig"]["overrides"]
+        if any(p["id"] == "custom.lineStyle" for p in o["properties"])
+    ]
+    assert any(re.search(rx.strip("/"), legend) for rx in dashed), (legend, dashed)
+
+
 # -- alert rules ------------------------------------------------------------------------------
 
 REQUIRED_ALERTS = {
@@ -431,7 +465,10 @@ REQUIRED_ALERTS = {
     "ToolrelaySlotHoldNearBudget",
     "ToolrelayErrorBudgetBurn",
     "ToolrelayBreakerStorageDown",
+    "ToolrelayBreakerBreakAtMaximum",
 }
+
+RUNBOOKS = {"docs/runbook.md": RUNBOOK}
 
 
 def test_promtool_check_rules() -> None:
@@ -448,7 +485,9 @@ def test_promtool_test_rules() -> None:
 def test_alerts_have_labels_annotations_and_runbook_sections() -> None:
     rules = alert_rules()
     assert {r.name for r in rules} >= REQUIRED_ALERTS
-    anchors = markdown_anchors(RUNBOOK.read_text(encoding="utf-8"))
+    anchors = {
+        path: markdown_anchors(doc.read_text(encoding="utf-8")) for path, doc in RUNBOOKS.items()
+    }
     for rule in rules:
         assert re.search(r"^\s*for:\s*\d+[smh]\s*$", rule.text, re.MULTILINE), rule.name
         severity = re.search(r"^\s*severity:\s*(\S+)\s*$", rule.text, re.MULTILINE)
@@ -460,8 +499,8 @@ def test_alerts_have_labels_annotations_and_runbook_sections() -> None:
         runbook = re.search(r"^\s*runbook_url:\s*(\S+)\s*$", rule.text, re.MULTILINE)
         assert runbook is not None, f"{rule.name}: no runbook_url"
         path, _, anchor = runbook.group(1).partition("#")
-        assert path == "docs/runbook.md", rule.name
-        assert anchor == rule.name.lower() and anchor in anchors, f"{rule.name}: {anchor}"
+        assert path in RUNBOOKS, rule.name
+        assert anchor == rule.name.lower() and anchor in anchors[path], f"{rule.name}: {anchor}"
 
 
 def test_alert_expressions_use_contract_metrics() -> None:
@@ -540,12 +579,23 @@ def sample_exposition() -> bytes:
     def legacy(args: dict[str, Any], ctx: Any) -> Any:
         release.wait(5)
 
+    @registry.tool(name="search", parameters={"type": "object"}, breaker_key="search-api")
+    async def search(args: dict[str, Any], ctx: Any) -> Any:
+        if args.get("fail"):
+            raise ToolError("upstream 503", retryable=True)
+        return {"hits": []}
+
     metrics = CollectorRegistry()
     dispatcher = Dispatcher(
         registry,
         metrics_registry=metrics,
-        breakers={"open-meteo": BreakerConfig(fail_max=5, max_attempts=2, backoff_initial_s=0.001,
-                                               max_concurrent=1)},
+        breakers={
+            "open-meteo": BreakerConfig(fail_max=5, max_attempts=2, backoff_initial_s=0.001,
+                                        max_concurrent=1),
+            "search-api": BreakerConfig(window="count", window_size=10, minimum_calls=5,
+                                        slow_call_s=1.0, slow_call_rate=0.8,
+                                        reset_timeout_max_s=300, max_attempts=1),
+        },
         faults=[Fault(kind="latency", tool="get_weather", latency_s=0.001)],
     )  # fmt: skip
 
@@ -561,6 +611,8 @@ def sample_exposition() -> bytes:
         for _ in range(2):
             await dispatcher.dispatch("get_weather", '{"fail": true}')
         await dispatcher.dispatch("get_weather", "{}")  # rejected: the breaker is open
+        await dispatcher.dispatch("search", '{"fail": true}')
+        await dispatcher.dispatch("search", "{}")  # failure rate 0.5 (window not full)
 
     anyio.run(calls)
     release.set()

@@ -1,4 +1,4 @@
-"""A real Prometheus scrapes a real toolrelay process; every dashboard query returns data."""
+"""A real Prometheus scrapes real toolrelay processes; every dashboard query returns data."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.parse
 import urllib.request
@@ -28,6 +29,46 @@ SUBSTITUTIONS = {
     "$job": "toolrelay",
     "$instance": ".*",
 }
+
+# A second target: tests/workload.py has consecutive-window breakers only, so the
+# failure-rate window gauges (and a break that can grow) come from this one.
+RATE_WORKLOAD = textwrap.dedent(
+    """
+    import random, sys, threading, time
+    import anyio
+    from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
+    from toolrelay.telemetry import serve_metrics
+
+    registry = ToolRegistry()
+    rng = random.Random(5)
+
+    @registry.tool(name="search", parameters={"type": "object"}, breaker_key="search-api")
+    async def search(args, ctx):
+        roll = rng.random()
+        if roll < 0.4:
+            raise ToolError("upstream 503", retryable=True)
+        await anyio.sleep(0.03 if roll < 0.6 else 0.001)
+        return {"hits": []}
+
+    async def main(port, seconds):
+        dispatcher = Dispatcher(registry, audit=None, breakers={
+            "search-api": BreakerConfig(window="count", window_size=20, minimum_calls=10,
+                                        failure_rate=0.5, slow_call_s=0.02, slow_call_rate=0.8,
+                                        reset_timeout_s=0.2, reset_timeout_max_s=0.8,
+                                        max_attempts=1),
+        })
+        server = serve_metrics(port)
+        stop_at = time.monotonic() + seconds
+        try:
+            while time.monotonic() < stop_at:
+                await dispatcher.dispatch("search", "{}")
+                await anyio.sleep(0.01)
+        finally:
+            server.shutdown()
+
+    anyio.run(main, int(sys.argv[1]), float(sys.argv[2]))
+    """
+)
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -62,17 +103,19 @@ class Prometheus:
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     binary = need_binary("prometheus")
     tmp = tmp_path_factory.mktemp("prometheus")
-    target_port, web_port = free_port(), free_port()
+    target_port, rate_port, web_port = free_port(), free_port(), free_port()
     workload = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "workload.py"), str(target_port), "120"]
     )
+    rate_workload = subprocess.Popen([sys.executable, "-c", RATE_WORKLOAD, str(rate_port), "120"])
     config = tmp / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{ALERTS}']\n"
         "scrape_configs:\n"
         "  - job_name: toolrelay\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{target_port}']}}]\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{target_port}', "
+        f"'127.0.0.1:{rate_port}']}}]\n"
     )
     server = subprocess.Popen(
         [
@@ -91,7 +134,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         while time.monotonic() < deadline:
             try:
                 samples = prom.query('count_over_time(up{job="toolrelay"}[1m])')
-                if samples and float(samples[0]["value"][1]) >= 8:
+                if len(samples) == 2 and all(float(s["value"][1]) >= 8 for s in samples):
                     break
             except OSError:
                 pass
@@ -100,14 +143,26 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
             pytest.fail("Prometheus never scraped the workload")
         yield prom
     finally:
-        for proc in (server, workload):
+        for proc in (server, workload, rate_workload):
             proc.terminate()
             proc.wait(20)
 
 
-def test_target_is_up(prometheus: Prometheus) -> None:
-    (up,) = prometheus.query('up{job="toolrelay"}')
-    assert up["value"][1] == "1"
+def test_targets_are_up(prometheus: Prometheus) -> None:
+    ups = prometheus.query('up{job="toolrelay"}')
+    assert [up["value"][1] for up in ups] == ["1", "1"]
+
+
+def test_breaker_window_gauges_are_scraped(prometheus: Prometheus) -> None:
+    """Computed at scrape time: a rate in 0-1 for the count-window key, none for the
+    consecutive-window keys, and a break for every key."""
+    rates = prometheus.query('toolrelay_breaker_failure_rate{job="toolrelay"}')
+    assert [r["metric"]["breaker_key"] for r in rates] == ["search-api"]
+    assert 0 <= float(rates[0]["value"][1]) <= 1
+    breaks = prometheus.query('toolrelay_breaker_break_duration_seconds{job="toolrelay"}')
+    assert {"search-api", "flaky-svc", "steady-svc"} <= {b["metric"]["breaker_key"] for b in breaks}
+    (top,) = prometheus.query('toolrelay_breaker_break_duration_max_seconds{job="toolrelay"}')
+    assert float(top["value"][1]) == 0.8
 
 
 @pytest.mark.parametrize(("title", "expr"), dashboard_queries())

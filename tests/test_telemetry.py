@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -37,6 +38,8 @@ class Service:
             raise ToolError("upstream 503", retryable=True)
         if step == "hang":
             await anyio.sleep(30)
+        if step == "slow":
+            await anyio.sleep(0.1)
         return {"city": args.get("city", "Oslo")}
 
 
@@ -354,3 +357,198 @@ def test_multiprocess_mode_aggregates_two_processes(tmp_path: Path) -> None:
     ).stdout.split()
     assert float(out[0]) == 12.0
     assert out[1] in ("0.0", "None")  # livesum: dead processes drop out
+
+
+# -- breaker window gauges (computed at scrape time) -------------------------------------------
+def keyed(
+    metrics: CollectorRegistry, **configs: BreakerConfig
+) -> tuple[Dispatcher, dict[str, Service]]:
+    """A dispatcher with one tool per breaker key (the tool is named after its key)."""
+    registry = ToolRegistry()
+    services = {key: Service() for key in configs}
+    for key, service in services.items():
+        registry.tool(name=key, parameters=OBJ, breaker_key=key, timeout_s=2)(service)  # type: ignore[arg-type]
+    return Dispatcher(registry, breakers=configs, metrics_registry=metrics, audit=None), services
+
+
+def window(**kw: Any) -> BreakerConfig:
+    return BreakerConfig(
+        **{"window": "count", "window_size": 10, "minimum_calls": 10, "max_attempts": 1, **kw}
+    )
+
+
+def sample(metrics: CollectorRegistry, name: str, key: str) -> float | None:
+    return metrics.get_sample_value(f"toolrelay_breaker_{name}", {"breaker_key": key})
+
+
+async def run(dispatcher: Dispatcher, service: Service, key: str, steps: list[str]) -> None:
+    service.script = list(steps)
+    for _ in steps:
+        await dispatcher.dispatch(key, {})
+
+
+async def test_window_rates_and_thresholds_are_read_at_scrape_time() -> None:
+    metrics = CollectorRegistry()
+    dispatcher, services = keyed(
+        metrics, search=window(slow_call_s=0.05, slow_call_rate=0.9), legacy=BreakerConfig()
+    )
+    await run(dispatcher, services["search"], "search", ["fail", "ok", "fail", "slow", "ok", "ok"])
+    assert sample(metrics, "failure_rate", "search") == pytest.approx(2 / 6)
+    assert sample(metrics, "slow_call_rate", "search") == pytest.approx(1 / 6)
+    assert sample(metrics, "failure_rate_threshold", "search") == 0.5
+    assert sample(metrics, "slow_call_rate_threshold", "search") == 0.9
+    assert sample(metrics, "break_duration_seconds", "search") == 30.0
+    assert sample(metrics, "break_duration_max_seconds", "search") is None  # cannot grow
+    snapshot = dispatcher.breakers.snapshot()["search"]
+    assert snapshot["failure_rate"] == pytest.approx(2 / 6, abs=1e-4)  # the same reading
+    # the 10th call fills the window with 6 failures in 10: it opens, and a new window starts
+    await run(dispatcher, services["search"], "search", ["fail"] * 4)
+    assert value(metrics, "toolrelay_breaker_state", breaker_key="search", state="open") == 1
+    assert sample(metrics, "failure_rate", "search") == 0.0
+    # a consecutive-window key has a break but no rates
+    await run(dispatcher, services["legacy"], "legacy", ["fail"])
+    assert sample(metrics, "break_duration_seconds", "legacy") == 30.0
+    for name in ("failure_rate", "slow_call_rate", "failure_rate_threshold"):
+        assert sample(metrics, name, "legacy") is None, name
+
+
+async def test_break_duration_doubles_after_each_failed_trial_up_to_its_maximum() -> None:
+    metrics = CollectorRegistry()
+    config = BreakerConfig(fail_max=1, reset_timeout_s=0.05, reset_timeout_max_s=0.2,
+                           max_attempts=1)  # fmt: skip
+    dispatcher, services = keyed(metrics, search=config)
+    service = services["search"]
+
+    def brk() -> float | None:
+        return sample(metrics, "break_duration_seconds", "search")
+
+    await run(dispatcher, service, "search", ["fail"])  # opens
+    assert brk() == 0.05
+    assert sample(metrics, "break_duration_max_seconds", "search") == 0.2
+    for expected in (0.1, 0.2, 0.2):  # each failed trial doubles it, up to the maximum
+        await anyio.sleep(brk() + 0.03)  # type: ignore[operator]
+        await run(dispatcher, service, "search", ["fail"])
+        assert value(metrics, "toolrelay_breaker_state", breaker_key="search", state="open") == 1
+        assert brk() == expected
+    await anyio.sleep(0.23)
+    await run(dispatcher, service, "search", ["ok"])  # a successful trial closes it
+    assert value(metrics, "toolrelay_breaker_state", breaker_key="search", state="closed") == 1
+    assert brk() == 0.05
+
+
+async def test_dispatchers_sharing_a_registry_are_all_reported_until_collected() -> None:
+    metrics = CollectorRegistry()
+    first, first_services = keyed(metrics, search=window())
+    second, second_services = keyed(metrics, search=window(), mail=window(failure_rate=0.8))
+    await run(first, first_services["search"], "search", ["fail", "ok", "ok", "ok"])
+    await run(second, second_services["search"], "search", ["fail", "ok"])
+    await run(second, second_services["mail"], "mail", ["ok"])
+    assert sample(metrics, "failure_rate", "search") == 0.5  # a shared key: the highest
+    assert sample(metrics, "failure_rate", "mail") == 0.0
+    assert sample(metrics, "failure_rate_threshold", "mail") == 0.8
+    del second, second_services
+    gc.collect()
+    assert sample(metrics, "failure_rate", "mail") is None
+    assert sample(metrics, "break_duration_seconds", "mail") is None
+    assert sample(metrics, "failure_rate", "search") == 0.25  # the first one's own window
+    text = generate_latest(metrics).decode()
+    assert "# TYPE toolrelay_breaker_failure_rate gauge" in text
+
+
+async def test_time_window_rates_age_out_without_calls() -> None:
+    metrics = CollectorRegistry()
+    dispatcher, services = keyed(metrics, search=window(window="time", window_size=2))
+    await run(dispatcher, services["search"], "search", ["fail"])
+    assert sample(metrics, "failure_rate", "search") == 1.0
+    await wait_until(lambda: sample(metrics, "failure_rate", "search") == 0.0, limit_s=4)
+    await run(dispatcher, services["search"], "search", ["ok", "fail"])  # the window goes on
+    assert sample(metrics, "failure_rate", "search") == 0.5
+
+
+async def test_scraping_from_another_thread_while_calls_run() -> None:
+    """A scrape only reads the breakers: racing the event loop, it never fails and keeps
+    the rates in 0-1."""
+    metrics = CollectorRegistry()
+    dispatcher, services = keyed(
+        metrics,
+        counted=window(window_size=7, failure_rate=1.0),  # never opens: every third call is ok
+        timed=window(window="time", window_size=1, failure_rate=1.0),
+    )
+    stop = threading.Event()
+    problems: list[BaseException] = []
+    readings: list[float] = []
+
+    def scrape() -> None:
+        while not stop.is_set():
+            try:
+                for key in ("counted", "timed"):
+                    found = sample(metrics, "failure_rate", key)
+                    if found is not None:
+                        readings.append(found)
+            except BaseException as exc:  # pragma: no cover - the failure we look for
+                problems.append(exc)
+                return
+
+    thread = threading.Thread(target=scrape)
+    thread.start()
+    try:
+        for i in range(300):
+            key = "counted" if i % 2 else "timed"
+            await run(dispatcher, services[key], key, ["fail" if i % 3 else "ok"])
+    finally:
+        stop.set()
+        thread.join(5)
+    assert problems == []
+    assert readings and all(0.0 <= r <= 1.0 for r in readings)
+
+
+BREAKER_WORKER = textwrap.dedent(
+    """
+    import sys, time
+    import anyio
+    import toolrelay.telemetry.metrics
+    from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
+
+    toolrelay.telemetry.metrics.BREAKER_REFRESH_S = 0.05
+    registry = ToolRegistry()
+    failing = int(sys.argv[1])
+
+    @registry.tool(name="search", parameters={"type": "object"}, breaker_key="search")
+    async def search(args, ctx):
+        if args.get("fail"):
+            raise ToolError("503", retryable=True)
+        return "ok"
+
+    async def main():
+        config = BreakerConfig(window="count", window_size=10, minimum_calls=10, max_attempts=1,
+                               reset_timeout_max_s=60)
+        d = Dispatcher(registry, breakers={"search": config}, audit=None)
+        for i in range(4):
+            await d.dispatch("search", {"fail": i < failing})
+        time.sleep(0.5)  # the refresher copies the readings into the gauges
+    anyio.run(main)
+    """
+)
+BREAKER_READER = textwrap.dedent(
+    """
+    from prometheus_client import CollectorRegistry, multiprocess
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    for name in ("failure_rate", "break_duration_seconds", "break_duration_max_seconds",
+                 "failure_rate_threshold"):
+        print(registry.get_sample_value("toolrelay_breaker_" + name, {"breaker_key": "search"}))
+    """
+)
+
+
+def test_multiprocess_mode_breaker_gauges_take_the_worst_process(tmp_path: Path) -> None:
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    workers = [
+        subprocess.Popen([sys.executable, "-c", BREAKER_WORKER, str(n)], env=env) for n in (1, 3)
+    ]
+    assert [w.wait(60) for w in workers] == [0, 0]
+    out = subprocess.run(
+        [sys.executable, "-c", BREAKER_READER], env=env, capture_output=True, text=True,
+        check=True,
+    ).stdout.split()  # fmt: skip
+    assert [float(v) for v in out] == [0.75, 30.0, 60.0, 0.5]

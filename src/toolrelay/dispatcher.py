@@ -128,6 +128,7 @@ class Dispatcher:
         if tel is not None:
             self.breakers.add_listener(tel.breaker_transition)
             self.breakers.on_create.append(tel.breaker_seen)
+            tel.watch_breakers(self.breakers)
         self.redact = Redactor(secret_patterns)
         self.bulkhead = Bulkhead(self.breaker_config)
         self.faults = FaultInjector(faults, fault_seed)

@@ -24,6 +24,7 @@ from .metrics import UNKNOWN_TOOL, Metrics
 from .tracing import add_event, finish
 
 if TYPE_CHECKING:
+    from ..breakers import Breakers
     from ..pipeline import Invocation, Next
     from ..registry import ToolRegistry
     from ..slot import SlotLease
@@ -159,7 +160,13 @@ class Telemetry:
         self.metrics.set_breaker_state(key, new)
 
     def breaker_seen(self, key: str, state: str) -> None:
+        """A ``Breakers.on_create`` hook: a key's breaker was created."""
         self.metrics.set_breaker_state(key, state)
+
+    def watch_breakers(self, breakers: Breakers) -> None:
+        """Report ``breakers``' failure and slow-call rates and break durations (computed at
+        scrape time; held weakly: a dispatcher that is garbage-collected drops out)."""
+        self.metrics.watch(breakers)
 
     def workers_changed(self, key: str, abandoned: int) -> None:
         self.metrics.abandoned.labels(key).set(abandoned)
