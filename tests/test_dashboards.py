@@ -471,12 +471,14 @@ REQUIRED_ALERTS = {
 RUNBOOKS = {"docs/runbook.md": RUNBOOK}
 
 
+@pytest.mark.servers
 def test_promtool_check_rules() -> None:
     result = promtool("check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
 
+@pytest.mark.servers
 def test_promtool_test_rules() -> None:
     result = promtool("test", "rules", str(ALERT_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -526,6 +528,7 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
 # -- every expression we ship parses ----------------------------------------------------------
 
 
+@pytest.mark.servers
 def test_all_expressions_parse(tmp_path: Path) -> None:
     exprs = [grafana_to_promql(target["expr"]) for _, target in dashboard_targets()]
     for var in load_dashboard()["templating"]["list"]:
@@ -544,6 +547,7 @@ def test_all_expressions_parse(tmp_path: Path) -> None:
     assert f"{len(exprs)} rules found" in result.stdout
 
 
+@pytest.mark.servers
 def test_recording_rule_example_in_the_docs_is_valid(tmp_path: Path) -> None:
     (example,) = fenced(TELEMETRY_DOC.read_text(encoding="utf-8"), "yaml")
     path = tmp_path / "recording.yml"
@@ -619,6 +623,7 @@ def sample_exposition() -> bytes:
     return generate_latest(metrics)
 
 
+@pytest.mark.servers
 def test_exposition_passes_promtool_check_metrics() -> None:
     exposition = sample_exposition()
     result = promtool("check", "metrics", stdin=exposition)

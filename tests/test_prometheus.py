@@ -19,6 +19,8 @@ import pytest
 from conftest import need_binary
 from redis_server import free_port
 
+pytestmark = pytest.mark.servers
+
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "dashboards" / "toolrelay.json"
 ALERTS = ROOT / "dashboards" / "alerts.yml"
