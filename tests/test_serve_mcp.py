@@ -412,6 +412,13 @@ timeout_s = 5
         assert {"up__structured", "up__add_tool", "weather_current"} <= listed
         doubled = await session.call_tool("up__structured", {"n": 3})
         assert doubled.is_error is False and doubled.structured_content == {"n": 3, "doubled": 6}
+        # a failure of a tool with an outputSchema: the envelope as text only, never as
+        # structuredContent (strict clients would check it against the schema and throw)
+        refused = await session.call_tool("up__structured", {"n": "three"})
+        assert refused.is_error is True and refused.structured_content is None
+        assert isinstance(refused.content[0], types.TextContent)
+        envelope = json.loads(refused.content[0].text)
+        assert envelope["error_type"] == "validation_error" and envelope["retryable"] is False
         # the upstream changes its tools: the gateway's clients hear of it
         added = await session.call_tool("up__add_tool", {"name": "late"})
         assert added.is_error is False, added

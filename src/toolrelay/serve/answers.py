@@ -1,22 +1,48 @@
 """A toolrelay answer as an MCP ``CallToolResult``.
 
-A success carries the tool's data as text (a string as it is, anything else as JSON) and,
-when the data is a JSON object, as ``structuredContent`` too. A failure is an
-``isError: true`` result carrying the answer envelope (``ToolResult.to_model()``) both as
-JSON text and as ``structuredContent``, so a model reads the same envelope over MCP as
-through the Python API, and a host can branch on ``error_type`` without parsing text.
+The answer envelope (``ToolResult.to_model()``) of a failure is always the JSON text of an
+``isError: true`` result, so a model reads the same envelope over MCP as through the Python
+API. ``structuredContent`` is sent only where no client can reject it:
+
+* a success carries the tool's data as text (a string as it is, anything else as JSON) and,
+  when the data is a JSON object, as ``structuredContent`` too — for a tool with an
+  ``outputSchema`` only when the data conforms to it;
+* a failure of a tool that declares no ``outputSchema`` carries the envelope as
+  ``structuredContent`` too, so a host can branch on ``error_type`` without parsing text;
+* a failure of a tool that declares an ``outputSchema`` (or of a name the gateway does not
+  know) carries no ``structuredContent``. The spec says a server MUST provide structured
+  results that conform to the schema and clients SHOULD validate them, and strict clients
+  (the TypeScript SDK 1.x ``Client.callTool``, the MCP Inspector) validate
+  ``structuredContent`` against the schema even when ``isError`` is true: an envelope there
+  would make them throw ``-32602`` and the model would never see ``error_type``;
+* a success of a tool with an ``outputSchema`` whose data does not conform — output cut by
+  ``truncate_output=True`` (``{"truncated": true, "original_bytes": …, "text": …}``) — is
+  sent as an ``invalid_output`` failure: the envelope as text, then the cut output as a
+  second text block. Every strict client (the TypeScript SDKs, the Inspector, the Python
+  SDK) refuses a success whose ``structuredContent`` is missing or breaks the schema, so
+  an ``isError`` result is the only form in which the model still gets the output.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import mcp.types as types
 
+from ..contract import ErrorType
+from ..pipeline.shape import TRUNCATION_MARKER
+from ..registry import CompiledTool
 from ..result import ToolResult
 
-__all__ = ["call_tool_result"]
+__all__ = ["Answer", "answer", "call_tool_result"]
+
+
+class Answer(NamedTuple):
+    """What the client gets, and the outcome it is counted as (``ok`` or an error type)."""
+
+    result: types.CallToolResult
+    outcome: str
 
 
 def _text(value: Any) -> str:
@@ -25,18 +51,63 @@ def _text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def call_tool_result(result: ToolResult) -> types.CallToolResult:
-    """The MCP result for one answered call."""
-    if result.ok:
-        data = result.data
-        return types.CallToolResult(
+def _is_truncation(data: Any) -> bool:
+    """Is ``data`` the marker the pipeline puts in place of an oversized output?"""
+    return (
+        isinstance(data, dict)
+        and data.get("truncated") is True
+        and isinstance(data.get("text"), str)
+        and data["text"].endswith(TRUNCATION_MARKER)
+    )
+
+
+def _failure(envelope: dict[str, Any], structured: bool, *extra: str) -> types.CallToolResult:
+    texts = [_text(envelope), *extra]
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text) for text in texts],
+        structured_content=envelope if structured else None,
+        is_error=True,
+    )
+
+
+def answer(result: ToolResult, tool: CompiledTool | None) -> Answer:
+    """The MCP result for one answered call of ``tool`` (``None``: a name not known now)."""
+    schema = None if tool is None else tool.output_validator
+    if not result.ok:
+        envelope = result.to_model()
+        structured = tool is not None and schema is None
+        return Answer(_failure(envelope, structured), str(result.error_type))
+    data = result.data
+    if schema is not None and not schema.is_valid(data):
+        name = tool.decl.name if tool is not None else result.tool
+        if _is_truncation(data):
+            message = (
+                f"{name} returned {data.get('original_bytes')} bytes, over the output cap; "
+                "cut to fit, the output no longer matches the tool's output schema. "
+                "The part that fits follows as text."
+            )
+            extra = [_text(data)]
+        else:
+            message = f"{name} returned output that breaks the output schema listed for it"
+            extra = []
+        refused = ToolResult(
+            ok=False,
+            tool=result.tool,
+            call_id=result.call_id,
+            error_type=ErrorType.INVALID_OUTPUT,
+            message=message,
+        )
+        return Answer(_failure(refused.to_model(), False, *extra), str(ErrorType.INVALID_OUTPUT))
+    return Answer(
+        types.CallToolResult(
             content=[types.TextContent(type="text", text=_text(data))],
             structured_content=data if isinstance(data, dict) else None,
             is_error=False,
-        )
-    envelope = result.to_model()
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=_text(envelope))],
-        structured_content=envelope,
-        is_error=True,
+        ),
+        "ok",
     )
+
+
+def call_tool_result(result: ToolResult, tool: CompiledTool | None = None) -> types.CallToolResult:
+    """The MCP result for one answered call (see :func:`answer`)."""
+    return answer(result, tool).result

@@ -3,8 +3,10 @@
 * ``tools/list`` is ``dispatcher.specs(profile, format="mcp")`` for the caller's profile, so
   tools whose breaker is open are not offered.
 * ``tools/call`` runs ``dispatcher.dispatch(...)`` and answers with
-  :func:`~toolrelay.serve.answers.call_tool_result`; a client's ``notifications/cancelled``
-  cancels the dispatch (the SDK cancels the handler, the cancellation reaches the tool).
+  :func:`~toolrelay.serve.answers.answer` for the tool as the registry declares it now (its
+  ``outputSchema`` decides what may be ``structuredContent``); a client's
+  ``notifications/cancelled`` cancels the dispatch (the SDK cancels the handler, the
+  cancellation reaches the tool).
 * ``subscriptions/listen`` (2026-era clients) and ``notifications/tools/list_changed``
   (2025-era clients) come from the :class:`~toolrelay.serve.watch.ToolListWatcher`.
 
@@ -39,7 +41,8 @@ from starlette.types import ASGIApp
 
 from .. import __version__
 from ..dispatcher import Dispatcher
-from .answers import call_tool_result
+from ..registry import CompiledTool
+from .answers import answer
 from .auth import is_loopback
 from .callers import Callers
 from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics
@@ -48,9 +51,10 @@ from .watch import ToolListWatcher
 __all__ = ["Gateway", "transport_security"]
 
 INSTRUCTIONS = (
-    "Tool calls run through toolrelay. A failed call is an isError result whose text and "
-    "structuredContent are the answer envelope {ok: false, error_type, message, retryable, "
-    "retry_after_s?}; retry only when retryable is true, after retry_after_s if given."
+    "Tool calls run through toolrelay. A failed call is an isError result whose first text "
+    "content is the answer envelope as JSON {ok: false, error_type, message, retryable, "
+    "retry_after_s?} (also its structuredContent when the tool declares no outputSchema); "
+    "retry only when retryable is true, after retry_after_s if given."
 )
 MAX_HTTP_SESSIONS = 1000
 HTTP_SESSION_IDLE_S = 30 * 60.0
@@ -174,8 +178,16 @@ class Gateway:
         except anyio.get_cancelled_exc_class():
             self.metrics.call(label, CANCELLED)
             raise
-        self.metrics.call(label, "ok" if result.ok else str(result.error_type))
-        return call_tool_result(result)
+        answered = answer(result, self._tool(name))
+        self.metrics.call(label, answered.outcome)
+        return answered.result
+
+    def _tool(self, name: str) -> CompiledTool | None:
+        """The tool as declared now, whose ``outputSchema`` clients validate against."""
+        try:
+            return self.dispatcher.registry.resolve(name)
+        except Exception:  # a plugin declaring it invalidly now: no schema is listed for it
+            return None
 
     async def _listen(
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
