@@ -136,9 +136,13 @@ class HttpServer:
     errlog: Path
 
 
-def start_http_server(tmp: Path, upstream_url: str, extra: str = "") -> HttpServer:
+def start_http_server(
+    tmp: Path, upstream_url: str, extra: str = "", serve_extra: str = ""
+) -> HttpServer:
+    """``extra`` goes at the end of the file, ``serve_extra`` into ``[serve]``."""
     config = tmp / "toolrelay.toml"
-    config.write_text(config_text(upstream_url, transport="http", extra=extra))
+    text = config_text(upstream_url, transport="http", extra=extra)
+    config.write_text(text.replace("[serve]\n", "[serve]\n" + serve_extra, 1))
     errlog = tmp / "serve.err"
     env = {**os.environ, "TOOLRELAY_ADMIN_TOKEN": TOKEN}
     env.update(SUPPORT_TOKEN=SUPPORT_TOKEN, OPS_TOKEN=OPS_TOKEN)

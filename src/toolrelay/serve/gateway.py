@@ -17,7 +17,7 @@ Both protocol eras are served, over stdio (:meth:`Gateway.run_stdio`) and stream
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp.types as types
@@ -32,6 +32,7 @@ from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.message import SessionMessage
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -45,7 +46,9 @@ from ..registry import CompiledTool
 from .answers import answer
 from .auth import is_loopback
 from .callers import Callers
+from .limits import BodyLimit, bounded_stdin
 from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics
+from .settings import DEFAULT_MAX_REQUEST_BYTES
 from .watch import ToolListWatcher
 
 __all__ = ["Gateway", "transport_security"]
@@ -196,14 +199,33 @@ class Gateway:
         return await handler(ctx, params)
 
     # -- transports ---------------------------------------------------------------------------
-    async def run_stdio(self) -> None:
-        """Serve one client over this process's stdin and stdout until stdin closes."""
-        async with stdio_server() as (read_stream, write_stream):
+    async def run_stdio(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+        """Serve one client over this process's stdin and stdout until stdin closes.
+
+        A line over ``max_request_bytes`` is dropped as it is read and answered with a
+        JSON-RPC error; the next one is served as usual."""
+        streams: list[Any] = []
+
+        async def refuse(error: dict[str, Any]) -> None:
+            message = types.JSONRPCError.model_validate(error)
+            await streams[0].send(SessionMessage(message))
+
+        async with (
+            bounded_stdin(max_request_bytes, refuse) as stdin,
+            # the SDK only iterates its stdin: bounded lines stand in for the file
+            stdio_server(stdin=cast("anyio.AsyncFile[str]", stdin)) as (read_stream, write_stream),
+        ):
+            streams.append(write_stream)
             options = self.server.create_initialization_options()
             await self.server.run(read_stream, write_stream, options)
 
     def http_app(
-        self, *, host: str, path: str, verifier: TokenVerifier | None = None
+        self,
+        *,
+        host: str,
+        path: str,
+        verifier: TokenVerifier | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> tuple[Starlette, StreamableHTTPSessionManager]:
         """The streamable HTTP app (serving ``path``) and its session manager.
 
@@ -225,5 +247,6 @@ class Gateway:
                 Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(verifier)),
                 Middleware(AuthContextMiddleware),
             ]
+        middleware.insert(0, Middleware(BodyLimit, limit=max_request_bytes))
         app = Starlette(routes=[Route(path, endpoint=endpoint)], middleware=middleware)
         return app, manager

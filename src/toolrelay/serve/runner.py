@@ -173,7 +173,7 @@ class Service:
 
     async def _run_stdio(self) -> None:
         try:
-            await self.gateway.run_stdio()
+            await self.gateway.run_stdio(self.settings.max_request_bytes)
         finally:
             self.stop()
 
@@ -181,7 +181,10 @@ class Service:
         assert self._stop is not None
         settings = self.settings
         app, manager = self.gateway.http_app(
-            host=settings.host, path=settings.path, verifier=self.verifier
+            host=settings.host,
+            path=settings.path,
+            verifier=self.verifier,
+            max_request_bytes=settings.max_request_bytes,
         )
         if not is_loopback(settings.host) and self.verifier is None:
             log.warning(

@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 DEFAULT_ADMIN_TOKEN_ENV = "TOOLRELAY_ADMIN_TOKEN"
+DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
 Transport = Literal["stdio", "http"]
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": 128}
@@ -77,6 +78,7 @@ SERVE_SCHEMA: dict[str, Any] = {
         "profile": _NAME,
         "allow_remote": {"type": "boolean"},
         "watch_interval_s": {"type": "number", "minimum": 0.05, "maximum": 3600},
+        "max_request_bytes": {"type": "integer", "minimum": 1024, "maximum": 1 << 30},
         "http": {
             "type": "object",
             "additionalProperties": False,
@@ -157,6 +159,8 @@ class ServeSettings:
     admin_token: str | None = field(default=None, repr=False)
     upstreams: tuple[UpstreamSettings, ...] = ()
     watch_interval_s: float = 1.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """The largest MCP request read: a stdio line or an HTTP body (a JSON-RPC error beyond)."""
 
     def override(self, **changes: Any) -> ServeSettings:
         """A copy with the given fields changed; ``None`` values leave a field as it is."""
@@ -220,6 +224,7 @@ def parse_serve_section(data: Mapping[str, Any], path: Path | None = None) -> Se
         profile=data.get("profile"),
         allow_remote=data.get("allow_remote"),
         watch_interval_s=data.get("watch_interval_s"),
+        max_request_bytes=data.get("max_request_bytes"),
         host=http.get("host"),
         port=http.get("port"),
         path=http.get("path"),

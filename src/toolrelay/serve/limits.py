@@ -1,0 +1,179 @@
+"""Bounded requests: no MCP request is read whole past ``max_request_bytes``.
+
+- Streamable HTTP: :class:`BodyLimit` (ASGI middleware) answers a larger body with HTTP 413
+  and a JSON-RPC error, before the MCP app sees any of it; at most the limit is buffered.
+- stdio: :func:`bounded_stdin` reads this process's stdin in chunks and hands the SDK's stdio
+  server lines of at most the limit. A longer line is read and dropped as it arrives (never
+  held whole); the client gets a JSON-RPC error for it (with the request's ``id`` when it
+  can be read from the line's start) and the next line is served as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .settings import DEFAULT_MAX_REQUEST_BYTES
+
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "BodyLimit", "bounded_stdin", "too_large_error"]
+
+INVALID_REQUEST = -32600
+_CHUNK = 64 * 1024
+_ID = re.compile(rb'"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,128}")')
+
+
+def too_large_error(limit: int, request_id: Any = None) -> dict[str, Any]:
+    """The JSON-RPC error for a request over the limit."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "error": {"code": INVALID_REQUEST, "message": f"request larger than {limit} bytes"},
+    }
+
+
+def _request_id(head: bytes) -> Any:
+    """The ``id`` of a JSON-RPC request, read from the start of its text (or None)."""
+    match = _ID.search(head)
+    if match is None:
+        return None
+    with contextlib.suppress(ValueError):
+        return json.loads(match.group(1))
+    return None
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes is answered 413 (JSON-RPC error)."""
+
+    def __init__(self, app: ASGIApp, limit: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        over = declared is not None and declared.isdigit() and int(declared) > self.limit
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.limit or (over and (size >= 4096 or not message.get("more_body"))):
+                # read no further than needed to find the request's id in its first 4 KB
+                await self._refuse(send, (b"".join(chunks) + body)[:4096])
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replay: list[Message] = [{"type": "http.request", "body": b"".join(chunks)}]
+
+        async def replayed() -> Message:
+            return replay.pop() if replay else await receive()
+
+        await self.app(scope, replayed, send)
+
+    async def _refuse(self, send: Send, head: bytes) -> None:
+        body = json.dumps(too_large_error(self.limit, _request_id(head))).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+Refuse = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+_END: Any = object()
+
+
+def _lines(read: Callable[[], bytes], limit: int, refused: list[Any]) -> Iterator[bytes | None]:
+    """Lines of at most ``limit`` bytes from ``read()`` chunks; None where a longer line was
+    dropped (its id, if readable, is appended to ``refused``)."""
+    pending = bytearray()
+    dropping: bytes | None = None  # the start of a line being dropped
+    while True:
+        chunk = read()
+        if not chunk:
+            if pending and dropping is None:
+                yield bytes(pending)
+            return
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            if dropping is not None:
+                if len(dropping) < 4096:
+                    dropping += piece[: 4096 - len(dropping)]
+            elif len(pending) + len(piece) > limit:
+                dropping = bytes(pending[:4096]) + piece[: max(0, 4096 - len(pending))]
+                pending.clear()
+            else:
+                pending += piece
+            if end < 0:
+                break
+            if dropping is not None:
+                refused.append(_request_id(dropping))
+                dropping = None
+                yield None
+            else:
+                yield bytes(pending)
+                pending.clear()
+            start = end + 1
+
+
+@contextlib.asynccontextmanager
+async def bounded_stdin(limit: int, refuse: Refuse) -> AsyncIterator[AsyncIterator[str]]:
+    """This process's stdin as lines of at most ``limit`` bytes, for ``stdio_server(stdin=…)``.
+
+    Like the SDK, fd 0 is pointed at the null device while serving (a handler or child
+    reading stdin gets EOF, not the client's messages) and restored afterwards.
+    ``refuse(error)`` sends the JSON-RPC error for a line over the limit.
+    """
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdin.flush()  # type: ignore[attr-defined]
+    fd = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    source = os.fdopen(fd, "rb", buffering=0)
+
+    async def lines() -> AsyncIterator[str]:
+        refused: list[Any] = []
+        reader = _lines(lambda: source.read(_CHUNK), limit, refused)
+        while True:
+            line = await anyio.to_thread.run_sync(next, reader, _END, abandon_on_cancel=True)
+            if line is _END:
+                return
+            if line is None:
+                await refuse(too_large_error(limit, refused.pop()))
+                continue
+            yield line.decode("utf-8", errors="replace")
+
+    try:
+        yield lines()
+    finally:
+        saved = os.dup(fd)
+        source.close()
+        os.dup2(saved, 0)
+        os.close(saved)
