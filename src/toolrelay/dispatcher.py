@@ -91,12 +91,14 @@ class Dispatcher:
         self.profiles: dict[str, Profile] = dict(profiles or {})
         self.breaker_configs: dict[str, BreakerConfig] = dict(breakers or {})
         self.default_breaker = default_breaker or BreakerConfig()
+        self.redact = Redactor(secret_patterns)
         self.telemetry = (
             Telemetry(
                 registry,
                 metrics_registry=metrics_registry,
                 tracer_provider=tracer_provider,
                 capture_content=capture_content,
+                redact=self.redact,
             )
             if telemetry
             else None
@@ -129,16 +131,16 @@ class Dispatcher:
             self.breakers.add_listener(tel.breaker_transition)
             self.breakers.on_create.append(tel.breaker_seen)
             tel.watch_breakers(self.breakers)
-        self.redact = Redactor(secret_patterns)
         self.bulkhead = Bulkhead(self.breaker_config)
         self.faults = FaultInjector(faults, fault_seed)
         stages: list[Stage] = [] if tel is None else [tel]
+        if audit is not None:
+            stages.append(Audit(audit, arguments=audit_arguments, redact=self.redact))
         stages += [
-            *([] if audit is None else [Audit(audit, arguments=audit_arguments)]),
             Resolve(registry, self.redact),
             FastFail(self.breakers),
-            Decode(max_argument_bytes, max_argument_depth),
-            Validate(),
+            Decode(max_argument_bytes, max_argument_depth, self.redact),
+            Validate(self.redact),
             Approve(approver),
             Shape(max_output_bytes, truncate_output),
             Deadline(),

@@ -2,7 +2,9 @@
 
 Each line names the tool, call id, user, tenant, the approval decision and the outcome
 (``cancelled`` when the host cancelled the call). Arguments are included only when the
-host opts in. Read-only tools are not audited unless ``everything=True``.
+host opts in, and then redacted (:meth:`~toolrelay.redact.Redactor.value`: secret-named
+keys masked whole, every string through the patterns). Read-only tools are not audited
+unless ``everything=True``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..outcome import Outcome
+from ..redact import Redactor, describe_exception
 from . import Invocation, Next
 
 __all__ = ["Audit", "AuditSink", "log_sink"]
@@ -27,14 +30,23 @@ def log_sink(record: dict[str, Any]) -> None:
 
 
 class Audit:
-    __slots__ = ("arguments", "everything", "sink")
+    """``redact`` is the dispatcher's :class:`~toolrelay.redact.Redactor` (default: the
+    default patterns only)."""
+
+    __slots__ = ("arguments", "everything", "redact", "sink")
 
     def __init__(
-        self, sink: AuditSink = log_sink, *, arguments: bool = False, everything: bool = False
+        self,
+        sink: AuditSink = log_sink,
+        *,
+        arguments: bool = False,
+        everything: bool = False,
+        redact: Redactor | None = None,
     ) -> None:
         self.sink = sink
         self.arguments = arguments
         self.everything = everything
+        self.redact = Redactor() if redact is None else redact
 
     def _write(self, inv: Invocation, outcome: str) -> None:
         assert inv.tool is not None
@@ -49,11 +61,16 @@ class Audit:
             "outcome": outcome,
         }
         if self.arguments:
-            record["arguments"] = inv.args
+            record["arguments"] = self.redact.value(inv.args)  # a copy: the handler's stay
         try:
             self.sink(record)
-        except Exception:  # an audit failure never changes the answer or a cancellation
-            _LOG.exception("toolrelay: the audit sink failed for %s", decl.name)
+        except Exception as exc:  # an audit failure never changes the answer or a cancellation
+            # Not exc_info: the sink's error may quote the record; the traceback is redacted.
+            _LOG.error(
+                "toolrelay: the audit sink failed for %s\n%s",
+                decl.name,
+                describe_exception(exc, self.redact),
+            )
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..contract import ErrorType
@@ -153,15 +153,23 @@ def decode_arguments(raw: Any, max_bytes: int, max_depth: int) -> dict[str, Any]
 class Decode:
     """Refuse what is not a JSON object, too large or too deep → ``invalid_arguments``."""
 
-    __slots__ = ("max_bytes", "max_depth")
+    __slots__ = ("max_bytes", "max_depth", "redact")
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_depth: int = DEFAULT_MAX_DEPTH):
+    def __init__(
+        self,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        redact: Callable[[str], str] | None = None,
+    ):
         self.max_bytes = max_bytes
         self.max_depth = max_depth
+        self.redact = redact  # a refusal may quote the model's text (a duplicate key's name)
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         args = decode_arguments(inv.raw_args, self.max_bytes, self.max_depth)
         if isinstance(args, str):
+            if self.redact is not None:
+                args = self.redact(args)
             return failure(ErrorType.INVALID_ARGUMENTS, args)
         inv.args = args
         return call_next(inv)

@@ -16,10 +16,16 @@ import anyio
 from ..contract import ErrorType, ToolError
 from ..events import WorkerAbandoned
 from ..outcome import Outcome, Verdict, failure, short
+from ..redact import Redactor, describe_exception
 from ..workers import WorkerPools
 from . import Invocation
 
 log = logging.getLogger("toolrelay")
+
+MAX_REDACTED_CHARS = 16384
+"""How much of a ``ToolError`` message is redacted (and the rest dropped): the model reads
+at most 240 characters of it, and a huge message must not make redaction slow."""
+_DEFAULT_REDACTOR = Redactor()
 
 
 def timeout_outcome(inv: Invocation) -> Outcome:
@@ -41,13 +47,17 @@ def error_outcome(
     inv: Invocation, exc: Exception, redact: Callable[[str], str] | None = None
 ) -> Outcome:
     """The answer for an exception; a plugin's own message is redacted (it may quote an
-    upstream, credentials and all)."""
+    upstream, credentials and all) before it is cut to the message cap, so a secret is
+    never shown in part. Any other exception is logged with its traceback, redacted too;
+    the model reads only its type. ``redact`` defaults to the default patterns."""
     assert inv.tool is not None
+    if redact is None:
+        redact = _DEFAULT_REDACTOR
     if isinstance(exc, ToolError):
         text = str(exc.message)
-        if redact is not None:
-            text = redact(text)
-        message = short(text) or f"{inv.tool.decl.name} failed and gave no reason"
+        if len(text) > MAX_REDACTED_CHARS:  # the model reads 240 characters of it at most
+            text = text[:MAX_REDACTED_CHARS]
+        message = short(redact(text)) or f"{inv.tool.decl.name} failed and gave no reason"
         return Outcome(
             False,
             None,
@@ -57,8 +67,13 @@ def error_outcome(
             exc.retry_after_s,
             Verdict.FAILURE if exc.counts_as_failure else Verdict.IGNORE,
         )
+    # Not exc_info: a handler would format the traceback (the exception's text, which may
+    # quote a secret) out of reach of redaction. The redacted traceback is the message.
     log.warning(
-        "toolrelay: tool %s raised %s", inv.tool.decl.name, type(exc).__name__, exc_info=exc
+        "toolrelay: tool %s raised %s\n%s",
+        inv.tool.decl.name,
+        type(exc).__name__,
+        describe_exception(exc, redact),
     )
     return failure(
         ErrorType.TOOL_ERROR,

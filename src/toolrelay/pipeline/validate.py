@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..contract import ErrorType
@@ -25,9 +25,15 @@ def schema_errors(validator: Any, instance: Any) -> str:
 
 
 class Validate:
-    """Arguments that fail the tool's schema → ``validation_error``; the handler never runs."""
+    """Arguments that fail the tool's schema → ``validation_error``; the handler never runs.
 
-    __slots__ = ()
+    The reasons quote property names the model chose: they are redacted like every message
+    that carries outside text."""
+
+    __slots__ = ("redact",)
+
+    def __init__(self, redact: Callable[[str], str] | None = None) -> None:
+        self.redact = redact
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         assert inv.tool is not None
@@ -43,6 +49,8 @@ class Validate:
                 return failure(
                     ErrorType.INVALID_ARGUMENTS, "arguments hold text that is not valid Unicode"
                 )
+            if self.redact is not None:
+                reasons = self.redact(reasons)
             return failure(
                 ErrorType.VALIDATION_ERROR, "arguments do not match the schema: " + reasons
             )

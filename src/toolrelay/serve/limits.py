@@ -151,7 +151,7 @@ async def bounded_stdin(limit: int, refuse: Refuse) -> AsyncIterator[AsyncIterat
     ``refuse(error)`` sends the JSON-RPC error for a line over the limit.
     """
     with contextlib.suppress(AttributeError, ValueError):
-        sys.stdin.flush()  # type: ignore[attr-defined]
+        sys.stdin.flush()
     fd = os.dup(0)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

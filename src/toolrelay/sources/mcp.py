@@ -39,7 +39,8 @@ How results are mapped
     strings), and any other content (images, audio, resources) as a list of the MCP
     content blocks as JSON objects. ``isError: true`` raises a non-retryable
     :class:`~toolrelay.contract.ToolError` carrying the server's text (capped at 200
-    characters); it does not count against the breaker (it is the tool's answer). A JSON-RPC
+    characters, credentials masked before the cut, and a word the cut would split dropped
+    whole); it does not count against the breaker (it is the tool's answer). A JSON-RPC
     error answer becomes a non-retryable ``tool_error`` too (counted only when it is an
     internal error). The host's ``AuthContext`` is not sent to the server.
 
@@ -90,6 +91,7 @@ import anyio.abc
 
 from .. import __version__
 from ..contract import AuthContext, ErrorType, Risk, ToolDeclaration, ToolError
+from ..redact import Redactor
 from ..registry import DEFAULT_RESERVED, NAME_RE, RegistrationError, compile_tool
 
 try:
@@ -118,6 +120,9 @@ log = logging.getLogger("toolrelay.sources.mcp")
 
 MAX_ERROR_CHARS = 200
 """How much of a server's error text reaches the model."""
+_MAX_WORD_CHARS = 100  # a word the cap would split is dropped whole up to this length
+_MAX_REDACTED_CHARS = 16384  # of a server's text, at most this much is read at all
+_REDACT = Redactor()
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _INVALID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
@@ -193,9 +198,17 @@ class _Entry:
 
 
 def _cap(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    one_line = " ".join(text.split())
+    """A server's text as one line of at most ``limit`` characters, for a message or a log
+    line: credentials masked (default patterns; the dispatcher applies the host's
+    ``secret_patterns`` to messages too), then cut where no secret can be shown in part —
+    before a word the limit would split, unless that word is very long."""
+    one_line = " ".join(_REDACT(text[:_MAX_REDACTED_CHARS]).split())
     if len(one_line) > limit:
-        one_line = one_line[: limit - 1].rstrip() + "…"
+        cut = one_line[: limit - 1]
+        space = cut.rfind(" ")
+        if one_line[limit - 1] != " " and space > 0 and space >= limit - 1 - _MAX_WORD_CHARS:
+            cut = cut[:space]  # drop the split word whole: it may be a token
+        one_line = cut.rstrip() + "…"
     return one_line
 
 

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from ..events import AttemptEnded, Event, FaultInjected, RetryScheduled
 from ..outcome import Outcome
+from ..redact import Redactor
 from .metrics import UNKNOWN_TOOL, Metrics
 from .tracing import add_event, finish
 
@@ -36,7 +37,7 @@ _VERSION = "0.1.0"
 
 class Telemetry:
     __slots__ = ("_checked_at", "_tracing", "capture_content", "metrics", "provider",
-                 "registry", "tracer")  # fmt: skip
+                 "redact", "registry", "tracer")  # fmt: skip
 
     def __init__(
         self,
@@ -45,8 +46,10 @@ class Telemetry:
         metrics_registry: CollectorRegistry | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         capture_content: bool = False,
+        redact: Redactor | None = None,
     ) -> None:
         self.registry = registry
+        self.redact = Redactor() if redact is None else redact
         self.metrics = Metrics.on(metrics_registry)
         self.provider = tracer_provider
         self.tracer = trace.get_tracer("toolrelay", _VERSION, tracer_provider=tracer_provider)
@@ -120,11 +123,16 @@ class Telemetry:
                 metrics.key_child(metrics.bulkhead_rejected, inv.key)(1)
         if span is not None and span.is_recording():
             decl = None if inv.tool is None else inv.tool.decl
-            name = decl.name if decl is not None else str(inv.name)
+            redact = self.redact
+            # an unknown name is the model's text: redacted (bounded first; finish cuts to 128)
+            name = decl.name if decl is not None else redact(str(inv.name)[:1024])
+            content = None
+            if self.capture_content:  # opted in: redaction runs on every captured call
+                content = (redact.value(inv.args or inv.raw_args), redact.value(out.data))
             finish(
                 span, name, inv.call_id, decl.description if decl else None, inv.key,
-                inv.attempts, outcome, out.message,
-                (inv.args or inv.raw_args, out.data) if self.capture_content else None,
+                inv.attempts, outcome, out.message if out.ok else redact(out.message),
+                content,
             )  # fmt: skip
             trace_id = format(span.get_span_context().trace_id, "032x")
             histogram.observe(elapsed, {"trace_id": trace_id})
