@@ -255,6 +255,7 @@ class Dispatcher:
             duration,
             inv.attempts,
             inv.key,
+            out.effect_unknown,
         )
 
     async def dispatch_many(

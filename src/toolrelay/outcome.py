@@ -35,6 +35,8 @@ class Outcome:
     verdict: Verdict = Verdict.SUCCESS
     final: bool = False
     """Set when no further attempt may be made (e.g. this failure opened the breaker)."""
+    effect_unknown: bool = False
+    """The tool (not idempotent) may have taken effect before it failed or was stopped."""
 
     def __await__(self) -> Generator[Any, None, Outcome]:
         """An outcome is its own finished awaitable: a stage that answers at once (or

@@ -35,6 +35,9 @@ class ToolResult:
     duration_s: float = 0.0
     attempts: int = 0
     breaker_key: str | None = None
+    effect_unknown: bool = False
+    """A tool that is not idempotent failed or was stopped after it may have taken effect:
+    calling it again may repeat the effect (the answer is not retryable)."""
 
     def to_model(self) -> dict[str, Any]:
         """The stable JSON envelope the model reads."""
@@ -48,4 +51,6 @@ class ToolResult:
         }
         if self.retry_after_s is not None:
             answer["retry_after_s"] = round(self.retry_after_s, 3)
+        if self.effect_unknown:
+            answer["effect_unknown"] = True
         return answer

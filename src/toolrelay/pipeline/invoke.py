@@ -28,8 +28,15 @@ at most 240 characters of it, and a huge message must not make redaction slow.""
 _DEFAULT_REDACTOR = Redactor()
 
 
+UNKNOWN_EFFECT = "; it may still have taken effect: check before calling it again"
+
+
 def timeout_outcome(inv: Invocation) -> Outcome:
-    """The ``timeout`` answer (built directly: this runs for every call of a hung flood)."""
+    """The ``timeout`` answer (built directly: this runs for every call of a hung flood).
+
+    A tool that is not idempotent was stopped after it may have started its effect (an
+    abandoned thread or a sent request may still commit it): its timeout is not retryable
+    and says so."""
     assert inv.tool is not None
     decl = inv.tool.decl
     if inv.slot_bound:
@@ -38,9 +45,14 @@ def timeout_outcome(inv: Invocation) -> Outcome:
             f"{decl.name} was stopped after {inv.slot.elapsed():.1f} s: "
             "the model's time budget ran out"
         )
-        return Outcome(False, None, ErrorType.TIMEOUT, message, True, None, Verdict.IGNORE)
-    message = f"{decl.name} did not answer within its {decl.timeout_s:g} s deadline"
-    return Outcome(False, None, ErrorType.TIMEOUT, message, True, None, Verdict.FAILURE)
+        verdict = Verdict.IGNORE
+    else:
+        message = f"{decl.name} did not answer within its {decl.timeout_s:g} s deadline"
+        verdict = Verdict.FAILURE
+    if decl.is_idempotent:
+        return Outcome(False, None, ErrorType.TIMEOUT, message, True, None, verdict)
+    message = short(message + UNKNOWN_EFFECT)
+    return Outcome(False, None, ErrorType.TIMEOUT, message, False, None, verdict, False, True)
 
 
 def error_outcome(
@@ -75,11 +87,13 @@ def error_outcome(
         type(exc).__name__,
         describe_exception(exc, redact),
     )
-    return failure(
-        ErrorType.TOOL_ERROR,
-        f"{inv.tool.decl.name} failed unexpectedly ({type(exc).__name__})",
-        verdict=Verdict.FAILURE,
-    )
+    decl = inv.tool.decl
+    message = f"{decl.name} failed unexpectedly ({type(exc).__name__})"
+    out = failure(ErrorType.TOOL_ERROR, message, verdict=Verdict.FAILURE)
+    if not decl.is_idempotent:  # it failed part-way: its effect may be done
+        out.message = short(message + UNKNOWN_EFFECT)
+        out.effect_unknown = True
+    return out
 
 
 class Invoke:
