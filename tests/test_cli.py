@@ -303,3 +303,15 @@ def test_one_config_file_works_for_every_command(tmp_path: Path) -> None:
         assert expected in one_clear_line(result), args
     with pytest.raises(ConfigError, match=r"serve: Additional properties are not allowed"):
         Dispatcher.from_config(bad)
+
+
+def test_a_bad_count_errors_pattern_is_a_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        '[serve.upstreams.docs]\ncommand = ["x"]\nbreaker_key = "docs"\ncount_errors = "(x"\n'
+    )
+    result = toolrelay("check", str(bad))
+    assert result.returncode == 2
+    assert "serve.upstreams.docs.count_errors: not a valid regular expression" in one_clear_line(
+        result
+    )

@@ -474,3 +474,34 @@ def test_options_are_checked() -> None:
         McpSource.http("ftp://example", breaker_key="k")
     with pytest.raises(ValueError, match="command"):
         McpSource.stdio("mcp-server-time", breaker_key="k")
+
+
+@pytest.mark.parametrize(
+    ("count_errors", "counted"),
+    [(False, False), (True, True), ("(?i)widget is broken", True), ("upstream 503", False)],
+)
+async def test_count_errors_makes_an_upstream_outage_trip_the_breaker(
+    stdio_server: TestServer, count_errors: bool | str, counted: bool
+) -> None:
+    """A server that reports its own outage as ``isError`` can be told apart from one
+    giving a business answer: always, never (the default), or by a pattern on the text."""
+    config = BreakerConfig(fail_max=2, reset_timeout_s=60, max_attempts=1)
+    async with stdio_server.source(count_errors=count_errors) as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry, breakers={"test": config}, audit=None)
+        answers = [await dispatcher.dispatch("fail", "{}") for _ in range(3)]
+    assert answers[0].error_type is ErrorType.TOOL_ERROR
+    assert answers[0].retryable is counted
+    assert answers[0].message.startswith("the widget is broken")
+    kinds = [a.error_type for a in answers]
+    if counted:
+        assert kinds == [ErrorType.TOOL_ERROR] * 2 + [ErrorType.CIRCUIT_OPEN]
+    else:
+        assert kinds == [ErrorType.TOOL_ERROR] * 3
+        assert dispatcher.breakers.snapshot()["test"]["failures"] == 0
+
+
+def test_count_errors_must_be_a_valid_pattern() -> None:
+    with pytest.raises(ValueError, match="count_errors is not a valid regular expression"):
+        McpSource.stdio(["x"], breaker_key="k", count_errors="(unclosed")

@@ -8,6 +8,7 @@ takes the section out, checks it against :data:`SERVE_SCHEMA` and hands the rest
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,6 +66,7 @@ _UPSTREAM = {
         "bearer_token_env": _ENV,
         "connect_timeout_s": _POSITIVE,
         "optional": {"type": "boolean"},
+        "count_errors": {"type": ["boolean", "string"]},
     },
     "oneOf": [{"required": ["command"]}, {"required": ["url"]}],
 }
@@ -135,6 +137,7 @@ class UpstreamSettings:
     bearer_token_env: str | None = None
     connect_timeout_s: float | None = None
     optional: bool = False
+    count_errors: bool | str = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +201,16 @@ def parse_serve_section(data: Mapping[str, Any], path: Path | None = None) -> Se
     if errors:
         shown = "; ".join(errors[:5]) + ("; …" if len(errors) > 5 else "")
         raise ConfigError(f"{path or 'config'}: {shown}")
+    for name, table in data.get("upstreams", {}).items():
+        pattern = table.get("count_errors")
+        if isinstance(pattern, str):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(
+                    f"{path or 'config'}: serve.upstreams.{name}.count_errors: "
+                    f"not a valid regular expression ({exc})"
+                ) from None
     http = dict(data.get("http", {}))
     admin = dict(data.get("admin", {}))
     clients = tuple(

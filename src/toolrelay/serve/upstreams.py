@@ -37,6 +37,8 @@ def _options(upstream: UpstreamSettings) -> dict[str, Any]:
         options["tool_timeouts"] = dict(upstream.tool_timeouts)
     if upstream.connect_timeout_s is not None:
         options["connect_timeout_s"] = upstream.connect_timeout_s
+    if upstream.count_errors is not False:
+        options["count_errors"] = upstream.count_errors
     return options
 
 

@@ -151,6 +151,7 @@ class McpSourceOptions(TypedDict, total=False):
     backoff_initial_s: float
     backoff_max_s: float
     reserved_properties: Iterable[str]
+    count_errors: bool | str
 
 
 class _State:
@@ -326,6 +327,11 @@ class McpSource:
             is lost; doubled after every failed attempt, up to the maximum.
         reserved_properties: Identity properties no tool schema may declare (as the
             registry's ``reserved_properties``); such tools are skipped.
+        count_errors: Which ``isError`` results are the server reporting its own outage
+            (a retryable failure the breaker counts) rather than a business answer:
+            ``False`` (none: the default), ``True`` (all), or a regular expression searched
+            in the error text (at most 200 characters of it), e.g.
+            ``"(?i)unavailable|timed? ?out|503"``.
     """
 
     def __init__(
@@ -344,6 +350,7 @@ class McpSource:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
         reserved_properties: Iterable[str] = DEFAULT_RESERVED,
+        count_errors: bool | str = False,
     ) -> None:
         if not breaker_key or not isinstance(breaker_key, str):
             raise ValueError("breaker_key must be a non-empty string")
@@ -375,6 +382,14 @@ class McpSource:
         self.backoff_initial_s = float(backoff_initial_s)
         self.backoff_max_s = float(max(backoff_max_s, backoff_initial_s))
         self.reserved_properties = frozenset(reserved_properties)
+        self._outage: re.Pattern[str] | bool
+        if isinstance(count_errors, str):
+            try:
+                self._outage = re.compile(count_errors)
+            except re.error as exc:
+                raise ValueError(f"count_errors is not a valid regular expression: {exc}") from None
+        else:
+            self._outage = bool(count_errors)
 
         self._entries: dict[str, _Entry] = {}
         self._decls: tuple[ToolDeclaration, ...] = ()
@@ -501,7 +516,11 @@ class McpSource:
                 counts_as_failure=True,
             ) from None
         if result.is_error:
-            raise ToolError(_cap(_error_text(result)) or f"{name} reported an error")
+            text = _cap(_error_text(result)) or f"{name} reported an error"
+            outage = self._outage
+            if outage is True or (outage is not False and outage.search(text)):
+                raise ToolError(text, retryable=True)  # the server's own outage: counted
+            raise ToolError(text)
         return _result_data(result)
 
     async def refresh(self) -> None:
