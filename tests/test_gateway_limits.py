@@ -69,21 +69,36 @@ def test_stdio_answers_an_oversized_line_and_serves_the_next(tmp_path: Path) -> 
         huge = request(
             "tools/call", 7, {"name": "weather_current", "arguments": {"city": "x" * (5 << 20)}}
         )
-        stdin = INITIALIZE + INITIALIZED + huge + request("tools/list", 8)
-        result = subprocess.run(
-            [sys.executable, "-m", "toolrelay", "serve", "--config", str(config)],
-            input=stdin,
-            capture_output=True,
-            timeout=60,
-            env={**os.environ, "TOOLRELAY_ADMIN_TOKEN": "t" * 32},
-        )
-    answers = {m.get("id"): m for m in map(json.loads, result.stdout.splitlines())}
+        errlog = tmp_path / "serve.err"
+        with errlog.open("wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "toolrelay", "serve", "--config", str(config)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env={**os.environ, "TOOLRELAY_ADMIN_TOKEN": "t" * 32},
+            )
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.write(INITIALIZE + INITIALIZED + huge + request("tools/list", 8))
+                proc.stdin.flush()
+                answers: dict[Any, Any] = {}
+                while 8 not in answers:  # stdin stays open until the last answer is read
+                    line = proc.stdout.readline()
+                    assert line, errlog.read_text()[-2000:]
+                    message = json.loads(line)
+                    answers[message.get("id")] = message
+                proc.stdin.close()
+                assert proc.wait(30) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
     assert answers[7]["error"] == {
         "code": -32600,
         "message": f"request larger than {LIMIT} bytes",
-    }, result.stderr[-2000:]
+    }
     assert {t["name"] for t in answers[8]["result"]["tools"]} >= {"weather_current"}
-    assert b"Traceback" not in result.stderr
+    assert "Traceback" not in errlog.read_text()
 
 
 def test_http_answers_an_oversized_body_413_and_serves_the_next(tmp_path: Path) -> None:

@@ -325,7 +325,9 @@ async def test_plugin_exceptions_reach_no_sink(sinks: Sinks, capture_content: bo
             assert "***" in result.message, result.message
         for name, kind in (("crash", "RuntimeError"), ("crash_sync", "ValueError")):
             result = await sinks.call(dispatcher, name, {"i": index})
-            assert result.message == f"{name} failed unexpectedly ({kind})"
+            # the exception's type, never its text (a write also says its effect is unknown)
+            assert result.message.startswith(f"{name} failed unexpectedly ({kind})")
+            assert result.message.count("(") == 1
     logged = sinks.texts()["log"]
     assert "Traceback" in logged and "KeyError" in logged  # still useful: the cause is there
     assert "***" in logged
