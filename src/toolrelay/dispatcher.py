@@ -47,6 +47,23 @@ log = logging.getLogger("toolrelay")
 ANONYMOUS = AuthContext()
 Unavailable = Literal["hide", "mark", "show"]
 
+MAX_CALL_ID_CHARS = 128
+"""The longest call id kept; a longer one is cut (and ends with ``…``)."""
+
+
+def safe_call_id(call_id: object) -> str | None:
+    """``call_id`` as every sink (result, audit line, span, approver) gets it: a string of
+    at most :data:`MAX_CALL_ID_CHARS` printable characters. Anything not printable
+    (control characters, line breaks, …) becomes ``?``; a non-string id is ``str()``-ed."""
+    if call_id is None:
+        return None
+    text = call_id if isinstance(call_id, str) else str(call_id)
+    if len(text) > MAX_CALL_ID_CHARS:
+        text = text[: MAX_CALL_ID_CHARS - 1] + "…"
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text
+
 
 class Dispatcher:
     """Runs tool calls through the pipeline, in this order (outermost first)::
@@ -224,13 +241,17 @@ class Dispatcher:
         call_id: str | None = None,
         slot: SlotLease | None = None,
     ) -> ToolResult:
-        """Run one tool call; always returns a :class:`ToolResult` (cancellation propagates)."""
+        """Run one tool call; always returns a :class:`ToolResult` (cancellation propagates).
+
+        ``call_id`` is kept as :func:`safe_call_id` makes it (at most 128 printable
+        characters), and that is what the result, the audit line and the span carry.
+        """
         inv = Invocation(
             name,
             raw_args,
             ANONYMOUS if ctx is None else ctx,
             self.profile(profile),
-            call_id,
+            safe_call_id(call_id),
             slot,
             self.observers,
         )

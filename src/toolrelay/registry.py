@@ -60,16 +60,74 @@ def _compile_schema(tool: str, what: str, schema: Mapping[str, Any]) -> Validato
         ) from exc
 
 
+def _names(value: Any) -> set[str]:
+    """The strings of a JSON array (``required``, a ``dependentRequired`` entry)."""
+    if isinstance(value, list):
+        return {item for item in value if isinstance(item, str)}
+    return set()
+
+
+def _pattern_matches(pattern: Any, reserved: frozenset[str]) -> set[str]:
+    """The reserved names ``pattern`` matches, by the validator's own regex engine (so
+    ECMA-262 syntax the ``re`` module lacks is read as validation reads it)."""
+    if not isinstance(pattern, str):
+        return set()
+    try:
+        validator = jsonschema_rs.Draft202012Validator({"pattern": pattern}, offline=True)
+    except (jsonschema_rs.ValidationError, ValueError, TypeError):
+        return set()  # not a valid pattern: compiling the schema refuses it anyway
+    return {name for name in reserved if validator.is_valid(name)}
+
+
+def _named_by(schema: Any, reserved: frozenset[str]) -> set[str]:
+    """Reserved names a ``propertyNames`` schema singles out: its ``const``, ``enum`` and
+    ``pattern`` keywords (at any depth: ``anyOf`` branches included) that match them."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            const = node.get("const")
+            if isinstance(const, str) and const in reserved:
+                found.add(const)
+            found.update(reserved.intersection(_names(node.get("enum"))))
+            found.update(_pattern_matches(node.get("pattern"), reserved))
+            stack.extend(v for k, v in node.items() if k not in ("const", "enum"))
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
 def _identity_properties(schema: Any, reserved: frozenset[str]) -> set[str]:
-    """Every reserved name declared as a property anywhere in the schema."""
+    """Every reserved name the schema admits as a property, anywhere in it (nested objects,
+    ``$defs`` and every other subschema included): named in ``properties``, ``required``,
+    ``dependentRequired`` (keys or values), ``dependentSchemas`` or ``dependencies``,
+    matched by a ``patternProperties`` regex, or singled out by ``propertyNames``."""
     found: set[str] = set()
     stack = [schema]
     while stack:
         node = stack.pop()
         if isinstance(node, Mapping):
             props = node.get("properties")
-            if isinstance(props, Mapping):
-                found.update(reserved.intersection(props))
+            if isinstance(props, Mapping):  # ``"user_id": false`` forbids it: not admitted
+                found.update(n for n in reserved.intersection(props) if props[n] is not False)
+            named = node.get("dependentSchemas")
+            if isinstance(named, Mapping):
+                found.update(reserved.intersection(named))
+            found.update(reserved.intersection(_names(node.get("required"))))
+            for keyword in ("dependentRequired", "dependencies"):
+                named = node.get(keyword)
+                if isinstance(named, Mapping):
+                    found.update(reserved.intersection(named))
+                    for needed in named.values():
+                        found.update(reserved.intersection(_names(needed)))
+            patterns = node.get("patternProperties")
+            if isinstance(patterns, Mapping):
+                for pattern, sub in patterns.items():
+                    if sub is not False:
+                        found.update(_pattern_matches(pattern, reserved))
+            if "propertyNames" in node:
+                found.update(_named_by(node["propertyNames"], reserved))
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)

@@ -11,6 +11,12 @@ feeds (``/feeds/rss.xml``, ``/feeds/atom.xml``). Faults are set per path prefix,
     GET    /_admin/stats    requests seen per path, faults applied per kind (DELETE resets)
     POST   /_admin/seed     {"seed": 7}: restart the fault dice
 
+The admin endpoint has no authentication, so it refuses what a web page could send: a
+``Host`` other than the loopback address and port it listens on (403: DNS rebinding), an
+``Origin`` other than that same ``http://host:port`` (403), and a body that is not
+``Content-Type: application/json`` (415; a client sending neither ``Content-Type`` nor
+``Origin``, such as a script, is tolerated).
+
 Fault kinds and their parameters:
 
 =============  =====================================================================
@@ -398,7 +404,8 @@ class Upstream:
         path = parts.path or "/"
         head = method == "HEAD"
         if path == "/_admin" or path.startswith("/_admin/"):
-            reply = self._admin(method, path, parts.query, body)
+            refused = self._admin_refusal(method, dict(request.headers), body)
+            reply = refused or self._admin(method, path, parts.query, body)
             await _send(conn, stream, reply, head=head)
             return True
         reply = self._route(method, path, parts.query)
@@ -455,6 +462,48 @@ class Upstream:
         return True
 
     # -- admin ----------------------------------------------------------------------------
+    def _admin_refusal(self, method: str, headers: dict[bytes, bytes], body: bytes) -> Reply | None:
+        """Why an admin request is refused (403/415), or ``None``: the admin endpoint has no
+        authentication, so it must not be reachable from a web page the developer opens.
+
+        * ``Host`` must name the loopback address and port the server listens on (a
+          DNS-rebinding page has its own name there); not checked when it listens on a
+          non-loopback address (``allow_remote``).
+        * ``Origin``, when sent, must be ``http://`` + that same host and port (browsers
+          send it with every cross-site POST and DELETE; ``null`` is refused too).
+        * A body must be ``Content-Type: application/json`` (a form or ``text/plain`` POST
+          is what a page can send without asking); a non-browser client that sends neither
+          ``Content-Type`` nor ``Origin`` is tolerated.
+        """
+        host = headers.get(b"host", b"").decode("latin-1").strip().lower()
+        if _is_loopback(self.host) and not self._names_us(host):
+            return json_reply({"error": "the admin endpoint answers only its loopback Host"}, 403)
+        origin = headers.get(b"origin")
+        if origin is not None:
+            parts = urlsplit(origin.decode("latin-1").strip().lower())
+            if parts.scheme != "http" or parts.netloc != host or parts.path not in ("", "/"):
+                return json_reply({"error": "cross-origin admin requests are refused"}, 403)
+        if body or method in ("POST", "PUT", "PATCH"):
+            content_type = headers.get(b"content-type")
+            if content_type is None and origin is None:
+                return None
+            kind = (content_type or b"").split(b";", 1)[0].strip().lower()
+            if kind != b"application/json":
+                return json_reply({"error": "admin requests with a body must be JSON"}, 415)
+        return None
+
+    def _names_us(self, host: str) -> bool:
+        """Is ``host`` (a Host header) a loopback address with the port we listen on?"""
+        parts = urlsplit(f"//{host}")
+        try:
+            port = parts.port
+        except ValueError:
+            return False
+        name = parts.hostname or ""
+        if not name or not _is_loopback(name):
+            return False
+        return (port if port is not None else 80) == self.port
+
     def _admin(self, method: str, path: str, query: str, body: bytes) -> Reply:
         try:
             if path == "/_admin/faults":
@@ -577,7 +626,7 @@ def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
 

@@ -2,7 +2,10 @@
 
 Over stdio (and over HTTP without configured clients) every caller is the default caller,
 with the server's ``--profile``. With ``[serve.http.clients]`` the bearer token the SDK's
-auth middleware verified names the client, and the client names its profile and identity.
+auth middleware verified names the client, and the client names its profile and identity;
+a request without a verified token of a configured client then fails closed: it is the
+``unauthenticated`` caller, whose profile no config defines, so it gets no tool at all
+(the SDK's auth middleware answers such requests ``401`` before they get here anyway).
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from dataclasses import dataclass
 from mcp.server.auth.middleware.auth_context import get_access_token
 
 from ..contract import AuthContext
-from .settings import ClientSettings
+from .settings import UNAUTHENTICATED_PROFILE, ClientSettings
 
-__all__ = ["Caller", "Callers"]
+__all__ = ["UNAUTHENTICATED_PROFILE", "Caller", "Callers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +34,13 @@ class Callers:
     """Maps the current request to its :class:`Caller`."""
 
     def __init__(self, profile: str | None, clients: Sequence[ClientSettings] = ()) -> None:
-        self.default = Caller("default", profile, AuthContext())
+        self.default = (
+            Caller("default", profile, AuthContext())
+            if not clients
+            else Caller("unauthenticated", UNAUTHENTICATED_PROFILE, AuthContext())
+        )
+        """The caller of a request without a client's token: with clients configured, the
+        ``unauthenticated`` caller (no tools); otherwise everyone, with ``profile``."""
         self._clients = {
             client.name: Caller(
                 client.name,
@@ -42,12 +51,14 @@ class Callers:
         }
 
     def current(self) -> Caller:
-        """The caller of the request being handled (reads the SDK's auth context)."""
+        """The caller of the request being handled (reads the SDK's auth context). With
+        clients configured, a request without a token, or with one naming no configured
+        client, is the ``unauthenticated`` caller: it fails closed."""
         token = get_access_token()
         if token is None:
             return self.default
         return self._clients.get(token.client_id, self.default)
 
     def all(self) -> list[Caller]:
-        """The default caller and every configured client."""
+        """The default (or unauthenticated) caller and every configured client."""
         return [self.default, *self._clients.values()]

@@ -17,10 +17,12 @@ from typing import Any, Literal
 import jsonschema_rs
 
 from ..config import Config, ConfigError, load_config, parse_config
+from ..contract import Risk
 
 __all__ = [
     "DEFAULT_ADMIN_TOKEN_ENV",
     "SERVE_SCHEMA",
+    "UNAUTHENTICATED_PROFILE",
     "ClientSettings",
     "ServeSettings",
     "UpstreamSettings",
@@ -30,6 +32,10 @@ __all__ = [
 
 DEFAULT_ADMIN_TOKEN_ENV = "TOOLRELAY_ADMIN_TOKEN"
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+UNAUTHENTICATED_PROFILE = "toolrelay:unauthenticated"
+"""The profile of an HTTP caller without a valid token when client tokens are configured:
+a name :meth:`ServeSettings.check` refuses to see defined, so the dispatcher maps it to
+``NOTHING`` (no tool listed or run)."""
 Transport = Literal["stdio", "http"]
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": 128}
@@ -37,6 +43,7 @@ _ENV = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 _PORT = {"type": "integer", "minimum": 0, "maximum": 65535}
 _POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 _SECRET = {"type": "string", "minLength": 1}
+_RISK = {"enum": ["read", "write", "dangerous"]}
 _CLIENT = {
     "type": "object",
     "additionalProperties": False,
@@ -67,6 +74,8 @@ _UPSTREAM = {
         "connect_timeout_s": _POSITIVE,
         "optional": {"type": "boolean"},
         "count_errors": {"type": ["boolean", "string"]},
+        "risk": _RISK,
+        "tool_risk": {"type": "object", "additionalProperties": _RISK},
     },
     "oneOf": [{"required": ["command"]}, {"required": ["url"]}],
 }
@@ -138,6 +147,10 @@ class UpstreamSettings:
     connect_timeout_s: float | None = None
     optional: bool = False
     count_errors: bool | str = False
+    risk: Risk | None = None
+    """A floor for the risk of every tool of the upstream (its hints cannot lower it)."""
+    tool_risk: Mapping[str, Risk] = field(default_factory=dict)
+    """Floors per tool, by the tool's MCP name or its toolrelay name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +191,11 @@ class ServeSettings:
     def check(self, config: Config) -> None:
         """Cross-checks against the dispatcher config: every named profile exists."""
         where = config.path or "config"
+        if UNAUTHENTICATED_PROFILE in config.profiles:
+            raise ConfigError(
+                f"{where}: profiles: the name {UNAUTHENTICATED_PROFILE!r} is reserved "
+                "(the profile of unauthenticated callers: no tools)"
+            )
         if self.profile is not None and self.profile not in config.profiles:
             raise ConfigError(f"{where}: serve.profile: no profile named {self.profile!r}")
         for client in self.clients:

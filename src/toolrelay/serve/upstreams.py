@@ -39,6 +39,10 @@ def _options(upstream: UpstreamSettings) -> dict[str, Any]:
         options["connect_timeout_s"] = upstream.connect_timeout_s
     if upstream.count_errors is not False:
         options["count_errors"] = upstream.count_errors
+    if upstream.risk is not None:
+        options["risk"] = upstream.risk
+    if upstream.tool_risk:
+        options["tool_risk"] = dict(upstream.tool_risk)
     return options
 
 

@@ -20,12 +20,18 @@ How tools are mapped
     the SDK 2.x itself already refuses a whole ``tools/list`` that contains such a schema,
     and the connection then fails with the SDK's ``ValidationError``),
     ``outputSchema`` → ``output_schema``, ``description`` (or the title) → ``description``.
-    Annotations give the risk: ``readOnlyHint`` → ``read``, ``destructiveHint: true`` →
-    ``dangerous``, anything else (no hints at all included) → ``write``;
+    Annotations give the risk: ``destructiveHint: true`` → ``dangerous`` (even beside
+    ``readOnlyHint``: contradictory hints resolve to the riskier), otherwise
+    ``readOnlyHint`` → ``read``, anything else (no hints at all included) → ``write``;
+    the source's ``risk`` and ``tool_risk`` floors then raise it (never lower it);
     ``idempotentHint`` → ``idempotent`` (absent: toolrelay's default, ``risk == "read"``).
     (The spec's own default for an absent ``destructiveHint`` is ``true``; toolrelay asks for
     approval of ``write`` tools by default too. Hints come from the server: trust them only
     as far as you trust the server.)
+    Sizes are capped as the list is read: a description longer than 2,000 characters is cut
+    (ending with ``…``), and a tool whose input or output schema serialises to more than
+    64 KiB of compact JSON, or nests objects and arrays deeper than 32 levels, is skipped
+    with a log line.
     Names are sanitised to toolrelay's ``^[A-Za-z0-9_-]{1,64}$`` (other characters become
     ``_``) and prefixed with ``prefix + "__"`` when a prefix is given; a name that still does
     not fit, a duplicate, or a declaration toolrelay's registry would refuse (e.g. a schema
@@ -74,6 +80,7 @@ the server process.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -90,7 +97,7 @@ import anyio
 import anyio.abc
 
 from .. import __version__
-from ..contract import AuthContext, ErrorType, Risk, ToolDeclaration, ToolError
+from ..contract import RISKS, AuthContext, ErrorType, Risk, ToolDeclaration, ToolError
 from ..redact import Redactor
 from ..registry import DEFAULT_RESERVED, NAME_RE, RegistrationError, compile_tool
 
@@ -124,6 +131,13 @@ _MAX_WORD_CHARS = 100  # a word the cap would split is dropped whole up to this 
 _MAX_REDACTED_CHARS = 16384  # of a server's text, at most this much is read at all
 _REDACT = Redactor()
 
+MAX_DESCRIPTION_CHARS = 2000
+"""A tool description longer than this is cut (ending with ``…``)."""
+MAX_SCHEMA_BYTES = 64 * 1024
+"""A tool whose input or output schema serialises (compact JSON, UTF-8) to more is skipped."""
+MAX_SCHEMA_DEPTH = 32
+"""A tool whose input or output schema nests objects and arrays deeper is skipped."""
+
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _INVALID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_LIST_PAGES = 100
@@ -152,6 +166,8 @@ class McpSourceOptions(TypedDict, total=False):
     backoff_max_s: float
     reserved_properties: Iterable[str]
     count_errors: bool | str
+    risk: Risk | None
+    tool_risk: Mapping[str, Risk] | None
 
 
 class _State:
@@ -259,15 +275,68 @@ def object_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def _schema_depth(schema: Any, limit: int) -> int:
+    """How deeply ``schema`` nests objects and arrays, counted up to ``limit + 1`` (without
+    recursion, so no nesting is too deep to measure)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Mapping | list | tuple):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return deepest
+            children = node.values() if isinstance(node, Mapping) else node
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _schema_problem(what: str, schema: Any) -> str | None:
+    """Why ``schema`` is too big to accept, or ``None``."""
+    if schema is None:
+        return None
+    if _schema_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        return f"its {what} nests deeper than {MAX_SCHEMA_DEPTH} levels"
+    try:
+        size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
+    except (TypeError, ValueError):
+        return f"its {what} is not JSON"
+    if size > MAX_SCHEMA_BYTES:
+        return f"its {what} is larger than {MAX_SCHEMA_BYTES} bytes ({size})"
+    return None
+
+
+def _description(text: str) -> str:
+    if len(text) <= MAX_DESCRIPTION_CHARS:
+        return text
+    return text[: MAX_DESCRIPTION_CHARS - 1] + "…"
+
+
 def _risk(annotations: mcp_types.ToolAnnotations | None) -> tuple[Risk, bool | None]:
+    """The risk the server's hints claim. ``destructiveHint: true`` wins over
+    ``readOnlyHint``: contradictory hints never make a tool look safer than either says."""
     if annotations is None:
         return "write", None
     idempotent = annotations.idempotent_hint
-    if annotations.read_only_hint:
-        return "read", idempotent
     if annotations.destructive_hint:
         return "dangerous", idempotent
+    if annotations.read_only_hint:
+        return "read", idempotent
     return "write", idempotent
+
+
+def _riskier(a: Risk, b: Risk | None) -> Risk:
+    """The higher of two risks (``read`` < ``write`` < ``dangerous``)."""
+    if b is None:
+        return a
+    return a if RISKS.index(a) >= RISKS.index(b) else b
+
+
+def _check_risk(label: str, value: Any) -> Risk:
+    if value not in RISKS:
+        raise ValueError(f"{label} must be one of {list(RISKS)}, not {value!r}")
+    risk: Risk = value
+    return risk
 
 
 def _result_data(result: mcp_types.CallToolResult) -> Any:
@@ -332,6 +401,10 @@ class McpSource:
             ``False`` (none: the default), ``True`` (all), or a regular expression searched
             in the error text (at most 200 characters of it), e.g.
             ``"(?i)unavailable|timed? ?out|503"``.
+        risk: A floor for the risk of every tool of the source: a tool's risk is the
+            higher of what its hints say and this (``read`` < ``write`` < ``dangerous``).
+        tool_risk: Floors per tool, by its MCP name (as the server names it) or its
+            toolrelay name, e.g. ``{"delete_repo": "dangerous"}``; combined with ``risk``.
     """
 
     def __init__(
@@ -351,6 +424,8 @@ class McpSource:
         backoff_max_s: float = 30.0,
         reserved_properties: Iterable[str] = DEFAULT_RESERVED,
         count_errors: bool | str = False,
+        risk: Risk | None = None,
+        tool_risk: Mapping[str, Risk] | None = None,
     ) -> None:
         if not breaker_key or not isinstance(breaker_key, str):
             raise ValueError("breaker_key must be a non-empty string")
@@ -382,6 +457,11 @@ class McpSource:
         self.backoff_initial_s = float(backoff_initial_s)
         self.backoff_max_s = float(max(backoff_max_s, backoff_initial_s))
         self.reserved_properties = frozenset(reserved_properties)
+        self.risk = None if risk is None else _check_risk("risk", risk)
+        self.tool_risk = {
+            str(tool): _check_risk(f"tool_risk[{tool!r}]", value)
+            for tool, value in (tool_risk or {}).items()
+        }
         self._outage: re.Pattern[str] | bool
         if isinstance(count_errors, str):
             try:
@@ -832,15 +912,27 @@ class McpSource:
         if name is None:
             return None
         old = self._entries.get(name)
+        for what, schema in (
+            ("input schema", tool.input_schema),
+            ("output schema", tool.output_schema),
+        ):
+            problem = _schema_problem(what, schema)
+            if problem is not None:
+                self._skip(tool.name, problem)
+                return None
         parameters = object_schema(tool.input_schema)
         if parameters is None:
             self._skip(tool.name, "its input schema is not an object schema")
             return None
         risk, idempotent = _risk(tool.annotations)
+        risk = _riskier(risk, self.risk)  # the operator's floors: hints cannot go below them
+        risk = _riskier(risk, self.tool_risk.get(tool.name))
+        if name != tool.name:
+            risk = _riskier(risk, self.tool_risk.get(name))
         annotation_title = tool.annotations.title if tool.annotations is not None else None
         decl = ToolDeclaration(
             name=name,
-            description=tool.description or tool.title or annotation_title or "",
+            description=_description(tool.description or tool.title or annotation_title or ""),
             parameters=parameters,
             output_schema=tool.output_schema,
             risk=risk,
