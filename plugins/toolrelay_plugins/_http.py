@@ -12,6 +12,7 @@ other HTTP 5xx                              tool_error  yes        yes
 connect error, reset, broken or cut body    tool_error  yes        yes
 httpx timeout (toolrelay's deadline first)  timeout     yes        yes
 malformed or oversized body, odd shape      tool_error  no         yes
+redirect to an internal address (feeds)     tool_error  no         yes
 other HTTP 4xx, unfollowed 3xx              tool_error  no         no
 a URL httpx cannot use (configuration)      tool_error  no         no
 ==========================================  ==========  =========  =================
@@ -21,32 +22,49 @@ but it is not retryable: a service that sends garbage (a broken deploy, an HTML 
 page from a proxy) usually sends the same garbage a moment later, so an immediate retry
 would only spend the call's deadline. An httpx timeout is answered as ``timeout``, the
 envelope's name for "the tool did not answer in time".
+
+Hostile upstreams (see docs/security.md, "Hostile upstream"): bodies are capped at
+``max_response_bytes``; a JSON body with more than :data:`MAX_JSON_ITEMS` values is
+refused before it is decoded (decoding runs on the event loop, holding the GIL, so it
+must stay short); :func:`clean_text` cuts its input to ``TEXT_WINDOW_FACTOR * limit +
+TEXT_WINDOW_SLACK`` characters before a linear-time strip; redirects (followed only
+when a plugin asks, at most :data:`MAX_REDIRECTS`) may not lead to a loopback, private,
+link-local or otherwise non-global address unless they stay on the configured host:port.
 """
 
 from __future__ import annotations
 
+import functools
+import html
+import ipaddress
 import json
 import math
 import re
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from html.parser import HTMLParser
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import anyio.to_thread
 import httpx
 
 from toolrelay.contract import ErrorType, ToolDeclaration, ToolError
 
 __all__ = [
     "HTTP_KEYS",
+    "MAX_JSON_ITEMS",
+    "MAX_REDIRECTS",
     "HttpPlugin",
     "HttpSettings",
     "Registrar",
     "ServiceClient",
+    "check_redirect",
     "clean_text",
+    "internal_address",
+    "json_items",
     "malformed",
     "retry_after_seconds",
     "safe_url",
@@ -57,6 +75,17 @@ __all__ = [
 USER_AGENT = "toolrelay-plugins/0.1"
 MAX_RETRY_AFTER_S = 3600.0
 DEFAULT_MAX_BYTES = 2 * 1024 * 1024
+MAX_REDIRECTS = 3
+"""Redirects a following client takes before it gives up."""
+MAX_JSON_ITEMS = 50_000
+"""At most this many JSON values (counted as ``,``, ``[`` and ``{`` bytes, so an
+over-estimate) are decoded; a larger body is refused unread. Decoding 50,000 values takes
+a few milliseconds; a 2 MiB body of ``[[],[],…]`` (700,000 lists) holds the event loop
+for over 100 ms, and a worker thread would not help: the C decoder never releases the GIL."""
+TEXT_WINDOW_FACTOR = 8
+TEXT_WINDOW_SLACK = 1024
+""":func:`clean_text` reads at most ``TEXT_WINDOW_FACTOR * limit + TEXT_WINDOW_SLACK``
+characters of its input."""
 HTTP_KEYS = frozenset(
     {"timeout_s", "connect_timeout_s", "read_timeout_s", "max_response_bytes", "trust_env"}
 )
@@ -240,8 +269,7 @@ class ServiceClient:
             self._client = httpx.AsyncClient(
                 timeout=self.settings.httpx_timeout(),
                 headers={"user-agent": USER_AGENT, "accept": self._accept},
-                follow_redirects=self._follow,
-                max_redirects=3,
+                follow_redirects=False,  # followed by fetch(), which checks every hop
                 trust_env=self.settings.trust_env,
             )
         return self._client
@@ -249,28 +277,47 @@ class ServiceClient:
     async def fetch(
         self, service: str, url: str, params: Params | None = None
     ) -> tuple[bytes, str]:
-        """The body and content type of ``GET url``; any failure is a :class:`ToolError`."""
+        """The body and content type of ``GET url``; any failure is a :class:`ToolError`.
+
+        With ``follow_redirects``, at most :data:`MAX_REDIRECTS` redirects are followed,
+        each checked by :func:`check_redirect` before it is sent.
+        """
         limit = self.settings.max_response_bytes
         try:
-            async with self._http().stream("GET", url, params=params) as response:
-                problem = status_error(service, response)
-                if problem is not None:
-                    raise problem
-                declared = response.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > limit:
-                    raise _too_large(service, limit)
-                body = bytearray()
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > limit:
+            client = self._http()
+            request = client.build_request("GET", url, params=params)
+            trusted = _host_port(request.url)
+            for _ in range(MAX_REDIRECTS + 1):
+                response = await client.send(request, stream=True)
+                try:
+                    following = response.next_request
+                    if self._follow and following is not None:
+                        await check_redirect(service, following.url, trusted)
+                        request = following
+                        continue
+                    problem = status_error(service, response)
+                    if problem is not None:
+                        raise problem
+                    declared = response.headers.get("content-length", "")
+                    if declared.isdigit() and int(declared) > limit:
                         raise _too_large(service, limit)
-                return bytes(body), response.headers.get("content-type", "")
+                    body = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        body += chunk
+                        if len(body) > limit:
+                            raise _too_large(service, limit)
+                    return bytes(body), response.headers.get("content-type", "")
+                finally:
+                    await response.aclose()
+            raise ToolError(f"{service} redirected too many times", counts_as_failure=True)
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise transport_error(service, exc) from exc
 
     async def get_json(self, service: str, url: str, params: Params | None = None) -> Any:
         """``GET url`` decoded as JSON (NaN and Infinity refused)."""
         body, _ = await self.fetch(service, url, params)
+        if json_items(body) > MAX_JSON_ITEMS:
+            raise malformed(service)
         try:
             return _loads(body)
         except (ValueError, RecursionError) as exc:
@@ -280,6 +327,62 @@ class ServiceClient:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+
+
+def json_items(body: bytes) -> int:
+    """An upper bound on the number of values in a JSON document (linear, in C)."""
+    return body.count(b",") + body.count(b"[") + body.count(b"{") + 1
+
+
+# -- redirects -----------------------------------------------------------------------------
+_METADATA = frozenset(
+    {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+)
+
+
+def _host_port(url: httpx.URL) -> tuple[str, int | None]:
+    port = url.port
+    if port is None:
+        port = {"http": 80, "https": 443}.get(url.scheme)
+    return url.host.lower().rstrip("."), port
+
+
+def internal_address(address: str) -> bool:
+    """Whether ``address`` (an IP literal) is loopback, private, link-local, metadata or
+    otherwise not globally routable; an unparsable address counts as internal."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return True
+    if isinstance(ip, ipaddress.IPv6Address):
+        mapped = ip.ipv4_mapped or ip.sixtofour
+        if mapped is not None and internal_address(str(mapped)):
+            return True
+    return ip in _METADATA or not ip.is_global or ip.is_multicast
+
+
+def _refused(service: str) -> ToolError:
+    return ToolError(f"{service} redirected to an address it may not use", counts_as_failure=True)
+
+
+async def check_redirect(service: str, url: httpx.URL, trusted: tuple[str, int | None]) -> None:
+    """Refuse a redirect to anything but http(s) on the configured host:port (``trusted``)
+    or on a host whose every address is global. The name is resolved (off the event
+    loop), so ``localhost`` or a name in /etc/hosts pointing inward is refused too."""
+    if url.scheme not in ("http", "https") or not url.host:
+        raise _refused(service)
+    host, port = _host_port(url)
+    if (host, port) == trusted:
+        return
+    try:
+        infos = await anyio.to_thread.run_sync(
+            functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM),
+            abandon_on_cancel=True,
+        )
+    except (OSError, UnicodeError) as exc:
+        raise _refused(service) from exc
+    if not infos or any(internal_address(str(info[4][0])) for info in infos):
+        raise _refused(service)
 
 
 def _loads(body: bytes) -> Any:
@@ -317,42 +420,38 @@ class HttpPlugin:
 
 # -- text from upstreams -------------------------------------------------------------------
 _BLOCK = frozenset({"p", "div", "br", "li", "ul", "ol", "tr", "td", "h1", "h2", "h3", "h4"})
-_HIDDEN = frozenset({"script", "style", "template", "noscript"})
+_HIDDEN = ("script", "style", "template", "noscript")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f]")
+# One pass, linear: every alternative either fails within a few characters or matches
+# everything it scanned (an unterminated comment, tag or hidden element runs to the end),
+# so no position is scanned twice. No nested quantifiers.
+_MARKUP = re.compile(
+    r"<!--.*?(?:-->|\Z)"  # comment
+    rf"|<(?P<hidden>{'|'.join(_HIDDEN)})\b[^>]*(?:>|\Z).*?(?:</(?P=hidden)\s*>|\Z)"  # with content
+    r"|</?(?P<tag>[A-Za-z][A-Za-z0-9]*)[^>]*(?:>|\Z)"  # tag (block tags become a space)
+    r"|<[!?/][^>]*(?:>|\Z)",  # declaration, CDATA, processing instruction, bogus end tag
+    re.DOTALL | re.IGNORECASE,
+)
 
 
-class _TextOnly(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self.hidden = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in _HIDDEN:
-            self.hidden += 1
-        elif tag in _BLOCK:
-            self.parts.append(" ")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in _HIDDEN:
-            self.hidden = max(0, self.hidden - 1)
-        elif tag in _BLOCK:
-            self.parts.append(" ")
-
-    def handle_data(self, data: str) -> None:
-        if not self.hidden:
-            self.parts.append(data)
+def _markup(match: re.Match[str]) -> str:
+    tag = match.group("tag")
+    return " " if tag is not None and tag.lower() in _BLOCK else ""
 
 
 def clean_text(value: Any, limit: int) -> str | None:
     """Plain text from an upstream's text or HTML: tags and control characters removed,
-    whitespace collapsed, at most ``limit`` characters (cut ones end with "…")."""
+    whitespace collapsed, at most ``limit`` characters (cut ones end with "…").
+
+    Linear time and never raises: the input is cut to ``TEXT_WINDOW_FACTOR * limit +
+    TEXT_WINDOW_SLACK`` characters first, then tags, comments and hidden elements are
+    removed in one regular-expression pass, then character references are decoded.
+    """
     if not isinstance(value, str) or not value:
         return None
-    parser = _TextOnly()
-    parser.feed(value)
-    parser.close()
-    text = " ".join(_CONTROL.sub(" ", "".join(parser.parts)).split())
+    window = value[: TEXT_WINDOW_FACTOR * max(limit, 1) + TEXT_WINDOW_SLACK]
+    text = html.unescape(_MARKUP.sub(_markup, window))
+    text = " ".join(_CONTROL.sub(" ", text).split())
     if len(text) > limit:
         text = text[: limit - 1].rstrip() + "…"
     return text or None

@@ -6,7 +6,12 @@ time (ISO 8601 UTC, or null) and a plain-text summary cut to ``summary_chars``.
 
 Parsing is strict: a feed must be well-formed XML (feedparser's lenient fallback parser is
 not trusted with a body that failed it), and is parsed on a worker thread so a large feed
-never blocks the event loop. Bodies are capped by ``max_response_bytes`` before parsing.
+never blocks the event loop. feedparser's HTML sanitizer is off: every text goes through
+:func:`~toolrelay_plugins._http.clean_text`, which keeps no markup at all, and the
+sanitizer has quadratic regular expressions (``"<!--" * 30000`` held the GIL, and so the
+event loop, for two seconds from the worker thread). Bodies are capped by
+``max_response_bytes`` before parsing. Redirects are followed (at most three), never to an
+internal address (see :func:`~toolrelay_plugins._http.check_redirect`).
 feedparser never resolves external entities and drops entity declarations that refer to
 other entities before expat sees them, so XXE and "billion laughs" bodies do not expand
 (see ``tests/test_plugins.py``); expat ≥ 2.4 also refuses runaway amplification.
@@ -130,7 +135,7 @@ def parse_feed(body: bytes, content_type: str = "application/xml") -> Any | None
         io.BytesIO(body),  # never bytes or str: feedparser would read those as a path or URL
         response_headers={"content-type": content_type or "application/xml"},
         resolve_relative_uris=False,
-        sanitize_html=True,
+        sanitize_html=False,  # clean_text keeps no markup; the sanitizer is quadratic
     )
     if not parsed.get("version"):
         return None

@@ -289,7 +289,7 @@ def _daily(data: Any, days: int) -> dict[str, Any]:
     if len({len(column) for column in columns}) != 1:
         raise malformed(SERVICE)
     out = []
-    for date, high, low, rain, code in list(zip(*columns, strict=True))[:days]:
+    for date, high, low, rain, code in zip(*(column[:days] for column in columns), strict=True):
         if not isinstance(date, str) or not _DATE.match(date):
             raise malformed(SERVICE)
         out.append(

@@ -38,6 +38,8 @@ SERVICE = "searxng"
 DEFAULT_RESULTS = 5
 TITLE_CHARS = 200
 SNIPPET_CHARS = 300
+MAX_SCANNED = 100
+"""Raw results looked at, at most: a body of 50,000 junk results costs no more than 100."""
 _ENGINE = re.compile(r"^[a-z0-9][a-z0-9 ._-]{0,39}$")
 _LANGUAGE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})?$|^all$|^auto$")
 
@@ -106,7 +108,7 @@ def _results(raw: list[Any], limit: int) -> list[dict[str, Any]]:
     """Results only: answers and infoboxes are never read."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for item in raw:
+    for item in raw[:MAX_SCANNED]:
         if len(out) == limit:
             break
         if not isinstance(item, dict):

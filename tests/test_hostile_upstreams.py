@@ -1,0 +1,413 @@
+"""Pathological upstream answers, served over real loopback HTTP (our issue 16).
+
+Every call must answer within its deadline (plus a small margin), never raise, never let
+an internal address's body through, and the loop watchdog must see no stall over 50 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+
+from loop_watchdog import watchdog
+from toolrelay import BreakerConfig, Dispatcher, ToolRegistry
+from toolrelay.chaos.upstream import Upstream
+from toolrelay_plugins import _http
+from toolrelay_plugins._http import HttpPlugin, clean_text
+from toolrelay_plugins.feeds import FeedsPlugin
+from toolrelay_plugins.weather import WeatherPlugin
+from toolrelay_plugins.websearch import WebSearchPlugin
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE_S = 2.0
+MARGIN_S = 0.5
+MAX_STALL_S = 0.05
+CAP = 2 * 1024 * 1024
+ONCE = BreakerConfig(max_attempts=1, fail_max=1)
+BREAKERS = {"open-meteo": ONCE, "searxng": ONCE, "feeds": ONCE}
+
+BOMBS: dict[str, str] = {
+    "comments": "<!--" * 30000,
+    "cdata": "<![" * 30000,
+    "entities": "&lt;a" * 20000,
+    "charrefs": "&#" * 50000,
+    "open-tags": "<a " * 5000,
+    "unclosed-script": "<script" * 30000,
+    "script-ends": "<script>" + "</script " * 20000,
+    "bogus-ends": "</" * 30000,
+    "lone-lt": "<" * 100000,
+}
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    async with Upstream(host="127.0.0.1", port=0) as up:
+        yield up
+
+
+@asynccontextmanager
+async def relay(*plugins: HttpPlugin) -> AsyncIterator[Dispatcher]:
+    registry = ToolRegistry()
+    for plugin in plugins:
+        registry.register(plugin)
+    try:
+        yield Dispatcher(registry, breakers=BREAKERS)
+    finally:
+        for plugin in plugins:
+            await plugin.aclose()
+
+
+async def call(plugin: HttpPlugin, tool: str, args: Mapping[str, Any]) -> tuple[Any, Dispatcher]:
+    """One call under the watchdog: in time, no stall, an envelope (never an exception)."""
+    plugin.client._http()  # build the client (and its TLS context: ~30 ms) before watching
+    async with relay(plugin) as dispatcher, watchdog() as dog:
+        started = time.perf_counter()
+        result = await dispatcher.dispatch(tool, json.dumps(args))
+        elapsed = time.perf_counter() - started
+    got = result.to_model()
+    assert elapsed < DEADLINE_S + MARGIN_S, f"answered after {elapsed:.2f} s: {got}"
+    assert dog.max_gap < MAX_STALL_S, f"the loop stalled {dog.max_gap * 1000:.0f} ms"
+    assert isinstance(got, dict) and isinstance(got.get("ok"), bool)
+    return got, dispatcher
+
+
+def search_body(text: str) -> bytes:
+    result = {"url": "https://example.org/a", "title": text, "content": text, "engine": "x"}
+    return json.dumps({"query": "q", "results": [result]}).encode()
+
+
+def geocoder_body(text: str) -> bytes:
+    place = {"name": text, "country": text, "latitude": 59.9, "longitude": 10.7}
+    return json.dumps({"results": [place]}).encode()
+
+
+def feed_body(text: str) -> bytes:
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return (
+        '<?xml version="1.0"?>\n<rss version="2.0"><channel><title>'
+        f"{escaped}</title><item><title>{escaped}</title><link>https://example.org/1</link>"
+        f"<description>{escaped}</description></item></channel></rss>"
+    ).encode()
+
+
+def padded(make: Callable[[str], bytes], unit: str, size: int) -> bytes:
+    """``make(unit * n)`` grown to exactly ``size`` bytes (padded with spaces)."""
+    small = len(make(""))
+    n = (size - small) // max(1, len(make(unit)) - small)
+    body = make(unit * n)
+    while len(body) > size:
+        n -= 1
+        body = make(unit * n)
+    return body + b" " * (size - len(body))
+
+
+UNREADABLE = {
+    "ok": False,
+    "error_type": "tool_error",
+    "message": "searxng sent an answer that could not be read",
+    "retryable": False,
+}
+
+
+# -- clean_text itself ---------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(BOMBS))
+def test_clean_text_is_fast_and_total(name: str) -> None:
+    for size in (1, 10, 100):  # 100× the input must not cost more: it is cut first
+        text = BOMBS[name] * size
+        for limit in (20, 300, 5000):
+            started = time.perf_counter()
+            out = clean_text(text, limit)
+            elapsed = time.perf_counter() - started
+            assert elapsed < 0.02, (name, size, limit, elapsed)
+            assert out is None or len(out) <= limit
+
+
+def test_clean_text_keeps_normal_text() -> None:
+    assert clean_text("<p>a</p><p>b &amp; c</p>", 100) == "a b & c"
+    assert clean_text("<style>x{}</style>kept<script>gone()</script>", 100) == "kept"
+    assert clean_text("<SCRIPT type=x>gone</Script >kept", 100) == "kept"
+    assert clean_text("a<br/>b<!-- c -->d<![CDATA[e]]>f", 100) == "a bdf"
+    assert clean_text("1 < 2 and 3 > 2, &lt;b&gt; stays text", 100) == (
+        "1 < 2 and 3 > 2, <b> stays text"
+    )
+    assert clean_text("x&#x202e;y&#0;", 100) == "x y\ufffd"
+    assert clean_text("abcdef", 4) == "abc…"
+
+
+# -- websearch -----------------------------------------------------------------------------
+def search(up: Upstream) -> WebSearchPlugin:
+    return WebSearchPlugin({"base_url": up.url, "timeout_s": DEADLINE_S})
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+async def test_search_snippet_bombs(upstream: Upstream, name: str) -> None:
+    body = search_body(BOMBS[name])
+    upstream.serve_static("/search", body, "application/json")
+    got, _ = await call(search(upstream), "web_search", {"query": "q"})
+    if _http.json_items(body) > _http.MAX_JSON_ITEMS:  # "<![" * 30000: too many brackets to decode
+        assert got == UNREADABLE
+        return
+    (result,) = got["data"]["results"]
+    assert result["title"] == result["url"] or len(result["title"]) <= 200
+    assert result["snippet"] is None or len(result["snippet"]) <= 300
+
+
+@pytest.mark.parametrize("unit", ["<!--", "&lt;a", "<a "])
+async def test_search_body_at_the_cap(upstream: Upstream, unit: str) -> None:
+    body = padded(search_body, unit, CAP)
+    assert len(body) == CAP
+    upstream.serve_static("/search", body, "application/json")
+    got, _ = await call(search(upstream), "web_search", {"query": "q"})
+    assert got["ok"] is True
+
+
+async def test_search_body_over_the_cap(upstream: Upstream) -> None:
+    upstream.serve_static("/search", padded(search_body, "<!--", CAP + 1), "application/json")
+    got, _ = await call(search(upstream), "web_search", {"query": "q"})
+    assert got == {
+        "ok": False,
+        "error_type": "tool_error",
+        "message": f"searxng sent more than {CAP} bytes",
+        "retryable": False,
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"results": [{}] * 100_000}, id="100k-items"),
+        pytest.param({"results": [[]] * 300_000}, id="300k-lists"),
+        pytest.param(None, id="deep-10000"),
+    ],
+)
+async def test_search_huge_json_is_refused(upstream: Upstream, body: Any) -> None:
+    raw = b'{"results": ' + b"[" * 10_000 + b"]" * 10_000 + b"}" if body is None else b""
+    upstream.serve_static("/search", raw or json.dumps(body).encode(), "application/json")
+    got, _ = await call(search(upstream), "web_search", {"query": "q"})
+    assert got == UNREADABLE
+
+
+async def test_search_many_junk_results(upstream: Upstream) -> None:
+    junk = [{"url": "javascript:x", "title": "<!--" * 5} for _ in range(12_000)]
+    good = {"url": "https://example.org/z", "title": "late"}
+    body = json.dumps({"results": [*junk, good]}).encode()
+    upstream.serve_static("/search", body, "application/json")
+    got, _ = await call(search(upstream), "web_search", {"query": "q"})
+    assert got == {"ok": True, "data": {"results": []}}
+
+
+# -- weather's geocoder --------------------------------------------------------------------
+def weather(up: Upstream) -> WeatherPlugin:
+    return WeatherPlugin({"base_url": up.url, "geocoding_url": up.url, "timeout_s": DEADLINE_S})
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+async def test_geocoder_name_bombs(upstream: Upstream, name: str) -> None:
+    body = geocoder_body(BOMBS[name])
+    upstream.serve_static("/v1/search", body, "application/json")
+    got, _ = await call(weather(upstream), "weather_current", {"city": "Oslo"})
+    if _http.json_items(body) > _http.MAX_JSON_ITEMS:
+        assert got == {**UNREADABLE, "message": "open-meteo sent an answer that could not be read"}
+        return
+    assert got["ok"] is True
+    place = got["data"]["place"]
+    for key in ("name", "country"):
+        assert place[key] is None or len(place[key]) <= 80
+
+
+async def test_geocoder_body_at_the_cap(upstream: Upstream) -> None:
+    upstream.serve_static("/v1/search", padded(geocoder_body, "<!--", CAP), "application/json")
+    got, _ = await call(weather(upstream), "weather_current", {"city": "Oslo"})
+    assert got["ok"] is True
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(json.dumps({"results": [{}] * 100_000}).encode(), id="100k-items"),
+        pytest.param(b'{"results": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", id="deep-10000"),
+    ],
+)
+async def test_geocoder_huge_json_is_refused(upstream: Upstream, body: bytes) -> None:
+    upstream.serve_static("/v1/search", body, "application/json")
+    got, _ = await call(weather(upstream), "weather_current", {"city": "Oslo"})
+    assert got == {**UNREADABLE, "message": "open-meteo sent an answer that could not be read"}
+
+
+async def test_forecast_with_huge_columns(upstream: Upstream) -> None:
+    n = 9_000
+    body = {
+        "timezone": "GMT",
+        "daily_units": {
+            "temperature_2m_max": "°C",
+            "temperature_2m_min": "°C",
+            "precipitation_sum": "mm",
+        },
+        "daily": {
+            "time": ["2025-06-01"] * n,
+            "temperature_2m_max": [1.0] * n,
+            "temperature_2m_min": [0.0] * n,
+            "precipitation_sum": [0.0] * n,
+            "weather_code": [3] * n,
+        },
+    }
+    upstream.serve_static("/v1/forecast", json.dumps(body).encode(), "application/json")
+    got, _ = await call(weather(upstream), "weather_forecast", {"latitude": 1, "longitude": 2})
+    assert got["ok"] is True and len(got["data"]["days"]) == 3
+
+
+# -- feeds ---------------------------------------------------------------------------------
+def feeds(**urls: str) -> FeedsPlugin:
+    return FeedsPlugin({"feeds": urls, "timeout_s": DEADLINE_S})
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+async def test_feed_text_bombs(upstream: Upstream, name: str) -> None:
+    upstream.serve_static("/feed.xml", feed_body(BOMBS[name]), "application/rss+xml")
+    got, _ = await call(feeds(news=f"{upstream.url}/feed.xml"), "feed_latest", {"feed": "news"})
+    assert got["ok"] is True
+    (item,) = got["data"]["items"]
+    assert got["data"]["title"] is None or len(got["data"]["title"]) <= 300
+    assert item["summary"] is None or len(item["summary"]) <= 280
+
+
+async def test_feed_over_the_cap(upstream: Upstream) -> None:
+    upstream.serve_static("/feed.xml", padded(feed_body, "<!--", CAP + 1), "application/rss+xml")
+    got, _ = await call(feeds(news=f"{upstream.url}/feed.xml"), "feed_latest", {"feed": "news"})
+    assert got["ok"] is False
+    assert got["message"] == f"feed 'news' sent more than {CAP} bytes"
+
+
+# -- feeds: redirects ----------------------------------------------------------------------
+class Redirector:
+    """A tiny HTTP/1.1 server: ``routes[path] = (status, location or None, body)``."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = 0
+        self.routes: dict[str, tuple[int, str | None, bytes]] = {}
+        self.hits: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def _serve(self, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            data = b""
+            with anyio.move_on_after(5):
+                while b"\r\n\r\n" not in data and len(data) < 65536:
+                    chunk = await stream.receive()
+                    data += chunk
+            path = data.split(b" ", 2)[1].decode() if data.count(b" ") >= 2 else "/"
+            self.hits.append(path)
+            status, location, body = self.routes.get(path.split("?")[0], (404, None, b""))
+            head = f"HTTP/1.1 {status} X\r\ncontent-length: {len(body)}\r\nconnection: close\r\n"
+            if location is not None:
+                head += f"location: {location}\r\n"
+            if body:
+                head += "content-type: application/rss+xml\r\n"
+            await stream.send(head.encode() + b"\r\n" + body)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Redirector]:
+        listener = await anyio.create_tcp_listener(local_host=self.host, local_port=0)
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, self._serve)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+
+
+SECRET = "SECRET-INSTANCE-CREDENTIALS"
+REFUSED = {
+    "ok": False,
+    "error_type": "tool_error",
+    "message": "feed 'news' redirected to an address it may not use",
+    "retryable": False,
+}
+
+
+@asynccontextmanager
+async def servers() -> AsyncIterator[tuple[Redirector, Redirector]]:
+    """The feed host, and an "internal" service (another loopback port) with a secret."""
+    async with Redirector().running() as feed, Redirector().running() as internal:
+        internal.routes["/latest/meta-data/"] = (200, None, feed_body(SECRET))
+        feed.routes["/real.xml"] = (200, None, feed_body("public news"))
+        yield feed, internal
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://127.0.0.1:{port}/latest/meta-data/",
+        "http://localhost:{port}/latest/meta-data/",
+        "http://LOCALHOST.:{port}/latest/meta-data/",
+        "http://127.1:{port}/latest/meta-data/",
+        "http://[::ffff:127.0.0.1]:{port}/latest/meta-data/",
+        "http://[::1]:{port}/latest/meta-data/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fd00:ec2::254]/latest/meta-data/",
+        "http://10.0.0.1/",
+        "http://192.168.1.1/",
+        "http://0.0.0.0:{port}/latest/meta-data/",
+        "ftp://example.org/feed.xml",
+        "file:///etc/passwd",
+    ],
+)
+async def test_redirect_chain_to_an_internal_address_is_refused(target: str) -> None:
+    async with servers() as (feed, internal):
+        feed.routes["/feed.xml"] = (302, "/hop", b"")  # same host: allowed
+        feed.routes["/hop"] = (301, target.format(port=internal.port), b"")
+        plugin = feeds(news=f"{feed.url}/feed.xml")
+        got, dispatcher = await call(plugin, "feed_latest", {"feed": "news"})
+    assert SECRET not in json.dumps(got)
+    assert got == REFUSED
+    assert internal.hits == []
+    assert feed.hits == ["/feed.xml", "/hop"]
+    assert dispatcher.breakers.state("feeds") == "open"  # counts as a failure (fail_max=1)
+
+
+async def test_redirects_on_the_configured_host_are_followed() -> None:
+    async with servers() as (feed, _):
+        feed.routes["/feed.xml"] = (302, "/a", b"")
+        feed.routes["/a"] = (307, f"http://127.0.0.1:{feed.port}/real.xml", b"")
+        got, _ = await call(feeds(news=f"{feed.url}/feed.xml"), "feed_latest", {"feed": "news"})
+    assert got["ok"] is True and got["data"]["title"] == "public news"
+    assert feed.hits == ["/feed.xml", "/a", "/real.xml"]
+
+
+async def test_a_redirect_loop_gives_up() -> None:
+    async with servers() as (feed, _):
+        feed.routes["/feed.xml"] = (302, "/feed.xml", b"")
+        got, _ = await call(feeds(news=f"{feed.url}/feed.xml"), "feed_latest", {"feed": "news"})
+    assert got == {**REFUSED, "message": "feed 'news' redirected too many times"}
+    assert len(feed.hits) == 4
+
+
+async def test_a_redirect_to_an_unknown_host_is_refused() -> None:
+    async with servers() as (feed, _):
+        feed.routes["/feed.xml"] = (302, "http://no-such-host.invalid/x", b"")
+        got, _ = await call(feeds(news=f"{feed.url}/feed.xml"), "feed_latest", {"feed": "news"})
+    assert got == REFUSED
+
+
+def test_internal_addresses() -> None:
+    for address in (
+        "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.0.1", "169.254.169.254", "0.0.0.0",
+        "100.64.0.1", "::1", "fe80::1%eth0", "fd00:ec2::254", "::ffff:127.0.0.1",
+        "2002:7f00:1::", "224.0.0.1", "not an address",
+    ):  # fmt: skip
+        assert _http.internal_address(address), address
+    for address in ("93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:53c8", "1.1.1.1"):
+        assert not _http.internal_address(address), address
