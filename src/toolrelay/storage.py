@@ -294,7 +294,6 @@ class RedisLink:
         self.failures += 1
         self._next_probe = time.monotonic() + self.probe_interval_s
         if self.up:
-            self.up = False
             log.warning(
                 "toolrelay: breaker storage %s unreachable (%s); using local breaker state, "
                 "retrying every %g s",
@@ -304,6 +303,7 @@ class RedisLink:
             )
             if self.on_change is not None:
                 self.on_change(False)
+            self.up = False  # last: whoever sees it down also sees the gauge say so
 
     def _recovered(self) -> None:
         self.up = True
