@@ -60,7 +60,7 @@ async def synced(dispatcher: Dispatcher, key: str = "crm") -> None:
     dispatcher.breakers.get(key)
     link = dispatcher.storage_link
     assert link is not None
-    await wait_until(lambda: link.commands > 0)
+    await wait_until(lambda: link.commands > 0 and link.listening.is_set())
 
 
 async def until_state(dispatcher: Dispatcher, state: str, key: str = "crm") -> float:

@@ -255,6 +255,8 @@ class RedisLink:
             "done": self.client.register_script(_TRIAL_DONE),
         }
         self._closed = threading.Event()
+        self.listening = threading.Event()
+        """Set while the link is subscribed to other replicas' announcements."""
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._next_sync = 0.0
@@ -457,11 +459,15 @@ class RedisLink:
             try:
                 pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
                 pubsub.subscribe(CHANNEL)
+                self.listening.set()
+                self._next_sync = 0.0  # re-read now what was announced while not listening
+                self._ops.put(None)
                 while not self._closed.is_set():
                     message = pubsub.get_message(timeout=0.5)
                     if message is not None:
                         self._announced(_text(message["data"]))
             except self.error_type:
+                self.listening.clear()
                 self._closed.wait(min(self.probe_interval_s, 1.0))
             except Exception:
                 log.exception("toolrelay: breaker storage listener failed")

@@ -47,8 +47,8 @@ def main() -> None:
         dispatcher.breakers.get("svc")
         link = dispatcher.storage_link
         assert link is not None
-        for _ in range(1000):  # until the first sync has read the shared state
-            if link.commands:
+        for _ in range(1000):  # until it listens and its first sync has read the state
+            if link.commands and link.listening.is_set():
                 break
             await anyio.sleep(0.01)
         print("ready", flush=True)
