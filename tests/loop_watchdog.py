@@ -29,6 +29,7 @@ class Watchdog:
     tick_s: float
     max_gap: float = 0.0
     ticks: int = 0
+    last: float = 0.0
 
 
 @asynccontextmanager
@@ -37,13 +38,13 @@ async def watchdog(tick_s: float = 0.005) -> AsyncIterator[Watchdog]:
     dog = Watchdog(tick_s)
 
     async def ticker() -> None:
-        last = time.perf_counter()
+        dog.last = time.perf_counter()
         while True:
             await anyio.sleep(tick_s)
             now = time.perf_counter()
-            dog.max_gap = max(dog.max_gap, now - last)
+            dog.max_gap = max(dog.max_gap, now - dog.last)
             dog.ticks += 1
-            last = now
+            dog.last = now
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
@@ -51,4 +52,6 @@ async def watchdog(tick_s: float = 0.005) -> AsyncIterator[Watchdog]:
         try:
             yield dog
         finally:
+            # a stall that lasted until the block ended has no tick after it: count it too
+            dog.max_gap = max(dog.max_gap, time.perf_counter() - dog.last)
             tg.cancel_scope.cancel()

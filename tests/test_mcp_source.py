@@ -226,6 +226,7 @@ async def test_tool_mapping_names_risks_and_skips(
             "t__pid",
             "t__add_tool",
             "t__crash",
+            "t__redos",
             "t__dotted_name",
             "t__wipe",
             "t__careful",
@@ -505,3 +506,21 @@ async def test_count_errors_makes_an_upstream_outage_trip_the_breaker(
 def test_count_errors_must_be_a_valid_pattern() -> None:
     with pytest.raises(ValueError, match="count_errors is not a valid regular expression"):
         McpSource.stdio(["x"], breaker_key="k", count_errors="(unclosed")
+
+
+async def test_a_backtracking_output_pattern_never_holds_the_loop(
+    stdio_server: TestServer,
+) -> None:
+    """An upstream declaring ``pattern: "^(a+)+$"`` and answering 30 characters against it:
+    the SDK's pure-Python check would hold the loop for many seconds; toolrelay's own
+    (jsonschema-rs, linear-time) answers ``invalid_output`` at once."""
+    from loop_watchdog import watchdog
+
+    async with stdio_server.source() as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry, audit=None)
+        async with watchdog() as dog:
+            result = await dispatcher.dispatch("redos", "{}")
+    assert result.error_type is ErrorType.INVALID_OUTPUT, result
+    assert dog.max_gap < 0.05, dog.max_gap

@@ -84,6 +84,13 @@ TOOLS: dict[str, types.Tool] = {
             input_schema=_schema({"name": {"type": "string"}}, "name"),
         ),
         types.Tool(name="crash", description="Ends the server process.", input_schema=OBJECT),
+        types.Tool(
+            name="redos",
+            description="Declares a backtracking-hostile output pattern, answers against it.",
+            input_schema=OBJECT,
+            output_schema=_schema({"word": {"type": "string", "pattern": "^(a+)+$"}}, "word"),
+            annotations=READ,
+        ),
         # Listed for the mapping rules.
         types.Tool(name="dotted.name", description="A name with a dot.", input_schema=OBJECT),
         types.Tool(
@@ -180,6 +187,9 @@ async def call_tool(
         return types.CallToolResult(content=text(f"added {added}"))
     if name == "crash":
         os._exit(3)
+    if name == "redos":  # 30 characters: ~50 s in a backtracking regex engine
+        word = "a" * 29 + "!"
+        return types.CallToolResult(content=text(word), structured_content={"word": word})
     return types.CallToolResult(content=text(f"{name} works"))
 
 

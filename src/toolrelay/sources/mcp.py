@@ -151,6 +151,10 @@ class McpConnectError(ConnectionError):
     ``async with`` and :meth:`McpSource.refresh`; tool calls get a ``ToolError`` instead)."""
 
 
+async def _trust_result(name: str, result: Any) -> None:
+    """Stands in for the SDK's own output check (see ``McpSource._run``)."""
+
+
 class McpSourceOptions(TypedDict, total=False):
     """Keyword options shared by :meth:`McpSource.stdio` and :meth:`McpSource.http`."""
 
@@ -753,6 +757,12 @@ class McpSource:
                 conn.scope = scope
                 scope.deadline = anyio.current_time() + self.connect_timeout_s
                 async with self._client(conn) as client, anyio.create_task_group() as tg:
+                    # The SDK re-checks structuredContent against the upstream's outputSchema
+                    # with pure-Python jsonschema, on the event loop, with a backtracking
+                    # regex engine (an upstream's "^(a+)+$" held the loop for seconds).
+                    # toolrelay checks the same schema itself with jsonschema-rs (linear-time
+                    # regex) in its shape stage, so the SDK's copy is skipped.
+                    client.session.validate_tool_result = _trust_result  # type: ignore[method-assign]
                     if self._listens(client):
                         tg.start_soon(self._listen, conn, client)
                     self._install(await self._list_tools(client))
