@@ -17,28 +17,37 @@ Both protocol eras are served, over stdio (:meth:`Gateway.run_stdio`) and stream
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, cast
 
 import anyio
 import mcp.types as types
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
-from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.middleware.bearer_auth import (
+    AuthenticatedUser,
+    BearerAuthBackend,
+    RequireAuthMiddleware,
+    authorization_context,
+)
 from mcp.server.auth.provider import TokenVerifier
 from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
 from mcp.server.stdio import stdio_server
-from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
 from ..dispatcher import Dispatcher
@@ -47,11 +56,13 @@ from .answers import answer
 from .auth import is_loopback
 from .callers import Callers
 from .limits import BodyLimit, bounded_stdin
-from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics
-from .settings import DEFAULT_MAX_REQUEST_BYTES
+from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics, RefusalReason
+from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_S
 from .watch import ToolListWatcher
 
 __all__ = ["Gateway", "transport_security"]
+
+log = logging.getLogger(__name__)
 
 INSTRUCTIONS = (
     "Tool calls run through toolrelay. A failed call is an isError result whose first text "
@@ -59,8 +70,102 @@ INSTRUCTIONS = (
     "retry_after_s?} (also its structuredContent when the tool declares no outputSchema); "
     "retry only when retryable is true, after retry_after_s if given."
 )
-MAX_HTTP_SESSIONS = 1000
-HTTP_SESSION_IDLE_S = 30 * 60.0
+
+
+class _SessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager, with sessions shared fairly between clients.
+
+    A client (its bearer token's client name, or its peer address without tokens) has at
+    most ``per_client`` sessions open: one more is refused with 429. When ``max_sessions``
+    are open, the least recently used session with no request in flight (no open GET
+    stream) is closed to make room; only when every session is busy is a new one refused
+    with 503. Both refusals carry a JSON-RPC error body and are counted in ``metrics``.
+
+    Only the opening of a session (a request without ``Mcp-Session-Id``) is changed; it
+    reuses the SDK's own admission and serving, under its session-creation lock.
+    """
+
+    def __init__(self, *, per_client: int, metrics: GatewayMetrics, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.per_client = per_client
+        self.metrics = metrics
+        self._client_of: dict[str, str] = {}
+        self._last_used: dict[str, float] = {}
+        metrics.count_sessions(lambda: len(self._server_instances))
+
+    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session_id = Headers(scope=scope).get(MCP_SESSION_ID_HEADER)
+        if session_id is not None:
+            if session_id in self._last_used:
+                self._last_used[session_id] = time.monotonic()
+            await super()._handle_stateful_request(scope, receive, send)
+            return
+        user = scope.get("user")
+        requestor = authorization_context(user) if isinstance(user, AuthenticatedUser) else None
+        client = _client_key(scope)
+        refusal: tuple[RefusalReason, int, str] | None = None
+        transport = None
+        async with self._session_creation_lock:
+            if sum(1 for c in self._client_of.values() if c == client) >= self.per_client:
+                refusal = ("client_limit", 429, "Too many open sessions for this client")
+            elif not await self._make_room():
+                refusal = ("full", 503, "Too many open sessions")
+            else:
+                transport = self._admit_session(requestor)
+                if transport is None:  # pragma: no cover - room was just made
+                    refusal = ("full", 503, "Too many open sessions")
+                else:
+                    assert transport.mcp_session_id is not None
+                    self._client_of[transport.mcp_session_id] = client
+                    self._last_used[transport.mcp_session_id] = time.monotonic()
+        if refusal is not None:
+            reason, status, message = refusal
+            log.warning("refusing a new MCP session for %s: %s", client, reason)
+            self.metrics.refused(reason)
+            await _jsonrpc_error(message, status)(scope, receive, send)
+            return
+        assert transport is not None
+        await self._serve_opening_request(transport, scope, receive, send)
+
+    async def _make_room(self) -> bool:
+        """Whether a session can be opened, closing the least recently used idle one if
+        every place is taken (called under the session-creation lock)."""
+        if self.max_sessions is None or len(self._server_instances) < self.max_sessions:
+            return True
+        idle = [
+            (self._last_used.get(sid, 0.0), sid)
+            for sid, transport in self._server_instances.items()
+            if not transport._requests_in_flight and not transport.is_terminated
+        ]
+        if not idle:
+            return False
+        _, oldest = min(idle)
+        log.info("closing idle MCP session %s to admit a new one", oldest[:8])
+        await self._discard_session(oldest, self._server_instances[oldest])
+        self.metrics.reaped()
+        return True
+
+    async def _discard_session(
+        self, session_id: str, transport: StreamableHTTPServerTransport
+    ) -> None:
+        self._client_of.pop(session_id, None)
+        self._last_used.pop(session_id, None)
+        await super()._discard_session(session_id, transport)
+
+
+def _client_key(scope: Scope) -> str:
+    """Who opens a session: the verified token's client name, else the peer address."""
+    user = scope.get("user")
+    if isinstance(user, AuthenticatedUser):
+        return f"client:{user.access_token.client_id}"
+    peer = scope.get("client")
+    return f"peer:{peer[0]}" if peer else "peer:unknown"
+
+
+def _jsonrpc_error(message: str, status: int) -> Response:
+    error = {"code": types.INTERNAL_ERROR, "message": message}
+    body = {"jsonrpc": "2.0", "id": None, "error": error}
+    return JSONResponse(body, status_code=status)
 
 
 class _GatewayServer(Server[Any]):
@@ -226,18 +331,28 @@ class Gateway:
         path: str,
         verifier: TokenVerifier | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_sessions_per_client: int | None = None,
+        session_idle_s: float = DEFAULT_SESSION_IDLE_S,
     ) -> tuple[Starlette, StreamableHTTPSessionManager]:
         """The streamable HTTP app (serving ``path``) and its session manager.
 
         Run the manager (``async with manager.run():``) while the app serves. With a
         ``verifier`` every request needs a bearer token it accepts (401 otherwise), and a
-        session can only be used with the token that opened it.
+        session can only be used with the token that opened it. At most ``max_sessions``
+        sessions are open (the least recently used idle one is closed for a new one), at
+        most ``max_sessions_per_client`` (default: a tenth of them) per client, and a
+        session idle for ``session_idle_s`` is closed.
         """
-        manager = StreamableHTTPSessionManager(
+        if max_sessions_per_client is None:
+            max_sessions_per_client = max(1, max_sessions // 10)
+        manager = _SessionManager(
             app=self.server,
             security_settings=transport_security(host),
-            session_idle_timeout=HTTP_SESSION_IDLE_S,
-            max_sessions=MAX_HTTP_SESSIONS,
+            session_idle_timeout=session_idle_s,
+            max_sessions=max_sessions,
+            per_client=min(max_sessions_per_client, max_sessions),
+            metrics=self.metrics,
         )
         endpoint: ASGIApp = StreamableHTTPASGIApp(manager)
         middleware: list[Middleware] = []

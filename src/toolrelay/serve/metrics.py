@@ -4,17 +4,27 @@
 ended: the answer's outcome (``ok`` or an ``error_type``), or ``cancelled`` when the client
 cancelled it (the dispatcher never answered). ``toolrelay_mcp_list_changed_total{profile}``
 counts tool-list changes announced to clients.
+
+Streamable HTTP sessions: ``toolrelay_mcp_sessions_open`` is how many are open,
+``toolrelay_mcp_sessions_refused_total{reason}`` counts ``initialize`` requests refused a
+session (``reason`` is ``client_limit``: the client has ``max_sessions_per_client`` open, 429;
+or ``full``: ``max_sessions`` are open and none is idle, 503), and
+``toolrelay_mcp_sessions_reaped_total`` counts idle sessions closed early to admit a new one.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from collections.abc import Callable
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from ..telemetry.metrics import UNKNOWN_TOOL
 
-__all__ = ["CANCELLED", "GatewayMetrics", "UNKNOWN_TOOL"]
+__all__ = ["CANCELLED", "GatewayMetrics", "RefusalReason", "UNKNOWN_TOOL"]
 
 CANCELLED = "cancelled"
+RefusalReason = Literal["client_limit", "full"]
 
 
 class GatewayMetrics:
@@ -36,6 +46,39 @@ class GatewayMetrics:
             namespace="toolrelay",
             registry=registry,
         )
+        self.sessions_open = Gauge(
+            "mcp_sessions_open",
+            "Open streamable HTTP sessions.",
+            namespace="toolrelay",
+            registry=registry,
+        )
+        self.sessions_refused = Counter(
+            "mcp_sessions_refused",
+            "Requests refused a new streamable HTTP session, by reason (client_limit, full).",
+            ("reason",),
+            namespace="toolrelay",
+            registry=registry,
+        )
+        for reason in ("client_limit", "full"):
+            self.sessions_refused.labels(reason)
+        self.sessions_reaped = Counter(
+            "mcp_sessions_reaped",
+            "Idle streamable HTTP sessions closed early to admit a new one.",
+            namespace="toolrelay",
+            registry=registry,
+        )
+
+    def count_sessions(self, count: Callable[[], int]) -> None:
+        """Read the open-session gauge from ``count`` at scrape time."""
+        self.sessions_open.set_function(count)
+
+    def refused(self, reason: RefusalReason) -> None:
+        """Count one refused new session."""
+        self.sessions_refused.labels(reason).inc()
+
+    def reaped(self) -> None:
+        """Count one idle session closed to admit a new one."""
+        self.sessions_reaped.inc()
 
     def call(self, tool: str, outcome: str) -> None:
         """Count one ended ``tools/call``."""

@@ -185,6 +185,9 @@ class Service:
             path=settings.path,
             verifier=self.verifier,
             max_request_bytes=settings.max_request_bytes,
+            max_sessions=settings.max_sessions,
+            max_sessions_per_client=settings.client_session_cap,
+            session_idle_s=settings.session_idle_s,
         )
         if not is_loopback(settings.host) and self.verifier is None:
             log.warning(

@@ -32,6 +32,8 @@ __all__ = [
 
 DEFAULT_ADMIN_TOKEN_ENV = "TOOLRELAY_ADMIN_TOKEN"
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+DEFAULT_MAX_SESSIONS = 1000
+DEFAULT_SESSION_IDLE_S = 30 * 60.0
 UNAUTHENTICATED_PROFILE = "toolrelay:unauthenticated"
 """The profile of an HTTP caller without a valid token when client tokens are configured:
 a name :meth:`ServeSettings.check` refuses to see defined, so the dispatcher maps it to
@@ -98,6 +100,9 @@ SERVE_SCHEMA: dict[str, Any] = {
                 "port": _PORT,
                 "path": {"type": "string", "pattern": "^/[A-Za-z0-9_./-]*$"},
                 "clients": {"type": "object", "additionalProperties": _CLIENT},
+                "max_sessions": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                "max_sessions_per_client": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                "session_idle_s": {"type": "number", "minimum": 1, "maximum": 7 * 86400},
             },
         },
         "admin": {
@@ -177,6 +182,22 @@ class ServeSettings:
     watch_interval_s: float = 1.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """The largest MCP request read: a stdio line or an HTTP body (a JSON-RPC error beyond)."""
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    """Open streamable HTTP sessions at most; when full, the least recently used idle one is
+    closed to admit a new one (503 when none is idle)."""
+    max_sessions_per_client: int | None = None
+    """Open sessions per client (its token's name, or its address without tokens) at most
+    (429 beyond); ``None`` is a tenth of ``max_sessions`` (at least 1)."""
+    session_idle_s: float = DEFAULT_SESSION_IDLE_S
+    """A session with no request in flight for this long is closed."""
+
+    @property
+    def client_session_cap(self) -> int:
+        """``max_sessions_per_client``, or its default, never above ``max_sessions``."""
+        cap = self.max_sessions_per_client
+        if cap is None:
+            cap = max(1, self.max_sessions // 10)
+        return min(cap, self.max_sessions)
 
     def override(self, **changes: Any) -> ServeSettings:
         """A copy with the given fields changed; ``None`` values leave a field as it is."""
@@ -256,6 +277,9 @@ def parse_serve_section(data: Mapping[str, Any], path: Path | None = None) -> Se
         allow_remote=data.get("allow_remote"),
         watch_interval_s=data.get("watch_interval_s"),
         max_request_bytes=data.get("max_request_bytes"),
+        max_sessions=http.get("max_sessions"),
+        max_sessions_per_client=http.get("max_sessions_per_client"),
+        session_idle_s=http.get("session_idle_s"),
         host=http.get("host"),
         port=http.get("port"),
         path=http.get("path"),
