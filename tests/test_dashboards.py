@@ -91,6 +91,12 @@ CONTRACT: dict[str, Metric] = {
     "toolrelay_breaker_break_duration_max_seconds": Metric("gauge", ("breaker_key",)),
 }
 
+# The gateway's own metrics (toolrelay serve): alerts may use them; the dispatcher's
+# dashboard and exposition tests cover CONTRACT only.
+GATEWAY_CONTRACT: dict[str, Metric] = {
+    "toolrelay_mcp_sessions_refused_total": Metric("counter", ("reason",)),
+}
+
 # Label values a selector may name, where the contract fixes them.
 LABEL_VALUES: dict[str, frozenset[str]] = {
     "outcome": OUTCOMES,
@@ -98,6 +104,7 @@ LABEL_VALUES: dict[str, frozenset[str]] = {
     "state": STATES,
     "from_state": STATES,
     "to_state": STATES,
+    "reason": frozenset({"client_limit", "full"}),
 }
 
 
@@ -112,7 +119,7 @@ class Series:
 
 def series_names() -> dict[str, Series]:
     out: dict[str, Series] = {}
-    for name, metric in CONTRACT.items():
+    for name, metric in {**CONTRACT, **GATEWAY_CONTRACT}.items():
         labels = frozenset(metric.labels) | SCRAPE_LABELS
         if metric.kind == "histogram":
             out[f"{name}_bucket"] = Series(name, labels | {"le"}, True)
@@ -466,6 +473,7 @@ REQUIRED_ALERTS = {
     "ToolrelayErrorBudgetBurn",
     "ToolrelayBreakerStorageDown",
     "ToolrelayBreakerBreakAtMaximum",
+    "ToolrelayMcpSessionsRefused",
 }
 
 RUNBOOKS = {"docs/runbook.md": RUNBOOK}
