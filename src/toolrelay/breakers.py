@@ -184,6 +184,8 @@ class _CountWindow:
     def totals(self, now: float) -> tuple[int, int, int]:
         return self.calls, self.failures, self.slow
 
+    peek = totals  # reading a count window changes nothing
+
 
 class _TimeWindow:
     """The calls of the last ``size`` seconds, in one-second buckets (as resilience4j)."""
@@ -554,20 +556,25 @@ class KeyBreaker:
             return True
         return False
 
-    def _window_failures(self) -> int:
-        assert self.window is not None
-        return self.window.totals(self.clock())[1]
+    def window_counts(self, *, others: bool = True) -> tuple[int, int, int]:
+        """Calls, failures and slow calls in the window (zeros for the consecutive window),
+        with the other replicas' counts of this period unless ``others=False``. Only reads:
+        safe from another thread (a scrape, the storage's replication)."""
+        window = self.window
+        if window is None:
+            return 0, 0, 0
+        calls, failures, slow = window.peek(self.clock())
+        theirs = self.others
+        if others and theirs.period == self.period:
+            return calls + theirs.calls, failures + theirs.failures, slow + theirs.slow
+        return calls, failures, slow
 
     def rates(self) -> tuple[float, float]:
         """Failure rate and slow-call rate in the current window (0 when it is empty)."""
-        if self.window is None:
-            return 0.0, 0.0
-        calls, failures, slow = self.window.totals(self.clock())
-        others = self.others if self.others.period == self.period else NOBODY
-        calls += others.calls
+        calls, failures, slow = self.window_counts()
         if not calls:
             return 0.0, 0.0
-        return (failures + others.failures) / calls, (slow + others.slow) / calls
+        return min(1.0, failures / calls), min(1.0, slow / calls)
 
     # -- operator controls --------------------------------------------------------------
     def force_open(self) -> None:
@@ -601,7 +608,9 @@ class KeyBreaker:
         failure_rate, slow_rate = self.rates()
         return {
             "state": state,
-            "failures": self.storage.counter if self.window is None else self._window_failures(),
+            "failures": (
+                self.storage.counter if self.window is None else self.window_counts(others=False)[1]
+            ),
             "trials_in_flight": self.trials,
             "retry_after_s": round(self.retry_after(), 3) if state == "open" else None,
             "pinned_open": self.pinned_open,

@@ -402,7 +402,7 @@ class RedisLink:
         for storage in active:
             breaker = storage.breaker
             assert breaker is not None
-            calls, failures, slow = _peek(breaker, wall)
+            calls, failures, slow = breaker.window_counts(others=False)
             mine = f"{breaker.period},{calls},{failures},{slow},{storage.counter},{wall:.3f}"
             state_key, _, counts_key = storage.redis_keys
             pipe.hset(counts_key, self.replica, mine)
@@ -484,18 +484,6 @@ class RedisLink:
             return
         reply = [1, gen, state, opened_ms, break_ms, pinned, now_ms, ""]
         storage.breaker.inbox.append(_remote(reply, authoritative=False))
-
-
-def _peek(breaker: KeyBreaker, wall: float) -> tuple[int, int, int]:
-    """A replica's window counts, read from the replication thread (approximate)."""
-    window = breaker.window
-    if window is None:
-        return 0, 0, 0
-    peek = getattr(window, "peek", None)
-    if peek is not None:
-        result: tuple[int, int, int] = peek(breaker.clock())
-        return result
-    return window.calls, window.failures, window.slow
 
 
 def _others(counts: dict[Any, Any], replica: str, gen: int, stale: float) -> Others:

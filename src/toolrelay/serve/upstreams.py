@@ -28,21 +28,17 @@ log = logging.getLogger("toolrelay.serve")
 
 
 def _options(upstream: UpstreamSettings) -> dict[str, Any]:
+    """The ``McpSource`` options an upstream sets (unset ones keep McpSource's defaults)."""
     options: dict[str, Any] = {"name": upstream.name, "tags": upstream.tags}
-    if upstream.prefix is not None:
-        options["prefix"] = upstream.prefix
-    if upstream.timeout_s is not None:
-        options["timeout_s"] = upstream.timeout_s
-    if upstream.tool_timeouts:
-        options["tool_timeouts"] = dict(upstream.tool_timeouts)
-    if upstream.connect_timeout_s is not None:
-        options["connect_timeout_s"] = upstream.connect_timeout_s
+    for name in ("prefix", "timeout_s", "connect_timeout_s", "risk"):
+        value = getattr(upstream, name)
+        if value is not None:
+            options[name] = value
+    for name in ("tool_timeouts", "tool_risk"):
+        if getattr(upstream, name):
+            options[name] = dict(getattr(upstream, name))
     if upstream.count_errors is not False:
         options["count_errors"] = upstream.count_errors
-    if upstream.risk is not None:
-        options["risk"] = upstream.risk
-    if upstream.tool_risk:
-        options["tool_risk"] = dict(upstream.tool_risk)
     return options
 
 

@@ -109,21 +109,9 @@ def breaker_reading(breaker: KeyBreaker) -> Reading:
     Like :meth:`KeyBreaker.rates`, other replicas' counts (shared storage) are included.
     """
     config = breaker.config
-    window = breaker.window
     failure_rate = slow_rate = failure_limit = slow_limit = None
-    if window is not None:
-        peek = getattr(window, "peek", None)
-        if peek is not None:
-            calls, failures, slow = peek(breaker.clock())
-        else:
-            calls, failures, slow = window.calls, window.failures, window.slow
-        others = breaker.others
-        if others.period == breaker.period:
-            calls, failures, slow = (
-                calls + others.calls, failures + others.failures, slow + others.slow
-            )  # fmt: skip
-        failure_rate = min(1.0, max(0.0, failures / calls)) if calls > 0 else 0.0
-        slow_rate = min(1.0, max(0.0, slow / calls)) if calls > 0 else 0.0
+    if breaker.window is not None:
+        failure_rate, slow_rate = breaker.rates()
         failure_limit = float(config.failure_rate)
         if config.slow_call_rate is not None:
             slow_limit = float(config.slow_call_rate)
