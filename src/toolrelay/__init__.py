@@ -5,7 +5,7 @@ limit, and always comes back as an answer the model can act on.
 """
 
 from .breakers import BreakerConfig, Breakers
-from .contract import AuthContext, ErrorType, ToolDeclaration, ToolError, ToolPlugin
+from .contract import AuthContext, CallContext, ErrorType, ToolDeclaration, ToolError, ToolPlugin
 from .dispatcher import Dispatcher
 from .pipeline.faults import Fault, FaultInjector
 from .policy import Profile
@@ -17,6 +17,7 @@ __all__ = [
     "AuthContext",
     "BreakerConfig",
     "Breakers",
+    "CallContext",
     "Dispatcher",
     "ErrorType",
     "Fault",

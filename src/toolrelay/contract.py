@@ -5,13 +5,16 @@ Plugins import this module and nothing else from toolrelay.
 
 from __future__ import annotations
 
+import contextvars
 import enum
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
     "AuthContext",
+    "CallContext",
     "ErrorType",
     "Risk",
     "ToolDeclaration",
@@ -52,6 +55,64 @@ class AuthContext:
     tenant_id: str | None = None
     roles: frozenset[str] = frozenset()
     attributes: Mapping[str, Any] = field(default_factory=dict)
+
+
+class _Attempt(Protocol):
+    """What the invoke stage knows about the running attempt (an ``Invocation``)."""
+
+    name: str
+    call_id: str | None
+    attempts: int
+    key: str | None
+    deadline: float
+
+
+CURRENT_ATTEMPT: contextvars.ContextVar[list[Any]] = contextvars.ContextVar("toolrelay_attempt")
+"""Set by the invoke stage around each attempt: ``[invocation, deadline]``, the deadline on
+``time.monotonic()``'s clock, already there for sync handlers (they run on a worker thread,
+with a copy of this context, where the event loop's clock cannot be read); ``None`` until
+:meth:`CallContext.current` first works it out on the event loop, once per attempt."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """The tool call being run: what a handler may want to know about it besides its
+    arguments. A typed handler receives it by annotating a parameter ``CallContext``; any
+    handler or plugin can ask for :meth:`current`."""
+
+    tool: str
+    call_id: str | None
+    """The host's call id (at most 128 printable characters), or ``None``."""
+    attempt: int
+    """1 for the first attempt, 2 for the first retry, …"""
+    deadline: float
+    """When the whole call (every attempt) must have answered, in ``time.monotonic()``
+    seconds: usable from any thread. (On the event loop, ``anyio.current_effective_deadline()``
+    gives the same instant on anyio's clock.)"""
+    breaker_key: str
+
+    @property
+    def time_left(self) -> float:
+        """Seconds until :attr:`deadline`, never below 0 (read from the clock now)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    @classmethod
+    def current(cls) -> CallContext:
+        """The call whose attempt is running in this context (a handler, a plugin's
+        ``execute``, or anything they call, on the event loop or the worker thread).
+
+        Raises :class:`LookupError` outside a tool call."""
+        try:
+            attempt = CURRENT_ATTEMPT.get()
+        except LookupError:
+            raise LookupError("no toolrelay tool call is running in this context") from None
+        inv: _Attempt = attempt[0]
+        deadline: float | None = attempt[1]
+        if deadline is None:  # on the event loop: anyio's clock is readable here
+            import anyio
+
+            deadline = attempt[1] = inv.deadline - anyio.current_time() + time.monotonic()
+        return cls(inv.name, inv.call_id, inv.attempts, deadline, inv.key or inv.name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,8 +170,9 @@ def compile_tool(
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
-    """``async def`` functions, partials of them, and objects with an ``async __call__``."""
-    if inspect.iscoroutinefunction(fn):
+    """``async def`` functions, partials of them, objects with an ``async __call__``, and
+    typed tools' callers of an ``async def`` (marked: they return its coroutine)."""
+    if inspect.iscoroutinefunction(fn) or getattr(fn, "__toolrelay_async__", False):
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004
     return call is not None and inspect.iscoroutinefunction(call)
@@ -246,18 +247,38 @@ class ToolRegistry:
         version: str = "1",
         tags: Iterable[str] = (),
     ) -> Callable[[F], F]:
-        """Register a function ``fn(args, ctx)`` (``async def`` or ``def``) as a tool."""
+        """Register a function as a tool (``async def`` or ``def``).
+
+        Without ``parameters`` the schema is inferred from a typed function's signature
+        (``docs/typed-tools.md``); with it, or for a function shaped ``fn(args, ctx)``, the
+        function gets the validated arguments as one dict and the ``AuthContext``."""
 
         def decorate(fn: F) -> F:
+            from . import typed  # pydantic is imported when the first tool is registered
+
+            tool_name = name or str(getattr(fn, "__name__", ""))
+            handler: Callable[..., Any] = fn
+            inferred_output = None
+            try:
+                legacy = typed.is_legacy(fn, explicit_schema=parameters is not None)
+                if legacy:
+                    doc = description or inspect.getdoc(fn) or ""
+                    schema = (
+                        parameters
+                        if parameters is not None
+                        else {"type": "object", "properties": {}, "additionalProperties": False}
+                    )
+                else:
+                    inferred = typed.typed_tool(fn, tool_name, description or None)
+                    doc, schema = inferred.description, inferred.parameters
+                    handler, inferred_output = inferred.call, inferred.output_schema
+            except typed.SignatureError as exc:
+                raise RegistrationError(f"tool {tool_name!r}: {exc}") from exc
             decl = ToolDeclaration(
-                name=name or fn.__name__,
-                description=description or inspect.getdoc(fn) or "",
-                parameters=(
-                    parameters
-                    if parameters is not None
-                    else {"type": "object", "properties": {}, "additionalProperties": False}
-                ),
-                output_schema=output_schema,
+                name=tool_name,
+                description=doc,
+                parameters=schema,
+                output_schema=output_schema if output_schema is not None else inferred_output,
                 risk=risk,
                 timeout_s=timeout_s,
                 breaker_key=breaker_key,
@@ -266,12 +287,12 @@ class ToolRegistry:
                 version=version,
                 tags=frozenset(tags),
             )
-            compile_tool(decl, fn, self.reserved_properties)  # refuse a bad tool now
+            compile_tool(decl, handler, self.reserved_properties)  # refuse a bad tool now
             self._claim([decl.name], None)
             if self._functions is None:
                 self._functions = FunctionPlugin()
                 self._plugins.append(self._functions)
-            self._functions.add(decl, fn)
+            self._functions.add(decl, handler)
             self._owner[decl.name] = self._functions
             self._compiled.pop(decl.name, None)
             return fn

@@ -9,11 +9,12 @@ breaker key; at the deadline the answer comes back at once and the thread is aba
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import anyio
 
-from ..contract import ErrorType, ToolError
+from ..contract import CURRENT_ATTEMPT, ErrorType, ToolError
 from ..events import WorkerAbandoned
 from ..outcome import Outcome, Verdict, failure, short
 from ..redact import Redactor, describe_exception
@@ -108,13 +109,18 @@ class Invoke:
         assert tool is not None
         if not tool.is_async:
             return await self._run_sync(inv)
-        with anyio.CancelScope(deadline=inv.deadline) as scope:
-            try:
-                data = await tool.fn(inv.args, inv.ctx)
-            except Exception as exc:
-                if scope.cancel_called:
-                    return timeout_outcome(inv)
-                return error_outcome(inv, exc, self.redact)
+        # ``CallContext.current()`` reads the attempt from here (built only when asked for)
+        attempt = CURRENT_ATTEMPT.set([inv, None])
+        try:
+            with anyio.CancelScope(deadline=inv.deadline) as scope:
+                try:
+                    data = await tool.fn(inv.args, inv.ctx)
+                except Exception as exc:
+                    if scope.cancel_called:
+                        return timeout_outcome(inv)
+                    return error_outcome(inv, exc, self.redact)
+        finally:
+            CURRENT_ATTEMPT.reset(attempt)
         if scope.cancel_called:
             return timeout_outcome(inv)
         return Outcome(True, data)
@@ -132,6 +138,10 @@ class Invoke:
                 retryable=True,
             )
         finished = False
+        # the worker thread runs in a copy of this context, where the event loop's clock
+        # cannot be read: it gets the deadline on ``time.monotonic()``'s clock
+        deadline = inv.deadline - anyio.current_time() + time.monotonic()
+        attempt = CURRENT_ATTEMPT.set([inv, deadline])
         try:
             with anyio.CancelScope(deadline=inv.deadline) as scope:
                 try:
@@ -141,6 +151,7 @@ class Invoke:
                     finished = True
                     return error_outcome(inv, exc, self.redact)
         finally:
+            CURRENT_ATTEMPT.reset(attempt)
             if not finished and pool.abandon(job) and inv.observers:
                 inv.emit(WorkerAbandoned(inv.key))
         if scope.cancel_called:
