@@ -1,0 +1,168 @@
+"""A dispatcher's tools as OpenAI Agents SDK ``FunctionTool`` s.
+
+    from toolrelay.integrations.openai_agents import function_tools
+
+    agent = Agent(name="support", tools=function_tools(dispatcher, profile="support"))
+    await Runner.run(agent, "…", context=AuthContext(user_id="u1"))
+
+Each tool's ``on_invoke_tool`` hands the model's raw JSON arguments to
+:meth:`Dispatcher.dispatch` (toolrelay decodes and validates them) and gives the model the
+answer envelope, ``ToolResult.to_model()`` as JSON text, whatever happened: a timeout, an open
+breaker and a tool error are answers, and the run goes on. Only cancellation propagates.
+See ``docs/integrations/openai-agents.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import weakref
+from collections.abc import Callable
+from typing import Any, Literal
+
+try:
+    from agents import FunctionTool, RunContextWrapper
+    from agents.exceptions import UserError
+    from agents.strict_schema import ensure_strict_json_schema
+    from agents.tool import set_function_tool_failure_error_function
+    from agents.tool_context import ToolContext
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "toolrelay.integrations.openai_agents needs the OpenAI Agents SDK: "
+        "pip install 'toolrelay[openai-agents]'"
+    ) from exc
+
+from toolrelay import AuthContext, Dispatcher, ToolDeclaration
+
+__all__ = ["AuthFromContext", "context_auth", "function_tools"]
+
+AuthFromContext = Callable[[ToolContext[Any]], AuthContext | None]
+"""The host's function from the Agents SDK's run context (a ``ToolContext``, which is a
+``RunContextWrapper``) to the caller's :class:`~toolrelay.AuthContext` (``None``: anonymous)."""
+
+
+def context_auth(ctx: ToolContext[Any]) -> AuthContext | None:
+    """The default: the run's context object when it is an ``AuthContext``
+    (``Runner.run(..., context=AuthContext(...))``), otherwise anonymous."""
+    return ctx.context if isinstance(ctx.context, AuthContext) else None
+
+
+def function_tools(
+    dispatcher: Dispatcher,
+    *,
+    profile: str | None = None,
+    auth: AuthFromContext | None = None,
+    unavailable: Literal["hide", "show"] = "hide",
+    strict: bool | None = None,
+) -> list[FunctionTool]:
+    """The tools a caller with ``profile`` may call, as ``FunctionTool`` s for ``Agent(tools=…)``.
+
+    ``auth`` turns the run context into the caller's ``AuthContext`` for each call (default:
+    :func:`context_auth`). With ``unavailable="hide"`` a tool whose breaker fails fast is left
+    out of what the model is shown, decided once per turn (``FunctionTool.is_enabled``); with
+    ``"show"`` it stays listed and a call is answered ``circuit_open``. ``strict``: ``None``
+    marks a tool strict only when its schema is strict already (every object closed, every
+    property required), so the Agents SDK's conversion would change nothing; ``True`` asks
+    for the conversion (the SDK raises ``UserError`` for a schema it cannot convert);
+    ``False`` never.
+
+    The list holds the tools declared now: build it again (for instance per run) to pick up
+    tools a plugin added or removed.
+    """
+    chosen = dispatcher.profile(profile)
+    health = None if unavailable == "show" else _Health(dispatcher)
+    out = []
+    for compiled in dispatcher.registry.tools():
+        decl = compiled.decl
+        if not chosen.permits(decl):
+            continue
+        invoker = _Invoker(dispatcher, decl.name, profile, auth or context_auth)
+        schema = dict(decl.parameters)
+        tool = FunctionTool(
+            name=decl.name,
+            description=decl.description,
+            params_json_schema=schema,
+            on_invoke_tool=invoker,
+            strict_json_schema=_is_strict(schema) if strict is None else strict,
+            is_enabled=True if health is None else health.checker(decl),
+        )
+        # No formatter: a cancelled call must propagate, never become text for the model
+        # (by default the SDK turns a tool task's CancelledError into an error message).
+        out.append(set_function_tool_failure_error_function(tool, None))
+    return out
+
+
+def _is_strict(schema: dict[str, Any]) -> bool:
+    """Is the schema strict already (the SDK's strict conversion would leave it as it is)?"""
+    try:
+        return ensure_strict_json_schema(copy.deepcopy(schema)) == schema
+    except (UserError, TypeError, ValueError):
+        return False
+
+
+class _Invoker:
+    """``on_invoke_tool`` of one tool: dispatch the raw arguments, answer the envelope.
+
+    A callable object rather than a function: the SDK inspects the invoker's signature and
+    type hints on every call (to choose which context to pass), and a function's string
+    annotations cost it ~30 µs a call to evaluate; an object's take the SDK's fast path.
+    """
+
+    __slots__ = ("auth", "dispatcher", "name", "profile")
+
+    def __init__(
+        self, dispatcher: Dispatcher, name: str, profile: str | None, auth: AuthFromContext
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.name = name
+        self.profile = profile
+        self.auth = auth
+
+    async def __call__(self, ctx: ToolContext[Any], arguments: str) -> str:
+        result = await self.dispatcher.dispatch(
+            self.name,
+            arguments,
+            self.auth(ctx),
+            profile=self.profile,
+            call_id=ctx.tool_call_id,
+        )
+        return json.dumps(result.to_model(), ensure_ascii=False, separators=(",", ":"))
+
+
+class _Health:
+    """``is_enabled`` of the tools: false while the tool's breaker fails fast.
+
+    The SDK asks twice a turn: when it lists the tools for the model, and again before it
+    runs the calls the model made, where a tool that turned disabled in between fails the
+    whole run (``ModelBehaviorError``). So each run decides once per turn and breaker key,
+    the first time it is asked: a breaker that opens while the model thinks is answered
+    ``circuit_open`` in this turn and hides the tool from the next one.
+    """
+
+    __slots__ = ("dispatcher", "runs")
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+        # id(run context) → (that turn's input list, {breaker key: enabled})
+        self.runs: dict[int, tuple[object, dict[str, bool]]] = {}
+
+    def checker(self, decl: ToolDeclaration) -> Callable[[RunContextWrapper[Any], Any], bool]:
+        key = decl.key
+
+        def is_enabled(run_context: RunContextWrapper[Any], agent: Any) -> bool:
+            return self.enabled(run_context, key)
+
+        return is_enabled
+
+    def enabled(self, run_context: RunContextWrapper[Any], key: str) -> bool:
+        turn = run_context.turn_input  # a new list object every turn
+        run = self.runs.get(id(run_context))
+        if run is None:
+            weakref.finalize(run_context, self.runs.pop, id(run_context), None)
+        if run is None or run[0] is not turn:
+            run = self.runs[id(run_context)] = (turn, {})
+        verdicts = run[1]
+        verdict = verdicts.get(key)
+        if verdict is None:
+            verdict = verdicts[key] = self.dispatcher.breakers.blocked_for(key) is None
+        return verdict
