@@ -133,10 +133,25 @@ def test_readme_embedding_example_prints_what_its_comment_says(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """README, Embedding: the example runs as printed and prints the answer its comment shows."""
-    (block,) = re.findall(r"```python\n(.*?)```", README, re.S)
+    block = re.findall(r"```python\n(.*?)```", README, re.S)[0]
     exec(compile(block, "README.md", "exec"), {"__name__": "readme_example"})
     (comment,) = re.findall(r"print\(result\.to_model\(\)\)\s+# (.*)", block)
     assert capsys.readouterr().out.strip() == repr(ast.literal_eval(comment))
+
+
+def test_readme_snippets_compile_and_name_real_things() -> None:
+    """README: every other Python snippet is valid Python, and every name it imports from
+    toolrelay exists (the snippets are fragments of a host, so they are not run)."""
+    import importlib
+
+    blocks = re.findall(r"```python\n(.*?)```", README, re.S)[1:]
+    assert len(blocks) >= 5  # typed tools, sync hosts and the three framework adapters
+    for block in blocks:
+        compile(block, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        for module, names in re.findall(r"^from (toolrelay[\w.]*) import (.+)$", block, re.M):
+            imported = importlib.import_module(module)
+            for name in names.split(","):
+                assert hasattr(imported, name.strip()), f"{module}.{name.strip()}"
 
 
 def test_readme_quickstart_is_the_session_it_describes() -> None:
@@ -357,9 +372,13 @@ def _table_sections() -> dict[str, str]:
 
 
 def _schema_keys(section: str) -> set[str]:
-    schema = CONFIG_SCHEMA["properties"][section]
+    def follow(schema: dict[str, Any]) -> dict[str, Any]:  # the schema is generated: $refs
+        ref = schema.get("$ref")
+        return schema if ref is None else CONFIG_SCHEMA["$defs"][ref.rsplit("/", 1)[1]]
+
+    schema = follow(CONFIG_SCHEMA["properties"][section])
     inner = schema.get("additionalProperties")
-    schema = inner if isinstance(inner, dict) else schema.get("items", schema)
+    schema = follow(inner if isinstance(inner, dict) else schema.get("items", schema))
     return set(schema["properties"])
 
 

@@ -12,13 +12,16 @@ from .policy import Profile
 from .registry import RegistrationError, ToolRegistry
 from .result import ToolCall, ToolResult
 from .slot import ModelSlot, SlotLease
+from .sync import CallCancelled, DispatcherClosed, SyncDispatcher
 
 __all__ = [
     "AuthContext",
     "BreakerConfig",
     "Breakers",
+    "CallCancelled",
     "CallContext",
     "Dispatcher",
+    "DispatcherClosed",
     "ErrorType",
     "Fault",
     "FaultInjector",
@@ -26,6 +29,7 @@ __all__ = [
     "Profile",
     "RegistrationError",
     "SlotLease",
+    "SyncDispatcher",
     "ToolCall",
     "ToolDeclaration",
     "ToolError",
