@@ -91,10 +91,12 @@ CONTRACT: dict[str, Metric] = {
     "toolrelay_breaker_break_duration_max_seconds": Metric("gauge", ("breaker_key",)),
 }
 
-# The gateway's own metrics (toolrelay serve): alerts may use them; the dispatcher's
-# dashboard and exposition tests cover CONTRACT only.
+# The gateway's own metrics (toolrelay serve): alerts and the dashboard's "MCP gateway
+# sessions" row use them; the dispatcher's exposition tests cover CONTRACT only.
 GATEWAY_CONTRACT: dict[str, Metric] = {
+    "toolrelay_mcp_sessions_open": Metric("gauge", ()),
     "toolrelay_mcp_sessions_refused_total": Metric("counter", ("reason",)),
+    "toolrelay_mcp_sessions_reaped_total": Metric("counter", ()),
 }
 
 # Label values a selector may name, where the contract fixes them.
@@ -425,7 +427,8 @@ def test_dashboard_query_conventions(title: str, target: dict[str, Any]) -> None
 def test_dashboard_covers_the_contract() -> None:
     exprs = [target["expr"] for _, target in dashboard_targets()]
     used = {SERIES[s.name].metric for expr in exprs for s in selectors(expr)[0]}
-    assert used == set(CONTRACT), f"not on the dashboard: {sorted(set(CONTRACT) - used)}"
+    wanted = set(CONTRACT) | set(GATEWAY_CONTRACT)
+    assert used == wanted, f"not on the dashboard: {sorted(wanted - used)}"
     for quantile in ("0.5", "0.95", "0.99"):
         assert any(
             e.startswith(f"histogram_quantile({quantile}, sum by (le, tool) (rate(")

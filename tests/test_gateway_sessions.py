@@ -9,7 +9,11 @@ Refusals are counted in ``toolrelay_mcp_sessions_refused_total{reason}``.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -28,6 +32,7 @@ from test_serve_mcp import (
 from toolrelay.chaos.upstream import Upstream
 from toolrelay.serve.settings import parse_serve_section
 
+MCP_TEST_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
 VERSION = "2025-06-18"
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 INITIALIZE = {
@@ -169,3 +174,92 @@ def test_session_settings_parse_and_default() -> None:
         {"http": {"max_sessions": 50, "max_sessions_per_client": 80, "session_idle_s": 60}}
     )
     assert (set_.max_sessions, set_.client_session_cap, set_.session_idle_s) == (50, 50, 60)
+
+
+# -- a vanished client's calls -------------------------------------------------------------
+KILLED_CLIENT = """
+import sys, anyio, httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+async def main(url: str, calls: int) -> None:
+    async with (
+        httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=300.0)) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        async with anyio.create_task_group() as tg:
+            for n in range(calls):
+                tg.start_soon(session.call_tool, "up__hang", {"seconds": 60, "tag": f"gone-{n}"})
+            print("calling", flush=True)
+            await anyio.sleep(120)
+
+anyio.run(main, sys.argv[1], int(sys.argv[2]))
+"""
+
+
+def recorded(record: Path, event: str) -> list[dict[str, object]]:
+    lines = record.read_text().splitlines() if record.exists() else []
+    return [e for e in map(json.loads, lines) if e.get("event") == event]
+
+
+def test_a_killed_clients_calls_are_cancelled(upstream: Upstream, tmp_path: Path) -> None:
+    """A client killed with calls in flight (2025-era session over HTTP) has them cancelled
+    on the upstream at once; they no longer fill the bulkhead, so another client is not
+    answered ``overloaded`` (before: they ran for their whole 60 s)."""
+    record = tmp_path / "calls.jsonl"
+    server_cmd = [sys.executable, str(MCP_TEST_SERVER), "--record", str(record)]
+    extra = f"""
+[serve.upstreams.test]
+command = {json.dumps(server_cmd)}
+breaker_key = "mcp-test"
+prefix = "up"
+timeout_s = 90
+[breakers.mcp-test]
+max_concurrent = 4
+bulkhead_wait_s = 0
+"""
+    calls = 4
+    server = start_http_server(tmp_path, upstream.url, extra=extra)
+    try:
+        script = tmp_path / "client.py"
+        script.write_text(KILLED_CLIENT)
+        client = subprocess.Popen(
+            [sys.executable, str(script), server.mcp_url, str(calls)], stdout=subprocess.PIPE
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while len([c for c in recorded(record, "call") if c["tool"] == "hang"]) < calls:
+                assert time.monotonic() < deadline, "the upstream never saw the calls"
+                assert client.poll() is None, "the client died early"
+                time.sleep(0.05)
+        finally:
+            client.kill()  # SIGKILL: no goodbye, no DELETE, no notifications/cancelled
+            client.wait(10)
+        deadline = time.monotonic() + 10
+        while len(recorded(record, "cancelled")) < calls:
+            assert time.monotonic() < deadline, recorded(record, "cancelled")
+            time.sleep(0.05)
+        assert sorted(str(e["tag"]) for e in recorded(record, "cancelled")) == [
+            f"gone-{n}" for n in range(calls)
+        ]
+        with httpx.Client(timeout=30) as http:
+            session_id = opened(initialize(http, server.mcp_url))
+            http.post(
+                server.mcp_url,
+                json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                headers=session_headers(session_id),
+            )
+            call = {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": "tools/call",
+                "params": {"name": "up__hang", "arguments": {"seconds": 0.05, "tag": "other"}},
+            }
+            answered = http.post(server.mcp_url, json=call, headers=session_headers(session_id))
+        assert answered.status_code == 200
+        assert '"isError":false' in answered.text.replace(" ", ""), answered.text
+        assert "overloaded" not in answered.text
+    finally:
+        stop_http_server(server)

@@ -6,10 +6,16 @@ an internal address's body through, and the loop watchdog must see no stall over
 
 from __future__ import annotations
 
+import gc
+import importlib.util
 import json
+import os
+import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,8 +23,9 @@ import anyio.abc
 import pytest
 
 from loop_watchdog import watchdog
-from toolrelay import BreakerConfig, Dispatcher, ToolRegistry
+from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
 from toolrelay.chaos.upstream import Upstream
+from toolrelay.sources.mcp import McpSource
 from toolrelay_plugins import _http
 from toolrelay_plugins._http import HttpPlugin, clean_text
 from toolrelay_plugins.feeds import FeedsPlugin
@@ -387,6 +394,43 @@ async def test_redirects_on_the_configured_host_are_followed() -> None:
     assert feed.hits == ["/feed.xml", "/a", "/real.xml"]
 
 
+async def test_a_checked_address_is_connected_to_without_resolving_again() -> None:
+    """DNS rebinding: a redirect's host is resolved and checked once, and the connection
+    then goes to the checked address. ``.invalid`` never resolves (RFC 6761), so the fetch
+    can reach the listener only through the pinned address; the Host header keeps the name.
+    (A real rebinding DNS server cannot run here; the pin is what defeats one.)"""
+    heads: list[str] = []
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive()
+            heads.append(head.decode())
+            await stream.send(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+            )
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    client = _http.ServiceClient(_http.HttpSettings(trust_env=False), accept="application/json")
+    url = f"http://rebound.invalid:{port}/data"
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, serve)
+            with pytest.raises(ToolError):  # unpinned: the name does not resolve
+                await client.fetch("svc", url)
+            client.pin("rebound.invalid", port, "127.0.0.1")
+            body, kind = await client.fetch("svc", url)
+            tg.cancel_scope.cancel()
+    finally:
+        await client.aclose()
+        await listener.aclose()
+    assert (body, kind) == (b"{}", "application/json")
+    assert len(heads) == 1 and f"\r\nhost: rebound.invalid:{port}\r\n" in heads[0].lower()
+
+
 async def test_a_redirect_loop_gives_up() -> None:
     async with servers() as (feed, _):
         feed.routes["/feed.xml"] = (302, "/feed.xml", b"")
@@ -411,3 +455,176 @@ def test_internal_addresses() -> None:
         assert _http.internal_address(address), address
     for address in ("93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:53c8", "1.1.1.1"):
         assert not _http.internal_address(address), address
+
+
+# -- the MCP source ------------------------------------------------------------------------
+MCP_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
+
+
+def _server_texts() -> dict[str, str]:
+    """The test server's parser-hostile texts (loaded by path: it is a script)."""
+    spec = importlib.util.spec_from_file_location("mcp_hostile_server", MCP_SERVER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.HOSTILE)
+
+
+MCP_HOSTILE_TEXTS = _server_texts()
+MCP_TEXTS = sorted(MCP_HOSTILE_TEXTS)
+MCP_REFUSED = ["big", "items", "deep", "deep_array"]
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (Linux)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@asynccontextmanager
+async def mcp_relay(
+    tmp_path: Path, *, hostile: bool = True, attempts: int = 3
+) -> AsyncIterator[Dispatcher]:
+    """``servers/mcp_test_server.py`` (``--hostile`` by default) over stdio, registered."""
+    command = [sys.executable, str(MCP_SERVER), "--record", str(tmp_path / "record.jsonl")]
+    with (tmp_path / "server.log").open("a") as log:
+        source = McpSource.stdio(
+            [*command, "--hostile"] if hostile else command,
+            breaker_key="hostile",
+            errlog=log,
+            timeout_s=DEADLINE_S,
+        )
+        async with source:
+            registry = ToolRegistry()
+            registry.register(source)
+            yield Dispatcher(registry, breakers={"hostile": BreakerConfig(max_attempts=attempts)})
+
+
+async def mcp_call(dispatcher: Dispatcher, tool: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """One call under the watchdog: in time, no stall, an envelope (never an exception)."""
+    async with watchdog() as dog:
+        started = time.perf_counter()
+        result = await dispatcher.dispatch(tool, json.dumps(args))
+        elapsed = time.perf_counter() - started
+    got = result.to_model()
+    assert elapsed < DEADLINE_S + MARGIN_S, f"answered after {elapsed:.2f} s: {str(got)[:200]}"
+    assert dog.max_gap < MAX_STALL_S, f"the loop stalled {dog.max_gap * 1000:.0f} ms"
+    assert isinstance(got, dict) and isinstance(got.get("ok"), bool)
+    return got
+
+
+@pytest.mark.parametrize("kind", MCP_TEXTS)
+async def test_mcp_parser_hostile_text_passes_without_stalling(tmp_path: Path, kind: str) -> None:
+    async with mcp_relay(tmp_path) as dispatcher:
+        got = await mcp_call(dispatcher, "hostile", {"kind": kind})
+    assert got["ok"] is True, got.get("message")
+    assert got["data"] == MCP_HOSTILE_TEXTS[kind]  # passed through whole: nothing parses it
+
+
+@pytest.mark.parametrize("kind", MCP_REFUSED)
+async def test_mcp_huge_wide_or_deep_answers_are_refused(tmp_path: Path, kind: str) -> None:
+    async with mcp_relay(tmp_path) as dispatcher:
+        got = await mcp_call(dispatcher, "hostile", {"kind": kind, "mib": 50})
+        assert got["ok"] is False
+        assert got["error_type"] == "invalid_output", got
+        assert got["retryable"] is False
+        assert "hostile sent an answer" in got["message"]
+        again = await mcp_call(dispatcher, "hostile", {"kind": "fine"})  # the same connection
+    assert again["ok"] is True and again["data"] == "fine: fine"
+
+
+async def test_mcp_answer_without_a_leading_id_drops_the_connection(tmp_path: Path) -> None:
+    """The id after the result: the reader cannot say whose answer it was, so it drops
+    the connection (every waiting call answered at once) and the next call reconnects."""
+    async with mcp_relay(tmp_path, attempts=1) as dispatcher:  # no retry on a new connection
+        got = await mcp_call(dispatcher, "hostile", {"kind": "big_id_last", "mib": 20})
+        assert got["ok"] is False and got["error_type"] == "tool_error", got
+        assert got["message"] == "hostile server is not reachable"
+        await anyio.sleep(1.1)  # the source's back-off
+        again = await mcp_call(dispatcher, "hostile", {"kind": "fine"})
+    assert again["ok"] is True and again["data"] == "fine: fine"
+
+
+async def test_mcp_huge_answer_leaves_other_calls_and_memory_alone(tmp_path: Path) -> None:
+    """A 20 MiB answer is refused while it is read: another upstream's calls meanwhile stay
+    fast, the loop never stalls, and the memory is given back (the SDK's own reader took
+    11.7 s for this, stalled every client and kept ~240 MB)."""
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    async with (
+        mcp_relay(tmp_path) as hostile,
+        mcp_relay(other_dir, hostile=False) as other,
+    ):
+        await mcp_call(other, "structured", {"n": 1})  # warm both paths up
+        await mcp_call(hostile, "hostile", {"kind": "fine"})
+        before = rss_bytes()
+        answers: list[dict[str, Any]] = []
+
+        async def meanwhile() -> None:
+            for n in range(20):
+                answers.append(
+                    (await other.dispatch("structured", json.dumps({"n": n}))).to_model()
+                )
+
+        async with watchdog() as dog, anyio.create_task_group() as tg:
+            tg.start_soon(meanwhile)
+            for _ in range(3):
+                got = await hostile.dispatch("hostile", json.dumps({"kind": "big", "mib": 20}))
+                assert got.to_model()["error_type"] == "invalid_output"
+        assert dog.max_gap < MAX_STALL_S, f"the loop stalled {dog.max_gap * 1000:.0f} ms"
+        assert [a["data"]["doubled"] for a in answers] == [2 * n for n in range(20)]
+        gc.collect()
+        growth = rss_bytes() - before
+        assert growth < 60 * 1024 * 1024, f"RSS grew {growth / 2**20:.0f} MiB"
+        again = await mcp_call(hostile, "hostile", {"kind": "fine"})
+    assert again["ok"] is True
+
+
+@pytest.mark.parametrize("json_response", [False, True], ids=["sse", "json"])
+async def test_mcp_http_huge_answer_is_refused(tmp_path: Path, json_response: bool) -> None:
+    port = _free_port()
+    command = [sys.executable, str(MCP_SERVER), "--record", str(tmp_path / "r.jsonl")]
+    command += ["--http", str(port), *(["--json"] if json_response else [])]
+    with (tmp_path / "server.log").open("a") as log:
+        process = await anyio.open_process(command, stdout=log, stderr=log)
+        try:
+            await _wait_for_port(port)
+            source = McpSource.http(
+                f"http://127.0.0.1:{port}/mcp",
+                breaker_key="big",
+                timeout_s=10,
+                max_message_bytes=2 * 1024 * 1024,
+            )
+            async with source:
+                registry = ToolRegistry()
+                registry.register(source)
+                dispatcher = Dispatcher(registry)
+                started = time.perf_counter()
+                got = (await dispatcher.dispatch("big", json.dumps({"mib": 20}))).to_model()
+                elapsed = time.perf_counter() - started
+                assert got["ok"] is False and got["error_type"] == "invalid_output", got
+                assert elapsed < 10, elapsed  # answered, not left to the deadline
+                again = (await dispatcher.dispatch("structured", '{"n": 2}')).to_model()
+                assert again["ok"] is True and again["data"] == {"n": 2, "doubled": 4}
+                assert source.connects == 1  # the refusal kept the session
+        finally:
+            process.kill()
+            with anyio.move_on_after(10):
+                await process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _wait_for_port(port: int, limit_s: float = 15.0) -> None:
+    with anyio.fail_after(limit_s):
+        while True:
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.05)
+                continue
+            await stream.aclose()
+            return

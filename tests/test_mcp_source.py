@@ -223,6 +223,7 @@ async def test_tool_mapping_names_risks_and_skips(
             "t__multi",
             "t__fail",
             "t__hang",
+            "t__big",
             "t__pid",
             "t__add_tool",
             "t__crash",

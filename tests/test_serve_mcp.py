@@ -445,6 +445,8 @@ timeout_s = 5
         ("", ["--profile", "nope"], "serve.profile: no profile named 'nope'"),
         ("[serve]\nport = 1\n", [], "serve: Additional properties are not allowed ('port'"),
         ('[serve.upstreams.x]\nbreaker_key = "x"\n', [], "serve.upstreams.x:"),
+        ('[serve.upstreams.x]\nbreaker_key = "x"\ncommand = ["x"]\nmax_message_bytes = 10\n',
+         [], "serve.upstreams.x.max_message_bytes: 10 is less than the minimum of 1024"),
         ('[serve.http.clients.a]\ntoken_env = "NO_SUCH_TOKEN_VAR"\n', ["--transport", "http"],
          "MCP client 'a' needs a bearer token"),
         ("", ["--port", "70000"], "--port must be between 0 and 65535"),

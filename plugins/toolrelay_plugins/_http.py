@@ -29,7 +29,10 @@ refused before it is decoded (decoding runs on the event loop, holding the GIL, 
 must stay short); :func:`clean_text` cuts its input to ``TEXT_WINDOW_FACTOR * limit +
 TEXT_WINDOW_SLACK`` characters before a linear-time strip; redirects (followed only
 when a plugin asks, at most :data:`MAX_REDIRECTS`) may not lead to a loopback, private,
-link-local or otherwise non-global address unless they stay on the configured host:port.
+link-local or otherwise non-global address unless they stay on the configured host:port,
+and the connection then goes to the very address that was checked (the name is not
+resolved again, so a rebinding DNS server cannot swap in an internal address between the
+check and the connect; the ``Host`` header, TLS SNI and certificate check keep the name).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import anyio.to_thread
+import httpcore
 import httpx
 
 from toolrelay.contract import ErrorType, ToolDeclaration, ToolError
@@ -263,14 +267,25 @@ class ServiceClient:
         self._accept = accept
         self._follow = follow_redirects
         self._client: httpx.AsyncClient | None = None
+        self._pins: dict[tuple[str, int], str] = {}
+
+    def pin(self, host: str, port: int, address: str) -> None:
+        """Connect to ``address`` (an IP that was checked) for ``host:port`` from now on."""
+        self._pins[(host.lower().rstrip("."), port)] = address
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
+            transport = httpx.AsyncHTTPTransport(trust_env=self.settings.trust_env)
+            pool = getattr(transport, "_pool", None)
+            if isinstance(pool, httpcore.AsyncConnectionPool):
+                # httpx offers no public hook for the connect step; httpcore's pool does.
+                pool._network_backend = _PinnedBackend(pool._network_backend, self._pins)
             self._client = httpx.AsyncClient(
                 timeout=self.settings.httpx_timeout(),
                 headers={"user-agent": USER_AGENT, "accept": self._accept},
                 follow_redirects=False,  # followed by fetch(), which checks every hop
                 trust_env=self.settings.trust_env,
+                transport=transport,
             )
         return self._client
 
@@ -292,7 +307,10 @@ class ServiceClient:
                 try:
                     following = response.next_request
                     if self._follow and following is not None:
-                        await check_redirect(service, following.url, trusted)
+                        checked = await check_redirect(service, following.url, trusted)
+                        if checked is not None:
+                            host, port = _host_port(following.url)
+                            self.pin(host, port or 0, checked)
                         request = following
                         continue
                     problem = status_error(service, response)
@@ -365,15 +383,18 @@ def _refused(service: str) -> ToolError:
     return ToolError(f"{service} redirected to an address it may not use", counts_as_failure=True)
 
 
-async def check_redirect(service: str, url: httpx.URL, trusted: tuple[str, int | None]) -> None:
+async def check_redirect(
+    service: str, url: httpx.URL, trusted: tuple[str, int | None]
+) -> str | None:
     """Refuse a redirect to anything but http(s) on the configured host:port (``trusted``)
     or on a host whose every address is global. The name is resolved (off the event
-    loop), so ``localhost`` or a name in /etc/hosts pointing inward is refused too."""
+    loop), so ``localhost`` or a name in /etc/hosts pointing inward is refused too.
+    Returns the checked address to connect to (``None`` on the configured host)."""
     if url.scheme not in ("http", "https") or not url.host:
         raise _refused(service)
     host, port = _host_port(url)
     if (host, port) == trusted:
-        return
+        return None
     try:
         infos = await anyio.to_thread.run_sync(
             functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM),
@@ -383,6 +404,40 @@ async def check_redirect(service: str, url: httpx.URL, trusted: tuple[str, int |
         raise _refused(service) from exc
     if not infos or any(internal_address(str(info[4][0])) for info in infos):
         raise _refused(service)
+    return str(infos[0][4][0])
+
+
+class _PinnedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, connecting a pinned ``host:port`` to its checked address
+    (TLS still names the host: httpcore passes the origin's name as SNI)."""
+
+    def __init__(
+        self, inner: httpcore.AsyncNetworkBackend, pins: Mapping[tuple[str, int], str]
+    ) -> None:
+        self._inner = inner
+        self._pins = pins
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        address = self._pins.get((host.lower().rstrip("."), port), host)
+        return await self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        return await self._inner.connect_unix_socket(path, timeout, socket_options)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
 
 
 def _loads(body: bytes) -> Any:

@@ -17,6 +17,7 @@ Both protocol eras are served, over stdio (:meth:`Gateway.run_stdio`) and stream
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any, cast
@@ -47,7 +48,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from ..dispatcher import Dispatcher
@@ -83,6 +84,11 @@ class _SessionManager(StreamableHTTPSessionManager):
 
     Only the opening of a session (a request without ``Mcp-Session-Id``) is changed; it
     reuses the SDK's own admission and serving, under its session-creation lock.
+
+    A client that goes away while a POST on its session is open (its answer's SSE stream
+    ends with ``http.disconnect``) has that POST's requests cancelled, as its own
+    ``notifications/cancelled`` would: the 2025-era wire has no other signal, and an
+    abandoned call would otherwise run to its deadline, holding its bulkhead slot.
     """
 
     def __init__(self, *, per_client: int, metrics: GatewayMetrics, **kwargs: Any) -> None:
@@ -98,7 +104,13 @@ class _SessionManager(StreamableHTTPSessionManager):
         if session_id is not None:
             if session_id in self._last_used:
                 self._last_used[session_id] = time.monotonic()
-            await super()._handle_stateful_request(scope, receive, send)
+            if scope.get("method") != "POST":
+                await super()._handle_stateful_request(scope, receive, send)
+                return
+            watched = _WatchedPost(receive)
+            await super()._handle_stateful_request(scope, watched.receive, send)
+            if watched.disconnected:
+                await self._cancel_abandoned(session_id, watched.request_ids())
             return
         user = scope.get("user")
         requestor = authorization_context(user) if isinstance(user, AuthenticatedUser) else None
@@ -127,6 +139,26 @@ class _SessionManager(StreamableHTTPSessionManager):
         assert transport is not None
         await self._serve_opening_request(transport, scope, receive, send)
 
+    async def _cancel_abandoned(self, session_id: str, request_ids: list[types.RequestId]) -> None:
+        """Cancel the requests of a POST whose client disconnected (a request already
+        answered is not in flight any more, and the server ignores its cancellation)."""
+        transport = self._server_instances.get(session_id)
+        writer = None if transport is None else transport._read_stream_writer
+        if writer is None or transport is None or transport.is_terminated:
+            return
+        for request_id in request_ids:
+            cancel = types.JSONRPCNotification(
+                jsonrpc="2.0",
+                method="notifications/cancelled",
+                params={"requestId": request_id, "reason": "the client disconnected"},
+            )
+            try:
+                await writer.send(SessionMessage(cancel))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+        if request_ids:
+            log.info("cancelled %d call(s) of a disconnected MCP client", len(request_ids))
+
     async def _make_room(self) -> bool:
         """Whether a session can be opened, closing the least recently used idle one if
         every place is taken (called under the session-creation lock)."""
@@ -151,6 +183,40 @@ class _SessionManager(StreamableHTTPSessionManager):
         self._client_of.pop(session_id, None)
         self._last_used.pop(session_id, None)
         await super()._discard_session(session_id, transport)
+
+
+class _WatchedPost:
+    """A POST's ``receive``, noting its body (already bounded by ``BodyLimit``) and
+    whether the client disconnected."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._body = bytearray()
+        self.disconnected = False
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self._body += message.get("body", b"")
+        elif message["type"] == "http.disconnect":
+            self.disconnected = True
+        return message
+
+    def request_ids(self) -> list[types.RequestId]:
+        """The ids of the JSON-RPC requests in the body (one message or a batch)."""
+        try:
+            parsed = json.loads(self._body)
+        except ValueError:
+            return []
+        messages = parsed if isinstance(parsed, list) else [parsed]
+        return [
+            m["id"]
+            for m in messages
+            if isinstance(m, dict)
+            and isinstance(m.get("method"), str)
+            and isinstance(m.get("id"), int | str)
+            and not isinstance(m.get("id"), bool)
+        ]
 
 
 def _client_key(scope: Scope) -> str:
@@ -334,6 +400,8 @@ class Gateway:
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         max_sessions_per_client: int | None = None,
         session_idle_s: float = DEFAULT_SESSION_IDLE_S,
+        json_response: bool = False,
+        stateless: bool = False,
     ) -> tuple[Starlette, StreamableHTTPSessionManager]:
         """The streamable HTTP app (serving ``path``) and its session manager.
 
@@ -343,6 +411,8 @@ class Gateway:
         sessions are open (the least recently used idle one is closed for a new one), at
         most ``max_sessions_per_client`` (default: a tenth of them) per client, and a
         session idle for ``session_idle_s`` is closed.
+        ``json_response`` answers each request with a JSON body instead of an SSE stream;
+        ``stateless`` serves each request without a session (the SDK's two modes).
         """
         if max_sessions_per_client is None:
             max_sessions_per_client = max(1, max_sessions // 10)
@@ -353,6 +423,8 @@ class Gateway:
             max_sessions=max_sessions,
             per_client=min(max_sessions_per_client, max_sessions),
             metrics=self.metrics,
+            json_response=json_response,
+            stateless=stateless,
         )
         endpoint: ASGIApp = StreamableHTTPASGIApp(manager)
         middleware: list[Middleware] = []

@@ -33,6 +33,7 @@ from .http import HttpService
 from .metrics import GatewayMetrics
 from .observability import metrics_endpoint, tracer_provider
 from .settings import ServeSettings, load
+from .tuning import settle_heap
 from .upstreams import open_upstreams
 from .watch import ToolListWatcher
 
@@ -188,6 +189,8 @@ class Service:
             max_sessions=settings.max_sessions,
             max_sessions_per_client=settings.client_session_cap,
             session_idle_s=settings.session_idle_s,
+            json_response=settings.json_response,
+            stateless=settings.stateless,
         )
         if not is_loopback(settings.host) and self.verifier is None:
             log.warning(
@@ -209,6 +212,7 @@ class Service:
         whose = "" if profile is None else f", profile {profile!r}"
         auth = "" if self.verifier is None else ", bearer tokens required"
         self._say(f"{where} ({count} tools{whose}{auth})")
+        settle_heap()
         if self.admin_state is not None:
             self.admin_state.set_ready(True)
 

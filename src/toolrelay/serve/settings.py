@@ -78,6 +78,8 @@ _UPSTREAM = {
         "count_errors": {"type": ["boolean", "string"]},
         "risk": _RISK,
         "tool_risk": {"type": "object", "additionalProperties": _RISK},
+        "max_message_bytes": {"type": "integer", "minimum": 1024},
+        "max_message_values": {"type": "integer", "minimum": 100},
     },
     "oneOf": [{"required": ["command"]}, {"required": ["url"]}],
 }
@@ -103,6 +105,8 @@ SERVE_SCHEMA: dict[str, Any] = {
                 "max_sessions": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
                 "max_sessions_per_client": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
                 "session_idle_s": {"type": "number", "minimum": 1, "maximum": 7 * 86400},
+                "json_response": {"type": "boolean"},
+                "stateless": {"type": "boolean"},
             },
         },
         "admin": {
@@ -156,6 +160,10 @@ class UpstreamSettings:
     """A floor for the risk of every tool of the upstream (its hints cannot lower it)."""
     tool_risk: Mapping[str, Risk] = field(default_factory=dict)
     """Floors per tool, by the tool's MCP name or its toolrelay name."""
+    max_message_bytes: int | None = None
+    """The largest message read from the upstream (``McpSource`` default: 4 MiB)."""
+    max_message_values: int | None = None
+    """The most JSON values in one message (``McpSource`` default: 50,000)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +198,13 @@ class ServeSettings:
     (429 beyond); ``None`` is a tenth of ``max_sessions`` (at least 1)."""
     session_idle_s: float = DEFAULT_SESSION_IDLE_S
     """A session with no request in flight for this long is closed."""
+    json_response: bool = False
+    """Answer each HTTP request with one JSON body instead of an SSE stream (faster; no
+    progress notifications or server requests during a call, and a client that goes away
+    is not noticed until the call ends)."""
+    stateless: bool = False
+    """Serve every HTTP request on its own, with no ``Mcp-Session-Id`` session (no
+    ``tools/list_changed`` notifications; the session limits do not apply)."""
 
     @property
     def client_session_cap(self) -> int:
@@ -280,6 +295,8 @@ def parse_serve_section(data: Mapping[str, Any], path: Path | None = None) -> Se
         max_sessions=http.get("max_sessions"),
         max_sessions_per_client=http.get("max_sessions_per_client"),
         session_idle_s=http.get("session_idle_s"),
+        json_response=http.get("json_response"),
+        stateless=http.get("stateless"),
         host=http.get("host"),
         port=http.get("port"),
         path=http.get("path"),

@@ -30,7 +30,14 @@ log = logging.getLogger("toolrelay.serve")
 def _options(upstream: UpstreamSettings) -> dict[str, Any]:
     """The ``McpSource`` options an upstream sets (unset ones keep McpSource's defaults)."""
     options: dict[str, Any] = {"name": upstream.name, "tags": upstream.tags}
-    for name in ("prefix", "timeout_s", "connect_timeout_s", "risk"):
+    for name in (
+        "prefix",
+        "timeout_s",
+        "connect_timeout_s",
+        "risk",
+        "max_message_bytes",
+        "max_message_values",
+    ):
         value = getattr(upstream, name)
         if value is not None:
             options[name] = value

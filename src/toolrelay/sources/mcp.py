@@ -100,12 +100,19 @@ from .. import __version__
 from ..contract import RISKS, AuthContext, ErrorType, Risk, ToolDeclaration, ToolError
 from ..redact import Redactor
 from ..registry import DEFAULT_RESERVED, NAME_RE, RegistrationError, compile_tool
+from .transport import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_MESSAGE_VALUES,
+    TOO_LARGE_TEXT,
+    UNREADABLE_TEXT,
+    capped_http_client,
+    capped_stdio_client,
+)
 
 try:
     import httpx2
     import mcp.types as mcp_types
     from mcp import Client, MCPError, StdioServerParameters
-    from mcp.client.stdio import stdio_client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
     from mcp.types.version import MODERN_PROTOCOL_VERSIONS
@@ -142,6 +149,7 @@ _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _INVALID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_LIST_PAGES = 100
 _HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)  # the SDK's defaults for MCP over HTTP
+_SSE_TOO_LARGE = re.compile(r"event exceeded the \d+ byte limit")  # httpx2's SSE refusal
 
 TransportFactory = Callable[[], "Transport"]
 
@@ -172,6 +180,8 @@ class McpSourceOptions(TypedDict, total=False):
     count_errors: bool | str
     risk: Risk | None
     tool_risk: Mapping[str, Risk] | None
+    max_message_bytes: int
+    max_message_values: int
 
 
 class _State:
@@ -231,6 +241,11 @@ def _cap(text: str, limit: int = MAX_ERROR_CHARS) -> str:
             cut = cut[:space]  # drop the split word whole: it may be a token
         one_line = cut.rstrip() + "…"
     return one_line
+
+
+def _too_large(exc: MCPError) -> bool:
+    """The transport refused the answer for its size (see :mod:`.transport`)."""
+    return TOO_LARGE_TEXT in exc.message or _SSE_TOO_LARGE.search(exc.message) is not None
 
 
 def _why(exc: BaseException | None) -> str:
@@ -364,11 +379,11 @@ def _error_text(result: mcp_types.CallToolResult) -> str:
 
 @asynccontextmanager
 async def _http_transport(
-    url: str, headers: Mapping[str, str] | None
+    url: str, headers: Mapping[str, str] | None, max_bytes: int, max_values: int
 ) -> AsyncIterator[TransportStreams]:
     async with (
-        httpx2.AsyncClient(headers=dict(headers or {}), timeout=_HTTP_TIMEOUT) as http,
-        streamable_http_client(url, http_client=http) as streams,
+        capped_http_client(max_bytes, max_values, headers=headers, timeout=_HTTP_TIMEOUT) as http,
+        streamable_http_client(url, http_client=http, max_sse_event_size=max_bytes) as streams,
     ):
         yield streams
 
@@ -409,6 +424,14 @@ class McpSource:
             higher of what its hints say and this (``read`` < ``write`` < ``dangerous``).
         tool_risk: Floors per tool, by its MCP name (as the server names it) or its
             toolrelay name, e.g. ``{"delete_repo": "dangerous"}``; combined with ``risk``.
+        max_message_bytes: The largest message read from the server (default 4 MiB),
+            bounded while it is read (see :mod:`toolrelay.sources.transport`; used by the
+            :meth:`stdio` and :meth:`http` transports). A larger answer is refused: the call
+            gets a non-retryable ``invalid_output`` that the breaker does not count.
+        max_message_values: The most JSON values one message may hold (default 50,000;
+            commas, brackets and braces outside strings are counted), checked before it is
+            parsed; a message with more is refused in the same way (not checked inside SSE
+            events, whose size ``max_message_bytes`` bounds).
     """
 
     def __init__(
@@ -430,6 +453,8 @@ class McpSource:
         count_errors: bool | str = False,
         risk: Risk | None = None,
         tool_risk: Mapping[str, Risk] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_values: int = DEFAULT_MAX_MESSAGE_VALUES,
     ) -> None:
         if not breaker_key or not isinstance(breaker_key, str):
             raise ValueError("breaker_key must be a non-empty string")
@@ -448,7 +473,15 @@ class McpSource:
         ):
             if not (isinstance(value, int | float) and 0 < value < math.inf):
                 raise ValueError(f"{label} must be a positive number, not {value!r}")
+        for label, count, least in (
+            ("max_message_bytes", max_message_bytes, 1024),
+            ("max_message_values", max_message_values, 100),
+        ):
+            if isinstance(count, bool) or not isinstance(count, int) or count < least:
+                raise ValueError(f"{label} must be an integer >= {least}, not {count!r}")
         self._transport = transport
+        self.max_message_bytes = max_message_bytes
+        self.max_message_values = max_message_values
         self.breaker_key = breaker_key
         self.prefix = prefix
         self.name = name or breaker_key
@@ -514,8 +547,12 @@ class McpSource:
             cwd=None if cwd is None else Path(cwd),
         )
 
+        max_bytes = options.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)
+        max_values = options.get("max_message_values", DEFAULT_MAX_MESSAGE_VALUES)
+
         def transport() -> Transport:
-            return stdio_client(params, errlog=errlog if errlog is not None else sys.stderr)
+            out = errlog if errlog is not None else sys.stderr
+            return capped_stdio_client(params, max_bytes, max_values, errlog=out)
 
         return cls(transport, breaker_key=breaker_key, **options)
 
@@ -532,9 +569,11 @@ class McpSource:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must be an http(s) URL, not {url!r}")
         fixed = dict(headers or {})
+        max_bytes = options.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)
+        max_values = options.get("max_message_values", DEFAULT_MAX_MESSAGE_VALUES)
 
         def transport() -> Transport:
-            return _http_transport(url, fixed)
+            return _http_transport(url, fixed, max_bytes, max_values)
 
         return cls(transport, breaker_key=breaker_key, **options)
 
@@ -571,6 +610,20 @@ class McpSource:
         try:
             result = await conn.client.call_tool(entry.remote, args)
         except MCPError as exc:
+            if _too_large(exc):
+                raise ToolError(
+                    f"{self.name} sent an answer too large to read "
+                    f"(over {self.max_message_bytes} bytes or {self.max_message_values} "
+                    "JSON values); it was refused",
+                    error_type=ErrorType.INVALID_OUTPUT,
+                    counts_as_failure=False,
+                ) from None
+            if exc.code == mcp_types.PARSE_ERROR and UNREADABLE_TEXT in exc.message:
+                raise ToolError(
+                    f"{self.name} sent an answer that is not a valid MCP tool result",
+                    error_type=ErrorType.INVALID_OUTPUT,
+                    counts_as_failure=True,
+                ) from None
             if _is_disconnect(exc):
                 self._lost(conn, exc.message)
                 raise self._unreachable(self._wait()) from None
