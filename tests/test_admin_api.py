@@ -16,12 +16,14 @@ import httpx
 import hypothesis
 import pytest
 import schemathesis
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from starlette.routing import Route
 
 from helpers import CITY, OBJ
 from toolrelay import AuthContext, BreakerConfig, Dispatcher, Profile, ToolRegistry
-from toolrelay.serve.admin import MAX_BODY_BYTES, AdminState, admin_app
-from toolrelay.serve.openapi import MAX_FAULTS
+from toolrelay.config import ConfigError, parse_config
+from toolrelay.serve.admin import MAX_BODY_BYTES, MAX_FAULTS, AdminState, admin_app
 
 TOKEN = "admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -400,3 +402,182 @@ async def test_deep_and_huge_bodies_never_answer_5xx(api: httpx.AsyncClient) -> 
         listed = await call(api, "GET", "/faults")
         assert listed.status_code == 200
         await call(api, "DELETE", "/faults")
+
+
+# -- what the move to FastAPI must keep --------------------------------------------------------
+def _routes() -> list[tuple[str, str]]:
+    """Every (method, path) the app routes, read from the app itself."""
+    app = admin_app(build_state())
+    routes = [route for route in app.routes if isinstance(route, Route)]
+    return sorted((method, route.path) for route in routes for method in route.methods or ())
+
+
+ROUTES = _routes()
+FAULT = '{"kind": "hang", "tool": "t"}'
+
+
+def _concrete(path: str) -> str:
+    return path.replace("{key}", "open-meteo").replace("{id}", "1")
+
+
+def test_the_routes_are_read_from_the_app() -> None:
+    assert {("GET", "/healthz"), *AUTHED} <= {(method, _concrete(path)) for method, path in ROUTES}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+async def test_every_route_but_healthz_needs_the_token(
+    api: httpx.AsyncClient, state: AdminState, method: str, path: str
+) -> None:
+    """A route added without the auth dependency fails here."""
+    response = await api.request(method, _concrete(path), content=FAULT)
+    if path == "/healthz":
+        assert response.status_code == 200
+    else:
+        assert_error(response, 401, "unauthorized")
+        assert response.headers["www-authenticate"] == 'Bearer realm="toolrelay-admin"'
+    assert state.dispatcher.faults.list() == {}
+    assert state.dispatcher.breakers.state("open-meteo") == "closed"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "body", ["{", "x" * (MAX_BODY_BYTES + 1), "[" * 5000, "", '{"kind": "x"}', FAULT]
+)
+async def test_no_body_is_judged_without_the_token(api: httpx.AsyncClient, body: str) -> None:
+    """The token is checked before the body is read: 401, not 400, 413 or 422."""
+    response = await api.put("/faults?seed=x", content=body)
+    assert_error(response, 401, "unauthorized")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+@pytest.mark.parametrize("query", ["surprise=1", "seed=1&seed=2", "profile=a&profile=a"])
+async def test_unknown_and_repeated_query_parameters_are_refused_everywhere(
+    api: httpx.AsyncClient, state: AdminState, method: str, path: str, query: str
+) -> None:
+    response = await call(api, method, f"{_concrete(path)}?{query}", content=FAULT)
+    assert_error(response, 400, "invalid_query")
+    assert state.dispatcher.faults.list() == {}
+    assert state.dispatcher.breakers.state("open-meteo") == "closed"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("method", "path", "body", "content_type", "status", "error", "needle"),
+    [
+        ("PUT", "/faults", FAULT, "text/plain", 415, "unsupported_media_type", "application/json"),
+        ("PUT", "/faults", FAULT, "application/x-www-form-urlencoded", 415,
+         "unsupported_media_type", "application/json"),
+        ("PUT", "/faults?replace=maybe", FAULT, None, 400, "invalid_query", "replace"),
+        ("PUT", "/faults?seed=%201", FAULT, None, 400, "invalid_query", "seed"),
+        ("PUT", "/faults?seed=1" + "0" * 30, FAULT, None, 400, "invalid_query", "seed"),
+        ("DELETE", "/faults/0", None, None, 404, "unknown_fault", "'0'"),
+        ("DELETE", "/faults/-3", None, None, 404, "unknown_fault", "'-3'"),
+        ("DELETE", "/faults/" + "9" * 50, None, None, 404, "unknown_fault", "999"),
+        ("PUT", "/faults", '{"kind": "hang", "tool": null}', None, 422, "invalid_fault", "tool"),
+        ("PUT", "/faults", '{"kind": "hang", "tool": "t", "breaker_key": null}', None, 422,
+         "invalid_fault", "breaker_key"),
+        ("PUT", "/faults", '[{"kind": "hang", "tool": "t", "rate": "0.5"}]', None, 422,
+         "invalid_fault", "fault 0 at rate"),
+        ("PUT", "/faults", '{"kind": "hang", "tool": "t", "retryable": "yes"}', None, 422,
+         "invalid_fault", "retryable"),
+        ("PUT", "/faults", '{"kind": "latency", "tool": "t", "latency_s": 1e400}', None, 400,
+         "invalid_json", "not finite"),
+        ("PUT", "/faults", '{"kind": "latency", "tool": "t", "jitter_s": -1}', None, 422,
+         "invalid_fault", "jitter_s"),
+        ("PUT", "/faults", '{"kind": "hang", "tool": "t", "id": 1}', None, 422, "invalid_fault",
+         "id"),
+        ("PUT", "/faults", "[" + ",".join([FAULT] * (MAX_FAULTS + 1)) + "]", None, 422,
+         "invalid_fault", f"at most {MAX_FAULTS}"),
+        ("PUT", "/faults", "7", None, 422, "invalid_fault", "not of type"),
+        ("PUT", "/faults", "null", None, 422, "invalid_fault", "not of type"),
+    ],
+)  # fmt: skip
+async def test_validation_errors_keep_the_error_shape(
+    api: httpx.AsyncClient,
+    state: AdminState,
+    method: str,
+    path: str,
+    body: str | None,
+    content_type: str | None,
+    status: int,
+    error: str,
+    needle: str,
+) -> None:
+    headers = {**AUTH} if content_type is None else {**AUTH, "Content-Type": content_type}
+    response = await api.request(method, path, headers=headers, content=body)
+    assert needle in assert_error(response, status, error)["message"]
+    assert state.dispatcher.faults.list() == {}
+
+
+@pytest.mark.anyio
+async def test_json_content_types_are_accepted(api: httpx.AsyncClient) -> None:
+    for content_type in ("application/json", "application/json; charset=utf-8",
+                         "application/merge-patch+json"):  # fmt: skip
+        headers = {**AUTH, "Content-Type": content_type}
+        response = await api.put("/faults?replace=true", headers=headers, content=FAULT)
+        assert response.status_code == 200, response.text
+
+
+@pytest.mark.anyio
+async def test_405_allows_every_method_of_the_path(api: httpx.AsyncClient) -> None:
+    response = await call(api, "OPTIONS", "/faults")
+    assert_error(response, 405, "method_not_allowed")
+    allowed = {method.strip() for method in response.headers["allow"].split(",")}
+    assert {"GET", "PUT", "DELETE"} <= allowed and "POST" not in allowed
+
+
+@pytest.mark.anyio
+async def test_openapi_document_follows_the_running_server(
+    api: httpx.AsyncClient, state: AdminState
+) -> None:
+    first = (await call(api, "GET", "/openapi.json")).json()
+    state.dispatcher.breakers.get("late-key")  # a breaker created after the first document
+    doc = (await call(api, "GET", "/openapi.json")).json()
+    assert first != doc
+    key = doc["paths"]["/breakers/{key}/open"]["post"]["parameters"][0]["schema"]
+    assert key["enum"] == ["delete_all", "late-key", "open-meteo", "searxng"]
+    profile = doc["paths"]["/tools"]["get"]["parameters"][0]["schema"]
+    assert profile == {"type": "string", "enum": ["support"]}
+    error = {"$ref": "#/components/schemas/Error"}
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            for status, answer in operation["responses"].items():
+                if status.startswith("4"):  # every refusal is {error, message}
+                    assert answer["content"] == {"application/json": {"schema": error}}, (
+                        method, path, status)  # fmt: skip
+    assert set(doc["components"]["schemas"]["Error"]["required"]) == {"error", "message"}
+
+
+FAULT_FIELDS = ["kind", "tool", "breaker_key", "rate", "latency_s", "jitter_s", "error_type",
+                "message", "retryable", "output", "surprise"]  # fmt: skip
+FAULT_VALUES = st.one_of(
+    st.sampled_from(["latency", "error", "hang", "bad_output", "nope", "timeout", "tool_error"]),
+    st.text(max_size=3),
+    st.text(min_size=239, max_size=242),
+    st.integers(-2, 2),
+    st.floats(-1, 2, allow_nan=False),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+
+
+@hypothesis.settings(
+    max_examples=150, deadline=None, suppress_health_check=list(hypothesis.HealthCheck)
+)
+@hypothesis.given(fault=st.dictionaries(st.sampled_from(FAULT_FIELDS), FAULT_VALUES, max_size=6))
+@pytest.mark.anyio
+async def test_the_admin_api_and_the_config_accept_the_same_faults(
+    api: httpx.AsyncClient, fault: dict[str, Any]
+) -> None:
+    try:
+        parse_config({"faults": [fault]})
+    except ConfigError:
+        in_config = False
+    else:
+        in_config = True
+    response = await call(api, "PUT", "/faults?replace=true", fault)
+    assert response.status_code == (200 if in_config else 422), (fault, response.text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -18,6 +19,8 @@ import pytest
 
 from conftest import need_binary
 from redis_server import free_port
+from test_serve_mcp import TOKEN, start_http_server, stop_http_server
+from toolrelay.chaos.upstream import Upstream
 
 pytestmark = pytest.mark.servers
 
@@ -110,6 +113,12 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         [sys.executable, str(ROOT / "tests" / "workload.py"), str(target_port), "120"]
     )
     rate_workload = subprocess.Popen([sys.executable, "-c", RATE_WORKLOAD, str(rate_port), "120"])
+    # A third target: the MCP gateway, whose own metrics (sessions) are on its admin API.
+    stack = contextlib.ExitStack()
+    upstream = stack.enter_context(Upstream().run_in_thread())
+    gateway = start_http_server(tmp, upstream.url)
+    stack.callback(stop_http_server, gateway)
+    admin = urllib.parse.urlsplit(gateway.admin.url)
     config = tmp / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
@@ -118,6 +127,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         "  - job_name: toolrelay\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{target_port}', "
         f"'127.0.0.1:{rate_port}']}}]\n"
+        "  - job_name: toolrelay-gateway\n"
+        f"    metrics_path: '{admin.path}/metrics'\n"
+        f"    authorization: {{credentials: '{TOKEN}'}}\n"
+        f"    static_configs: [{{targets: ['{admin.netloc}'], labels: {{job: toolrelay}}}}]\n"
     )
     server = subprocess.Popen(
         [
@@ -136,7 +149,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         while time.monotonic() < deadline:
             try:
                 samples = prom.query('count_over_time(up{job="toolrelay"}[1m])')
-                if len(samples) == 2 and all(float(s["value"][1]) >= 8 for s in samples):
+                if len(samples) == 3 and all(float(s["value"][1]) >= 8 for s in samples):
                     break
             except OSError:
                 pass
@@ -148,11 +161,12 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         for proc in (server, workload, rate_workload):
             proc.terminate()
             proc.wait(20)
+        stack.close()
 
 
 def test_targets_are_up(prometheus: Prometheus) -> None:
     ups = prometheus.query('up{job="toolrelay"}')
-    assert [up["value"][1] for up in ups] == ["1", "1"]
+    assert [up["value"][1] for up in ups] == ["1", "1", "1"]
 
 
 def test_breaker_window_gauges_are_scraped(prometheus: Prometheus) -> None:

@@ -4,7 +4,7 @@
 * :mod:`~toolrelay.serve.gateway` — the MCP server (stdio and streamable HTTP);
 * :mod:`~toolrelay.serve.answers` — toolrelay answers as MCP tool results;
 * :mod:`~toolrelay.serve.watch` — ``tools/list_changed`` when breakers or plugins change;
-* :mod:`~toolrelay.serve.admin` and :mod:`~toolrelay.serve.openapi` — the admin API;
+* :mod:`~toolrelay.serve.admin` — the admin API (FastAPI; its bodies: ``admin_models``);
 * :mod:`~toolrelay.serve.upstreams` — MCP servers behind the gateway;
 * :mod:`~toolrelay.serve.runner` — starting and stopping all of it.
 

@@ -1,9 +1,10 @@
 """The admin API: breakers, faults, tools, health and metrics of a running gateway.
 
-A Starlette app, served on its own port (loopback by default). Every endpoint but
-``/healthz`` needs ``Authorization: Bearer <admin token>``. JSON in and out; bad input is
-a 4xx with ``{"error": code, "message": sentence}``, never a 5xx. The OpenAPI 3.1 document
-is at ``/openapi.json`` (see :mod:`toolrelay.serve.openapi`).
+A FastAPI app, served on its own port (loopback by default). Every endpoint but
+``/healthz`` depends on :func:`authorized` (``Authorization: Bearer <admin token>``). JSON
+in and out; bad input is a 4xx with ``{"error": code, "message": sentence}``, never a 5xx.
+The OpenAPI 3.1 document is generated from the routes and :mod:`.admin_models`, and served
+at ``/openapi.json`` with the server's breaker keys and profile names filled in.
 
 The app runs on the dispatcher's event loop: breakers and the fault injector are not
 thread-safe, and are only touched from that loop.
@@ -13,35 +14,35 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-import jsonschema_rs
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Security
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.applications import Starlette
+from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match
 
+from .. import __version__
 from ..dispatcher import Dispatcher
 from ..pipeline.decode import too_big
-from ..pipeline.faults import Fault
+from . import admin_models as m
 from .auth import token_matches
-from .openapi import FAULT_SCHEMA, MAX_FAULTS, openapi_document
 
-__all__ = ["AdminState", "admin_app"]
+__all__ = ["MAX_BODY_BYTES", "MAX_FAULTS", "AdminState", "ApiError", "admin_app", "authorized"]
 
+MAX_FAULTS = m.MAX_FAULTS
 MAX_BODY_BYTES = 256 * 1024
 MAX_BODY_DEPTH = 66
 """A list of faults whose outputs are as deep as a fault's output may be (64 levels)."""
-_FAULT_VALIDATOR = jsonschema_rs.Draft202012Validator(FAULT_SCHEMA, offline=True)
-_INTEGER = re.compile(r"^-?[0-9]{1,30}$")
-_BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
-_ACTIONS = ("open", "close", "reset")
-
-Endpoint = Callable[[Request], Awaitable[Response]]
+_MAX_SEED = 10**30 - 1
+_INTEGER = re.compile(r"^-?[0-9]{1,30}(\.0+)?$")  # what JSON Schema calls an integer
 
 
 @dataclass
@@ -64,282 +65,427 @@ class AdminState:
         return keys | set(self.dispatcher.breakers.keys())
 
 
-class _Refused(Exception):
-    """A request answered with a 4xx JSON error."""
+class ApiError(HTTPException):
+    """A request answered with a 4xx ``{"error": code, "message": sentence}``."""
 
-    def __init__(self, status: int, error: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.error, self.message = status, error, message
+    def __init__(
+        self, status: int, error: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(status, message[:240], headers)
+        self.error = error
 
 
-def _error(status: int, error: str, message: str, **headers: str) -> JSONResponse:
-    return JSONResponse({"error": error, "message": message}, status, headers=headers or None)
+def _error(status: int, error: str, message: str, headers: Any = None) -> JSONResponse:
+    return JSONResponse({"error": error, "message": message[:240]}, status, headers=headers)
+
+
+# -- auth, query and body: what every route gets before it runs ------------------------------
+_BEARER = HTTPBearer(
+    scheme_name="bearerAuth",
+    description="The admin token (TOOLRELAY_ADMIN_TOKEN, or the variable named by "
+    "--admin-token-env).",
+    auto_error=False,
+)
+
+
+def _admin(request: Request) -> AdminState:
+    state: AdminState = request.app.state.admin
+    return state
+
+
+async def _state(request: Request) -> AdminState:  # async: sync dependencies run in threads
+    return _admin(request)
+
+
+def _check_token(request: Request, credentials: HTTPAuthorizationCredentials | None) -> None:
+    if credentials is None or not token_matches(credentials.credentials, _admin(request).token):
+        raise ApiError(
+            401,
+            "unauthorized",
+            "send Authorization: Bearer <admin token>",
+            {"WWW-Authenticate": 'Bearer realm="toolrelay-admin"'},
+        )
+
+
+async def authorized(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
+) -> None:
+    """The dependency of every route but ``/healthz``: a 401 without the admin token."""
+    _check_token(request, credentials)
+
+
+async def _known_query(request: Request) -> None:
+    """Refuse query parameters the route does not declare, and repeated ones."""
+    route = request.scope["route"]
+    assert isinstance(route, _AdminRoute)
+    seen = set()
+    for name, _ in request.query_params.multi_items():
+        if name not in route.query_names:
+            raise ApiError(400, "invalid_query", f"unknown query parameter {name[:40]!r}")
+        if name in seen:
+            raise ApiError(400, "invalid_query", f"query parameter {name!r} given twice")
+        seen.add(name)
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def _json_body(request: Request) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _Refused(413, "payload_too_large", f"the body is larger than {MAX_BODY_BYTES} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise _Refused(
+def _is_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media[-5:] == "+json"
+    )
+
+
+class _AdminRequest(Request):
+    """A request whose body is JSON within :data:`MAX_BODY_BYTES` and :data:`MAX_BODY_DEPTH`.
+
+    FastAPI reads a route's body before it runs the route's dependencies, so the token is
+    checked here first: no byte of an unauthenticated body is read.
+    """
+
+    _read: bytes | None = None
+
+    async def body(self) -> bytes:
+        if self._read is None:
+            _check_token(self, await _BEARER(self))
+            content_type = self.headers.get("content-type")
+            if content_type is not None and not _is_json(content_type):
+                raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+            too_large = ApiError(
                 413, "payload_too_large", f"the body is larger than {MAX_BODY_BYTES} bytes"
             )
-    try:
-        value = json.loads(bytes(body), parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        raise _Refused(400, "invalid_json", f"the body is not valid JSON ({exc})"[:240]) from None
-    problem = too_big(value, MAX_BODY_DEPTH, MAX_BODY_BYTES)
-    if problem is not None:  # before any validator walks it (they recurse)
-        raise _Refused(400, "invalid_json", f"the body is refused: {problem}")
+            declared = self.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+                raise too_large
+            body = bytearray()
+            async for chunk in self.stream():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise too_large
+            if not body:
+                raise ApiError(400, "invalid_json", "the body is not valid JSON (it is empty)")
+            self._read = bytes(body)
+        return self._read
+
+    async def json(self) -> Any:
+        try:
+            value = json.loads(await self.body(), parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:
+            raise ApiError(400, "invalid_json", f"the body is not valid JSON ({exc})") from None
+        problem = too_big(value, MAX_BODY_DEPTH, MAX_BODY_BYTES)
+        if problem is not None:  # before any validator walks it (they recurse)
+            raise ApiError(400, "invalid_json", f"the body is refused: {problem}")
+        return value
+
+
+def _query_names(dependant: Dependant) -> Iterator[str]:
+    yield from (param.alias for param in dependant.query_params)
+    for sub in dependant.dependencies:
+        yield from _query_names(sub)
+
+
+class _AdminRoute(APIRoute):
+    """A route that sees an :class:`_AdminRequest` and knows its query parameters."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.query_names = frozenset(_query_names(self.dependant))
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def admin_handler(request: Request) -> Response:
+            return await handler(_AdminRequest(request.scope, request.receive))
+
+        return admin_handler
+
+
+# -- the routes --------------------------------------------------------------------------------
+State = Annotated[AdminState, Depends(_state)]
+_ERROR: dict[str, Any] = {"model": m.Error}
+_NO_BREAKER: dict[int | str, dict[str, Any]] = {
+    404: {**_ERROR, "description": "No tool uses this breaker key."}
+}
+_REFUSED: dict[int | str, dict[str, Any]] = {
+    "4XX": {**_ERROR, "description": "Refused; the message says why."}
+}
+public = APIRouter(
+    route_class=_AdminRoute,
+    dependencies=[Depends(_known_query)],
+    responses=_REFUSED,
+    strict_content_type=False,  # a body without a Content-Type is JSON
+)
+authed = APIRouter(
+    route_class=_AdminRoute,
+    dependencies=[Depends(authorized), Depends(_known_query)],
+    responses={
+        **_REFUSED,
+        401: {
+            **_ERROR,
+            "description": "No valid bearer token.",
+            "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+        },
+    },
+    strict_content_type=False,
+)
+
+
+def _decimal(value: Any) -> Any:
+    if isinstance(value, str) and not _INTEGER.match(value):
+        raise ValueError("must be an integer")
     return value
 
 
-def _check_query(request: Request, *allowed: str) -> None:
-    """Refuse query parameters the endpoint does not take, and repeated ones."""
-    seen = set()
-    for name, _ in request.query_params.multi_items():
-        if name not in allowed:
-            raise _Refused(400, "invalid_query", f"unknown query parameter {name[:40]!r}")
-        if name in seen:
-            raise _Refused(400, "invalid_query", f"query parameter {name!r} given twice")
-        seen.add(name)
+def _known_key(state: AdminState, key: str) -> str:
+    if key not in state.breaker_keys():
+        raise ApiError(404, "unknown_breaker", f"no tool uses the breaker key {key!r}")
+    return key
 
 
-def _query_int(request: Request, name: str) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    if not _INTEGER.match(raw):
-        raise _Refused(400, "invalid_query", f"{name} must be an integer")
-    return int(raw)
-
-
-def _query_bool(request: Request, name: str) -> bool:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return False
-    value = _BOOLEANS.get(raw.lower())
-    if value is None:
-        raise _Refused(400, "invalid_query", f"{name} must be true or false")
-    return value
+def _breaker(state: AdminState, key: str) -> dict[str, Any]:
+    return {"key": key, **state.dispatcher.breakers.get(key).snapshot()}
 
 
 def _faults(state: AdminState) -> list[dict[str, Any]]:
     return [{"id": i, **f.to_dict()} for i, f in sorted(state.dispatcher.faults.list().items())]
 
 
-def _parse_faults(body: Any) -> list[Fault]:
-    items = body if isinstance(body, list) else [body]
-    if not items:
-        raise _Refused(422, "invalid_fault", "the list of faults is empty")
-    if len(items) > MAX_FAULTS:
-        raise _Refused(422, "invalid_fault", f"at most {MAX_FAULTS} faults at once")
-    faults = []
-    for index, item in enumerate(items):
-        where = f"fault {index}" if isinstance(body, list) else "the fault"
-        error = next(iter(_FAULT_VALIDATOR.iter_errors(item)), None)
-        if error is not None:
-            path = ".".join(str(p) for p in error.instance_path)
-            at = f" at {path}" if path else ""
-            raise _Refused(422, "invalid_fault", f"{where}{at}: {error.message}"[:240])
-        try:
-            faults.append(Fault.from_dict(item))
-        except (TypeError, ValueError) as exc:
-            raise _Refused(422, "invalid_fault", f"{where}: {exc}"[:240]) from None
-    return faults
+@public.get("/healthz", summary="Liveness: the process answers.", openapi_extra={"security": []})
+async def healthz() -> m.Health:
+    return m.Health(status="ok")
 
 
-class _Api:
-    """The endpoints, bound to one :class:`AdminState`."""
+@authed.get(
+    "/readyz",
+    summary="Readiness: plugins and upstream MCP servers are loaded and the MCP transport "
+    "is serving.",
+    responses={503: {"model": m.Readiness, "description": "Not ready yet (or shutting down)."}},
+    response_model_exclude_none=True,
+)
+async def readyz(state: State, response: Response) -> m.Readiness:
+    if not state.ready:
+        response.status_code = 503
+        return m.Readiness(ready=False, reason=state.reason or "not ready")
+    return m.Readiness(ready=True, tools=len(state.dispatcher.registry))
 
-    def __init__(self, state: AdminState) -> None:
-        self.state = state
 
-    def authed(self, endpoint: Endpoint) -> Endpoint:
-        async def guarded(request: Request) -> Response:
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not token_matches(given.strip(), self.state.token):
-                return _error(
-                    401,
-                    "unauthorized",
-                    "send Authorization: Bearer <admin token>",
-                    **{"WWW-Authenticate": 'Bearer realm="toolrelay-admin"'},
-                )
-            try:
-                return await endpoint(request)
-            except _Refused as refused:
-                return _error(refused.status, refused.error, refused.message)
+@authed.get(
+    "/metrics",
+    summary="The dispatcher's and the gateway's Prometheus metrics.",
+    response_class=Response,  # no JSON: errors stay JSON, the 200 is documented here
+    responses={
+        200: {
+            "description": "The Prometheus text exposition format.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def metrics(state: State) -> Response:
+    return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
-        return guarded
 
-    def _known_key(self, request: Request) -> str:
-        key = str(request.path_params["key"])
-        if key not in self.state.breaker_keys():
-            raise _Refused(404, "unknown_breaker", f"no tool uses the breaker key {key!r}"[:240])
-        return key
+@authed.get("/breakers", summary="Every breaker, by key.")
+async def breakers(state: State) -> m.Breakers:
+    get = state.dispatcher.breakers.get
+    return m.Breakers.model_validate(
+        {"breakers": {key: get(key).snapshot() for key in sorted(state.breaker_keys())}}
+    )
 
-    def _breaker(self, key: str) -> dict[str, Any]:
-        return {"key": key, **self.state.dispatcher.breakers.get(key).snapshot()}
 
-    async def healthz(self, request: Request) -> Response:
-        try:
-            _check_query(request)
-        except _Refused as refused:
-            return _error(refused.status, refused.error, refused.message)
-        return JSONResponse({"status": "ok"})
+@authed.get("/breakers/{key}", summary="One breaker.", responses=_NO_BREAKER)
+async def breaker(state: State, key: str) -> m.BreakerWithKey:
+    return m.BreakerWithKey.model_validate(_breaker(state, _known_key(state, key)))
 
-    async def readyz(self, request: Request) -> Response:
-        _check_query(request)
-        state = self.state
-        if not state.ready:
-            return JSONResponse({"ready": False, "reason": state.reason or "not ready"}, 503)
-        return JSONResponse({"ready": True, "tools": len(state.dispatcher.registry)})
 
-    async def metrics(self, request: Request) -> Response:
-        _check_query(request)
-        return Response(generate_latest(self.state.registry), media_type=CONTENT_TYPE_LATEST)
+def _action(name: str, summary: str, act: Callable[[Any, str], None]) -> None:
+    async def breaker_action(state: State, key: str) -> m.BreakerWithKey:
+        act(state.dispatcher.breakers, _known_key(state, key))
+        return m.BreakerWithKey.model_validate(_breaker(state, key))
 
-    async def breakers(self, request: Request) -> Response:
-        _check_query(request)
-        breakers = self.state.dispatcher.breakers
-        return JSONResponse(
-            {
-                "breakers": {
-                    key: breakers.get(key).snapshot() for key in sorted(self.state.breaker_keys())
-                }
-            }
+    authed.post(f"/breakers/{{key}}/{name}", summary=summary, responses=_NO_BREAKER, name=name)(
+        breaker_action
+    )
+
+
+_action("open", "Force the breaker open: calls fail fast, no trials until closed.",
+        lambda breakers, key: breakers.force_open(key))  # fmt: skip
+_action("close", "Close the breaker now (failure count cleared).",
+        lambda breakers, key: breakers.force_close(key))  # fmt: skip
+_action("reset", "Back to a fresh closed breaker.", lambda breakers, key: breakers.reset(key))
+
+
+@authed.get("/faults", summary="The faults in force.", response_model_exclude_unset=True)
+async def get_faults(state: State) -> m.Faults:
+    return m.Faults.model_validate({"faults": _faults(state)})
+
+
+@authed.put(
+    "/faults",
+    summary="Put one fault or a list of faults in force (all or none).",
+    response_model_exclude_unset=True,
+    responses={
+        400: {**_ERROR, "description": "The body is not JSON, or a query parameter is malformed."},
+        409: {**_ERROR, "description": f"More than {MAX_FAULTS} faults would be in force."},
+        413: {**_ERROR, "description": "The body is too large."},
+        415: {**_ERROR, "description": "The body is not sent as application/json."},
+        422: {**_ERROR, "description": "A fault is not valid; the message names it."},
+    },
+)
+async def put_faults(
+    state: State,
+    body: m.FaultsBody,
+    seed: Annotated[
+        int | None,
+        BeforeValidator(_decimal),
+        Query(ge=-_MAX_SEED, le=_MAX_SEED, description="Restart the fault dice with this seed."),
+    ] = None,
+    replace: Annotated[bool, Query(description="Clear the faults in force first.")] = False,
+) -> m.FaultsAdded:
+    faults = [spec.fault() for spec in (body if isinstance(body, list) else [body])]
+    injector = state.dispatcher.faults
+    if (0 if replace else len(injector.list())) + len(faults) > MAX_FAULTS:
+        raise ApiError(
+            409, "too_many_faults", f"at most {MAX_FAULTS} faults may be in force at once"
         )
-
-    async def breaker(self, request: Request) -> Response:
-        _check_query(request)
-        return JSONResponse(self._breaker(self._known_key(request)))
-
-    async def breaker_action(self, request: Request) -> Response:
-        _check_query(request)
-        action = request.path_params["action"]
-        if action not in _ACTIONS:
-            raise _Refused(
-                404, "not_found", f"no breaker action {action[:40]!r}; use open, close or reset"
-            )
-        key = self._known_key(request)
-        breakers = self.state.dispatcher.breakers
-        if action == "open":
-            breakers.force_open(key)
-        elif action == "close":
-            breakers.force_close(key)
-        else:
-            breakers.reset(key)
-        return JSONResponse(self._breaker(key))
-
-    async def faults(self, request: Request) -> Response:
-        if request.method == "PUT":
-            return await self.put_faults(request)
-        if request.method == "DELETE":
-            return await self.delete_faults(request)
-        return await self.get_faults(request)
-
-    async def get_faults(self, request: Request) -> Response:
-        _check_query(request)
-        return JSONResponse({"faults": _faults(self.state)})
-
-    async def put_faults(self, request: Request) -> Response:
-        _check_query(request, "seed", "replace")
-        seed = _query_int(request, "seed")
-        replace = _query_bool(request, "replace")
-        faults = _parse_faults(await _json_body(request))
-        injector = self.state.dispatcher.faults
-        in_force = 0 if replace else len(injector.list())
-        if in_force + len(faults) > MAX_FAULTS:
-            raise _Refused(
-                409, "too_many_faults", f"at most {MAX_FAULTS} faults may be in force at once"
-            )
-        if replace:
-            injector.clear()
-        if seed is not None:
-            injector.seed(seed)
-        added = [injector.add(fault) for fault in faults]
-        return JSONResponse({"added": added, "faults": _faults(self.state)})
-
-    async def delete_faults(self, request: Request) -> Response:
-        _check_query(request)
-        injector = self.state.dispatcher.faults
-        removed = len(injector.list())
+    if replace:
         injector.clear()
-        return JSONResponse({"removed": removed})
+    if seed is not None:
+        injector.seed(seed)
+    added = [injector.add(fault) for fault in faults]
+    return m.FaultsAdded.model_validate({"added": added, "faults": _faults(state)})
 
-    async def delete_fault(self, request: Request) -> Response:
-        _check_query(request)
-        raw = str(request.path_params["id"])
-        if not _INTEGER.match(raw) or not self.state.dispatcher.faults.remove(int(raw)):
-            raise _Refused(404, "unknown_fault", f"no fault {raw[:40]!r} is in force")
-        return JSONResponse({"removed": 1})
 
-    async def tools(self, request: Request) -> Response:
-        _check_query(request, "profile")
-        dispatcher = self.state.dispatcher
-        name = request.query_params.get("profile")
-        if name is not None and name not in dispatcher.profiles:
-            raise _Refused(404, "unknown_profile", f"no profile named {name!r}"[:240])
-        profile = None if name is None else dispatcher.profiles[name]
-        tools = []
-        for tool in dispatcher.registry.tools():
-            decl = tool.decl
-            if profile is not None and not profile.permits(decl):
-                continue
-            tools.append(
-                {
-                    "name": decl.name,
-                    "description": decl.description,
-                    "risk": decl.risk,
-                    "breaker_key": decl.key,
-                    "timeout_s": decl.timeout_s,
-                    "idempotent": decl.is_idempotent,
-                    "tags": sorted(decl.tags),
-                    "version": decl.version,
-                    "breaker_state": dispatcher.breakers.state(decl.key),
-                    "offered": dispatcher.breakers.blocked_for(decl.key) is None,
-                }
+@authed.delete("/faults", summary="Clear every fault.")
+async def delete_faults(state: State) -> m.Removed:
+    removed = len(state.dispatcher.faults.list())
+    state.dispatcher.faults.clear()
+    return m.Removed(removed=removed)
+
+
+@authed.delete(
+    "/faults/{id}",
+    summary="Remove one fault.",
+    responses={404: {**_ERROR, "description": "No fault with this id is in force."}},
+)
+async def delete_fault(state: State, fault_id: Annotated[int, Path(alias="id", ge=1)]) -> m.Removed:
+    if not state.dispatcher.faults.remove(fault_id):
+        raise ApiError(404, "unknown_fault", f"no fault {str(fault_id)!r} is in force")
+    return m.Removed(removed=1)
+
+
+@authed.get(
+    "/tools",
+    summary="Every registered tool, or those a profile permits.",
+    responses={404: {**_ERROR, "description": "No profile of this name."}},
+)
+async def tools(state: State, profile: str | None = None) -> m.Tools:
+    dispatcher = state.dispatcher
+    if profile is not None and profile not in dispatcher.profiles:
+        raise ApiError(404, "unknown_profile", f"no profile named {profile!r}")
+    permits = None if profile is None else dispatcher.profiles[profile].permits
+    listed = []
+    for tool in dispatcher.registry.tools():
+        decl = tool.decl
+        if permits is not None and not permits(decl):
+            continue
+        listed.append(
+            m.ToolInfo(
+                name=decl.name,
+                description=decl.description,
+                risk=decl.risk,
+                breaker_key=decl.key,
+                timeout_s=decl.timeout_s,
+                idempotent=decl.is_idempotent,
+                tags=sorted(decl.tags),
+                version=decl.version,
+                breaker_state=dispatcher.breakers.state(decl.key),
+                offered=dispatcher.breakers.blocked_for(decl.key) is None,
             )
-        return JSONResponse({"tools": tools})
+        )
+    return m.Tools(tools=listed)
 
-    async def openapi(self, request: Request) -> Response:
-        _check_query(request)
-        doc = openapi_document(self.state.breaker_keys(), self.state.dispatcher.profiles)
-        return JSONResponse(doc)
+
+@authed.get("/openapi.json", summary="This document.", response_model=dict[str, Any])
+async def openapi(request: Request, state: State) -> JSONResponse:
+    """The generated document (built once), with this server's breaker keys and profiles."""
+    enums = {"key": sorted(state.breaker_keys()), "profile": sorted(state.dispatcher.profiles)}
+
+    def with_enums(operation: dict[str, Any]) -> dict[str, Any]:
+        params = [
+            {**p, "schema": {"type": "string", "enum": enums[p["name"]]}}
+            if enums.get(p["name"])
+            else p
+            for p in operation.get("parameters", ())
+        ]
+        return {**operation, "parameters": params} if params else operation
+
+    doc = request.app.openapi()  # copied where it changes, never changed in place
+    paths = {
+        path: {method: with_enums(operation) for method, operation in operations.items()}
+        for path, operations in doc["paths"].items()
+    }
+    return JSONResponse({**doc, "paths": paths})
+
+
+# -- errors ------------------------------------------------------------------------------------
+_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    codes = {404: "not_found", 405: "method_not_allowed"}
-    error = codes.get(exc.status_code, "http_error")
-    headers = dict(exc.headers or {})
-    response = _error(exc.status_code, error, str(exc.detail))
-    response.headers.update(headers)
-    return response
+    error = getattr(exc, "error", None) or _CODES.get(exc.status_code, "http_error")
+    headers = exc.headers
+    if exc.status_code == 405:  # every method of the path, not only the first route's
+        routes = [route for route in request.app.routes if isinstance(route, APIRoute)]
+        matching = [route for route in routes if route.matches(request.scope)[0] != Match.NONE]
+        methods = {method for route in matching for method in route.methods or ()}
+        headers = {"Allow": ", ".join(sorted(methods))}
+    return _error(exc.status_code, error, str(exc.detail), headers)
 
 
-def admin_app(state: AdminState) -> Starlette:
+def _fault_problem(loc: tuple[Any, ...], kind: str, problem: str) -> str:
+    """A sentence naming the fault that is not valid, from a body validation error."""
+    if not loc:
+        return f"the body {problem}"
+    tag, *rest = loc
+    if tag == "many" and not rest:
+        return (
+            "the list of faults is empty"
+            if kind == "too_short"
+            else f"at most {MAX_FAULTS} faults at once"
+        )
+    where = f"fault {rest.pop(0)}" if tag == "many" else "the fault"
+    at = f" at {'.'.join(map(str, rest))}" if rest else ""
+    return f"{where}{at}: {problem}"
+
+
+async def _invalid(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0]
+    source, *loc = first["loc"]
+    problem = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
+    if source == "query":
+        return _error(400, "invalid_query", f"query parameter {loc[0]!r}: {problem}")
+    if source == "path":  # the one typed path parameter: a fault id that names no fault
+        return _error(404, "unknown_fault", f"no fault {str(first['input'])[:40]!r} is in force")
+    return _error(422, "invalid_fault", _fault_problem(tuple(loc), first["type"], problem))
+
+
+def admin_app(state: AdminState) -> FastAPI:
     """The admin API as an ASGI app."""
-    api = _Api(state)
-    guard = api.authed
-    action = "{action:str}"
-    routes = [
-        Route("/healthz", api.healthz, methods=["GET"]),
-        Route("/readyz", guard(api.readyz), methods=["GET"]),
-        Route("/metrics", guard(api.metrics), methods=["GET"]),
-        Route("/breakers", guard(api.breakers), methods=["GET"]),
-        Route("/breakers/{key}", guard(api.breaker), methods=["GET"]),
-        Route("/breakers/{key}/" + action, guard(api.breaker_action), methods=["POST"]),
-        Route("/faults", guard(api.faults), methods=["GET", "PUT", "DELETE"]),
-        Route("/faults/{id}", guard(api.delete_fault), methods=["DELETE"]),
-        Route("/tools", guard(api.tools), methods=["GET"]),
-        Route("/openapi.json", guard(api.openapi), methods=["GET"]),
-    ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app = FastAPI(
+        title="toolrelay admin API",
+        version=__version__,
+        description="Operate a running `toolrelay serve`: breakers, faults, tools, health "
+        "and metrics. JSON in and out; errors are `{error, message}`.",
+        servers=[{"url": "/"}],
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        routes=[*public.routes, *authed.routes],  # as they are: no lazy include_router copies
+        exception_handlers={HTTPException: _http_error, RequestValidationError: _invalid},
+    )
+    app.state.admin = state
+    return app
