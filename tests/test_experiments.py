@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import io
+import itertools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +14,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from toolrelay import cli
 from toolrelay.chaos.experiment import Experiment, ExperimentReport, run_experiment
+from toolrelay.chaos.report_html import render_html
 from toolrelay.config import ConfigError
+from toolrelay.demo import DemoOptions, run_demo
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "experiments"
 
@@ -86,3 +92,137 @@ def test_bad_experiments_are_refused(data: dict[str, object], needle: str) -> No
     with pytest.raises(ConfigError) as caught:
         Experiment.parse(data)  # type: ignore[arg-type]
     assert needle in str(caught.value)
+
+
+# -- the timeline and the HTML report ----------------------------------------------------------
+def short_hang(**breaker: object) -> Experiment:
+    data = copy.deepcopy(Experiment.load(EXAMPLES / "dependency_hang.toml").data)
+    data["duration_s"] = 5
+    data["faults"][0].update(from_s=1.5, until_s=3.5)
+    data["steady_state"]["min_calls"] = 5
+    data["config"]["breakers"]["searxng"].update(breaker)
+    return Experiment.parse(data)
+
+
+@pytest.fixture(scope="module")
+def hang_report() -> ExperimentReport:
+    return run(short_hang())
+
+
+def test_the_timeline_holds_every_answer(hang_report: ExperimentReport) -> None:
+    data = json.loads(json.dumps(hang_report.to_json()))  # what --json writes
+    timeline = data["timeline"]
+    points = timeline["calls"]["points"]
+    assert timeline["calls"]["answers"] == len(points) == hang_report.answers
+    assert sum(r["answers"] for r in timeline["answers_per_second"]) == hang_report.answers
+    per_outcome: dict[str, int] = {}
+    for point in points:
+        per_outcome[point["outcome"]] = per_outcome.get(point["outcome"], 0) + 1
+    assert per_outcome == data["outcomes"]
+    assert timeline["headline"]["answers"] == hang_report.answers
+    assert timeline["fault_windows"] == [
+        {"fault": "upstream /search: hang", "from_s": 1.5, "until_s": 3.5}
+    ]
+    assert timeline["tools"]["web_search"]["breaker_key"] == "searxng"
+    assert timeline["tools"]["web_search"]["deadline_s"] == 0.5
+    # The breaker's bands tile the run, follow its transitions, and it was open in the outage.
+    bands = timeline["breaker_states"]["searxng"]
+    assert bands[0]["from_s"] == 0 and bands[-1]["until_s"] == timeline["end_s"]
+    assert all(a["until_s"] == b["from_s"] for a, b in itertools.pairwise(bands))
+    moves = [m for m in timeline["breaker_transitions"] if m["breaker_key"] == "searxng"]
+    assert [b["state"] for b in bands[1:]] == [m["to"] for m in moves]
+    assert any(b["state"] == "open" and 1.5 <= b["from_s"] <= 3.5 for b in bands)
+
+
+def test_downsampling_keeps_every_failure(hang_report: ExperimentReport) -> None:
+    assert hang_report.timeline is not None
+    full = hang_report.timeline.to_json()
+    small = hang_report.timeline.to_json(max_points=200)
+    failures = [p for p in full["calls"]["points"] if p["outcome"] != "ok"]
+    assert 0 < len(failures) < 200 < full["calls"]["shown"]
+    assert small["calls"]["shown"] == len(small["calls"]["points"]) == 200
+    assert [p for p in small["calls"]["points"] if p["outcome"] != "ok"] == failures
+    ok = [p["t_s"] for p in small["calls"]["points"] if p["outcome"] == "ok"]
+    assert ok == sorted(ok) and ok[0] < 1.0 and ok[-1] > 4.0  # spread over the run
+    # The numbers stay those of every answer.
+    assert small["answers_per_second"] == full["answers_per_second"]
+    assert small["headline"] == full["headline"]
+
+
+def test_side_by_side_runs_show_the_breaker_saving_requests(
+    hang_report: ExperimentReport,
+) -> None:
+    without = run(short_hang(fail_max=1_000_000))
+    on, off = hang_report.to_json()["timeline"], without.to_json()["timeline"]
+    assert not any(b["state"] == "open" for b in off["breaker_states"]["searxng"])
+    assert (
+        on["headline"]["upstream_requests_per_call"] < off["headline"]["upstream_requests_per_call"]
+    )
+    assert on["headline"]["attempts_per_call"] < off["headline"]["attempts_per_call"]
+    page = render_html([hang_report.to_json(), without.to_json()])
+    assert page.count("<section class='chart tool'") == 2  # one chart per tool, both runs in it
+    for run_headline in (on["headline"], off["headline"]):
+        assert f"{run_headline['upstream_requests_per_call']:g}</td>" in page
+
+
+def test_the_html_report_is_self_contained(hang_report: ExperimentReport) -> None:
+    page = render_html([hang_report.to_json()])
+    assert "<script" not in page and "<link" not in page and "@import" not in page
+    outside = set(re.findall(r"(?:https?:)?//[\w.-]+[^\s\"'<>)]*", page))
+    assert outside <= {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
+    assert "default-src 'none'" in page
+
+
+def test_compare_through_the_cli(tmp_path: Path) -> None:
+    text = (EXAMPLES / "dependency_hang.toml").read_text()
+    text = text.replace("duration_s = 8", "duration_s = 5").replace(
+        "until_s = 5.0", "until_s = 3.5"
+    )
+    first = tmp_path / "with_breaker.toml"
+    first.write_text(text)
+    second = tmp_path / "without_breaker.toml"
+    second.write_text(
+        text.replace('name = "dependency hang"', 'name = "no breaker"').replace(
+            "fail_max = 3", "fail_max = 1000000"
+        )
+    )
+    out, page = tmp_path / "report.json", tmp_path / "report.html"
+    result = subprocess.run(
+        [sys.executable, "-m", "toolrelay", "chaos", "run", str(first), "--compare", str(second),
+         "--json", str(out), "--html", str(page)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    # The run without a breaker violates the breaker's invariants: exit 1, both reported.
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert [r["name"] for r in report["runs"]] == ["dependency hang", "no breaker"]
+    assert [r["ok"] for r in report["runs"]] == [True, False] and report["ok"] is False
+    html = page.read_text()
+    assert "dependency hang vs no breaker" in html
+    assert html.count("<section class='chart tool'") == 2
+
+
+def test_html_without_vl_convert_fails_before_the_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "vl_convert", None)  # import fails as if not installed
+    page = tmp_path / "report.html"
+    code = cli.main(["chaos", "run", str(EXAMPLES / "dependency_hang.toml"), "--html", str(page)])
+    assert code == 2 and not page.exists()
+    err = capsys.readouterr()
+    assert "--html needs vl-convert-python" in err.err
+    assert "dependency hang" not in err.out  # it did not run
+
+
+def test_the_demo_writes_the_same_report(tmp_path: Path) -> None:
+    out, page = tmp_path / "demo.json", tmp_path / "demo.html"
+    options = DemoOptions(duration_s=4, metrics_port=0, json_path=out, html_path=page, live=False)
+    report = anyio.run(run_demo, options, io.StringIO())
+    data = json.loads(out.read_text())
+    timeline = data["timeline"]
+    assert timeline["calls"]["answers"] == report.answered > 0
+    assert {w["fault"] for w in timeline["fault_windows"]} == {w[0] for w in report.windows}
+    assert set(timeline["tools"]) == set(report.outcomes)
+    html = page.read_text()
+    assert html.count("<section class='chart tool'") == len(report.outcomes)
+    assert "toolrelay demo" in html

@@ -1,4 +1,4 @@
-"""The ``toolrelay`` command: demo, call, specs, check, chaos and serve.
+"""The ``toolrelay`` command: demo, call, specs, check, config, chaos and serve.
 
 Errors are one line on stderr and a non-zero exit status (2 for usage and configuration,
 1 for a failed invariant or an answer with ``ok: false``), never a traceback.
@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--metrics-port", type=int, default=9464, help="0 disables /metrics")
     demo.add_argument("--otlp-endpoint", help="send spans to this OTLP/HTTP endpoint")
     demo.add_argument("--json", type=Path, help="write the report as JSON to this file")
+    demo.add_argument("--html", type=Path, help="write the report as HTML (charts) to this file")
     view = demo.add_mutually_exclusive_group()
     view.add_argument("--live", dest="live", action="store_true", default=None)
     view.add_argument("--plain", dest="live", action="store_false")
@@ -59,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="validate a config file")
     check.add_argument("config")
 
+    config = commands.add_parser("config", help="config file tools")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="TOOL")
+    config_commands.add_parser("schema", help="print the JSON Schema of toolrelay.toml")
+
     chaos = commands.add_parser("chaos", help="chaos tools")
     chaos_commands = chaos.add_subparsers(dest="chaos_command", required=True, metavar="TOOL")
     upstream = chaos_commands.add_parser("upstream", help="the stand-in upstream server")
@@ -66,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     run = chaos_commands.add_parser("run", help="run a chaos experiment")
     run.add_argument("experiment", type=Path)
     run.add_argument("--json", type=Path, help="write the report as JSON to this file")
+    run.add_argument("--html", type=Path, help="write the report as HTML (charts) to this file")
+    run.add_argument("--compare", type=Path, metavar="EXPERIMENT",
+                     help="run this experiment too, and report both side by side")  # fmt: skip
     run.add_argument("--seed", type=int)
 
     serve = commands.add_parser("serve", help="serve the tools over MCP, with an admin API")
@@ -122,11 +130,18 @@ def _check(args: argparse.Namespace) -> int:
     parts = [
         f"{len(config.plugins)} plugins",
         f"{len(config.tools)} tool overrides",
-        f"{len(config.breakers) + (config.default_breaker is not None)} breaker settings",
+        f"{len(config.breakers)} breaker settings",
         f"{len(config.profiles)} profiles",
         f"{len(config.faults)} faults",
     ]
     print(f"{args.config}: ok ({', '.join(parts)})")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    from .config import CONFIG_SCHEMA
+
+    print(json.dumps(CONFIG_SCHEMA, indent=2, ensure_ascii=False))
     return 0
 
 
@@ -142,6 +157,7 @@ async def _demo(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         otlp_endpoint=args.otlp_endpoint,
         json_path=args.json,
+        html_path=args.html,
         live=args.live,
     )
     view = pick_view(options.live, options.duration_s)
@@ -157,7 +173,10 @@ def _chaos(args: argparse.Namespace) -> int:
         return upstream_main(args)
     from .chaos.experiment import main as experiment_main
 
-    return experiment_main(args.experiment, json_path=args.json, seed=args.seed)
+    return experiment_main(
+        args.experiment, json_path=args.json, seed=args.seed, html_path=args.html,
+        compare=args.compare,
+    )  # fmt: skip
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -206,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(_specs, args)
         if args.command == "check":
             return _check(args)
+        if args.command == "config":
+            return _config(args)
         if args.command == "serve":
             return _serve(args)
         return _chaos(args)

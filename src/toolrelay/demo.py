@@ -25,10 +25,14 @@ import anyio
 from prometheus_client import CollectorRegistry
 
 from .breakers import BreakerConfig
+from .chaos.timeline import Timeline
+from .chaos.timeline import Window as FaultWindow
 from .chaos.upstream import Upstream
 from .contract import AuthContext
 from .dispatcher import Dispatcher
+from .events import AttemptEnded, Event
 from .loading import load_plugins
+from .pipeline import Invocation, Observer
 from .registry import ToolRegistry
 from .result import ToolCall, ToolResult
 
@@ -52,13 +56,14 @@ class Window:
     what: str
     start: float
     end: float
+    breaker_key: str
 
 
 SCHEDULE = (
-    Window("search upstream hangs", 0.27, 0.60),
-    Window("weather upstream answers 503 in bursts", 0.40, 0.47),
-    Window("sync CRM tool blocks", 0.63, 0.73),
-    Window("weather upstream answers 503 in bursts", 0.73, 0.80),
+    Window("search upstream hangs", 0.27, 0.60, "searxng"),
+    Window("weather upstream answers 503 in bursts", 0.40, 0.47, "open-meteo"),
+    Window("sync CRM tool blocks", 0.63, 0.73, "legacy-crm"),
+    Window("weather upstream answers 503 in bursts", 0.73, 0.80, "open-meteo"),
 )
 
 
@@ -69,6 +74,7 @@ class DemoOptions:
     metrics_port: int = 9464
     otlp_endpoint: str | None = None
     json_path: Path | None = None
+    html_path: Path | None = None
     live: bool | None = None
     """Rich live view; ``None`` means: when stdout is a terminal and rich is installed."""
 
@@ -96,6 +102,7 @@ class DemoReport:
     windows: list[tuple[str, float, float]] = field(default_factory=list)
     invariants: list[Invariant] = field(default_factory=list)
     metrics_url: str | None = None
+    timeline: Timeline | None = None
 
     @property
     def ok(self) -> bool:
@@ -109,6 +116,7 @@ class DemoReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "name": "toolrelay demo",
             "duration_s": self.duration_s,
             "seed": self.seed,
             "turns": self.turns,
@@ -141,6 +149,7 @@ class DemoReport:
             ],
             "invariants": [i.__dict__ for i in self.invariants],
             "ok": self.ok,
+            "timeline": (self.timeline or Timeline(self.duration_s)).to_json(),
         }
 
 
@@ -299,7 +308,12 @@ async def run_demo(
     from .telemetry import serve_metrics
 
     duration = options.duration_s
+    if options.html_path is not None:
+        from .chaos.report_html import require_renderer
+
+        require_renderer()  # before the run, not after it
     report = DemoReport(duration_s=duration, seed=options.seed)
+    timeline = report.timeline = Timeline(duration)
     crm = _BlockingCrm()
     provider = _tracer_provider(options.otlp_endpoint)
     metrics = CollectorRegistry()
@@ -325,6 +339,10 @@ async def run_demo(
                 (anyio.current_time() - t0, key, old, new)
             )
         )
+        dispatcher.observers = (*dispatcher.observers, _attempts(timeline))
+        timeline.breaker_keys = {
+            tool.decl.name: tool.decl.key for tool in dispatcher.registry.tools()
+        }
         model = ScriptedModel(options.seed)
         slot = dispatcher.model_slot(budget_s=SLOT_BUDGET_S)
         slot.listeners.append(lambda lease: report.slot_holds.append(lease.elapsed()))
@@ -341,15 +359,17 @@ async def run_demo(
                     report.calls += len(calls)
                     try:
                         async with slot.hold() as lease:
+                            started = anyio.current_time() - t0
                             left = lease.remaining()
                             results = await dispatcher.dispatch_many(calls, ctx, slot=lease)
                     except Exception as exc:  # an invariant, not a crash: count it
                         report.escaped.append(f"{type(exc).__name__}: {exc}"[:200])
                         continue
-                    _record(report, dispatcher, calls, results, left)
+                    _record(report, dispatcher, calls, results, left, started)
                     await anyio.sleep(model.random.uniform(0.1, 0.3))
                 tg.cancel_scope.cancel()
         finally:
+            timeline.upstream_requests = sum(up.stats["requests"].values())
             crm.blocking.clear()
             await dispatcher.aclose()
             if server is not None:
@@ -358,9 +378,28 @@ async def run_demo(
             if provider is not None:
                 provider.shutdown()
     report.invariants = _verdicts(report, duration)
+    timeline.transitions = list(report.transitions)
+    timeline.windows = [
+        FaultWindow(w.what, w.start * duration, w.end * duration, breaker_key=w.breaker_key)
+        for w in SCHEDULE
+    ]
     if options.json_path is not None:
         options.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if options.html_path is not None:
+        from .chaos.report_html import write_html
+
+        write_html([report.to_json()], options.html_path)
     return report
+
+
+def _attempts(timeline: Timeline) -> Observer:
+    """An observer counting the attempts that reached the service."""
+
+    def observe(inv: Invocation, event: Event) -> None:
+        if isinstance(event, AttemptEnded):
+            timeline.attempt(event.result)
+
+    return observe
 
 
 def _record(
@@ -369,13 +408,17 @@ def _record(
     calls: list[ToolCall],
     results: list[ToolResult],
     slot_left: float,
+    started: float,
 ) -> None:
     report.answered += len(results)
     for call, result in zip(calls, results, strict=True):
-        report.outcomes[call.name]["ok" if result.ok else str(result.error_type)] += 1
+        outcome = "ok" if result.ok else str(result.error_type)
+        report.outcomes[call.name][outcome] += 1
         report.latencies[call.name].append(result.duration_s)
+        tool = dispatcher.registry.resolve(call.name)
+        timeout = tool.decl.timeout_s if tool is not None else slot_left
+        deadline = min(timeout, slot_left)
+        if report.timeline is not None:
+            report.timeline.answer(started, call.name, outcome, result.duration_s, deadline)
         if result.error_type == "timeout":
-            tool = dispatcher.registry.resolve(call.name)
-            timeout = tool.decl.timeout_s if tool is not None else slot_left
-            deadline = min(timeout, slot_left)
             report.overruns_ms.append(max(0.0, (result.duration_s - deadline) * 1000))

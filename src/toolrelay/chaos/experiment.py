@@ -31,6 +31,7 @@ from ..contract import AuthContext
 from ..dispatcher import Dispatcher
 from ..pipeline.faults import Fault
 from ..result import ToolCall, ToolResult
+from .timeline import Timeline, Window
 from .upstream import Upstream
 
 __all__ = ["EXPERIMENT_SCHEMA", "Experiment", "ExperimentReport", "main", "run_experiment"]
@@ -167,6 +168,7 @@ class ExperimentReport:
     escaped: list[str] = field(default_factory=list)
     outcomes: Counter[str] = field(default_factory=Counter)
     verdicts: list[Verdict] = field(default_factory=list)
+    timeline: Timeline | None = None
 
     @property
     def ok(self) -> bool:
@@ -183,6 +185,7 @@ class ExperimentReport:
             "exceptions_escaped": self.escaped,
             "invariants": [v.__dict__ for v in self.verdicts],
             "ok": self.ok,
+            "timeline": (self.timeline or Timeline(self.duration_s)).to_json(),
         }
 
 
@@ -228,6 +231,7 @@ class _Runner:
         tasks_before = len(anyio.get_running_tasks())
         if up is not None:
             await up.__aenter__()
+        requests = None
         try:
             url = up.url if up is not None else "http://127.0.0.1:9"
             config = parse_config(_substitute(self.data["config"], url))
@@ -256,10 +260,30 @@ class _Runner:
                 await dispatcher.aclose()
         finally:
             if up is not None:
+                requests = sum(up.stats["requests"].values())
                 await up.__aexit__(None, None, None)
         leaks = await _leaks(dispatcher, metrics, threads_before, tasks_before)
         report.verdicts = _judge(self, dispatcher, watch, report, calls_metric, leaks)
+        report.timeline = self._timeline(dispatcher, watch, requests)
         return report
+
+    def _timeline(self, dispatcher: Dispatcher, watch: _Watch, requests: int | None) -> Timeline:
+        timeline = Timeline(self.duration, upstream_requests=requests)
+        for started, name, result, deadline in watch.answers:
+            outcome = "ok" if result.ok else str(result.error_type)
+            timeline.answer(started, name, outcome, result.duration_s, deadline)
+        for call in self.workload["calls"]:
+            tool = dispatcher.registry.resolve(call["tool"])
+            if tool is not None:
+                timeline.breaker_keys[call["tool"]] = tool.decl.key
+        timeline.transitions = [(t[0], t[1], t[2], t[3]) for t in watch.transitions]
+        for _, _, attempt in watch.attempts:
+            timeline.attempt(attempt)
+        timeline.windows = [
+            Window(_fault_label(f), f["from_s"], f["until_s"], f.get("tool"), f.get("breaker_key"))
+            for f in self.data.get("faults", [])
+        ]
+        return timeline
 
     async def _schedule(self, dispatcher: Dispatcher, up: Upstream | None, watch: _Watch) -> None:
         events: list[tuple[float, bool, dict[str, Any]]] = []
@@ -325,6 +349,13 @@ class _Runner:
                 watch.answers.append((started, call.name, result, min(timeout, left)))
                 report.outcomes["ok" if result.ok else str(result.error_type)] += 1
             await anyio.sleep(rng.uniform(*think))
+
+
+def _fault_label(item: dict[str, Any]) -> str:
+    if "upstream_path" in item:
+        return f"upstream {item['upstream_path']}: {item['upstream_fault']}"
+    target = f"tool {item['tool']}" if "tool" in item else f"breaker key {item.get('breaker_key')}"
+    return f"{item.get('kind', 'fault')} on {target}"
 
 
 def _counters(breaker: KeyBreaker) -> tuple[int, int, int]:
@@ -535,11 +566,34 @@ def print_report(report: ExperimentReport, out: TextIO = sys.stdout) -> None:
     print("all invariants hold" if report.ok else "an invariant was violated", file=out)
 
 
-def main(path: Path, *, json_path: Path | None = None, seed: int | None = None) -> int:
-    """``toolrelay chaos run``: exit 0 when every invariant holds, 1 otherwise."""
-    experiment = Experiment.load(path)
-    report = anyio.run(run_experiment, experiment, seed)
-    print_report(report)
+def main(
+    path: Path,
+    *,
+    json_path: Path | None = None,
+    seed: int | None = None,
+    html_path: Path | None = None,
+    compare: Path | None = None,
+) -> int:
+    """``toolrelay chaos run``: exit 0 when every invariant holds (in both runs), 1 otherwise.
+
+    ``compare`` runs a second experiment after the first: the JSON report is then
+    ``{"runs": [first, second], "ok": ...}`` and the HTML report shows both on one time axis.
+    """
+    experiments = [Experiment.load(p) for p in (path, compare) if p is not None]
+    if html_path is not None:
+        from .report_html import require_renderer
+
+        require_renderer()  # before the run, not after it
+    reports = []
+    for experiment in experiments:
+        reports.append(anyio.run(run_experiment, experiment, seed))
+        print_report(reports[-1])
+    data = [report.to_json() for report in reports]
     if json_path is not None:
-        json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    return 0 if report.ok else 1
+        document = data[0] if len(data) == 1 else {"runs": data, "ok": all(r.ok for r in reports)}
+        json_path.write_text(json.dumps(document, indent=2) + "\n")
+    if html_path is not None:
+        from .report_html import write_html
+
+        write_html(data, html_path)
+    return 0 if all(r.ok for r in reports) else 1

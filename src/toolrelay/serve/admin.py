@@ -34,6 +34,7 @@ from ..dispatcher import Dispatcher
 from ..pipeline.decode import too_big
 from . import admin_models as m
 from .auth import token_matches
+from .ui import status_ui
 
 __all__ = ["MAX_BODY_BYTES", "MAX_FAULTS", "AdminState", "ApiError", "admin_app", "authorized"]
 
@@ -488,4 +489,5 @@ def admin_app(state: AdminState) -> FastAPI:
         exception_handlers={HTTPException: _http_error, RequestValidationError: _invalid},
     )
     app.state.admin = state
+    app.mount("/ui", status_ui())  # the read-only status page (public files; data needs the token)
     return app
