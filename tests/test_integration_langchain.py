@@ -427,3 +427,42 @@ async def test_the_example_shows_a_timeout_read_and_a_breaker_opening() -> None:
     assert "(offered: get_weather)\n" in out  # the next step no longer offers web_search
     assert out.rstrip().splitlines()[-1].startswith("assistant: ")
     assert "timed out" in out.rstrip().splitlines()[-1]
+
+
+async def test_the_content_is_compact_json_keeping_text_and_escaping_lone_surrogates() -> None:
+    """Non-ASCII text is kept as is; a lone surrogate (a file name decoded with
+    ``surrogateescape``) is escaped, so the next model request can be encoded."""
+    registry = ToolRegistry()
+
+    @registry.tool(name="city")
+    async def city(args: dict[str, Any], ctx: AuthContext) -> str:
+        return "Zürich"
+
+    @registry.tool(name="files")
+    async def files(args: dict[str, Any], ctx: AuthContext) -> list[str]:
+        return [b"caf\xe9.txt".decode("utf-8", "surrogateescape")]
+
+    graph = tool_graph(langchain_tools(Dispatcher(registry, audit=None, telemetry=False)))
+    calls = [call("city", "c1"), call("files", "c2")]
+    out = await graph.ainvoke({"messages": [AIMessage("", tool_calls=calls)]})
+    texts = {m.tool_call_id: m.content for m in out["messages"] if isinstance(m, ToolMessage)}
+    assert texts["c1"] == '{"ok":true,"data":"Zürich"}'
+    assert texts["c2"] == '{"ok":true,"data":["caf\\udce9.txt"]}'
+    for text in texts.values():
+        str(text).encode("utf-8")  # a request body can carry it
+
+
+async def test_an_auth_function_that_raises_propagates_and_runs_nothing() -> None:
+    """A host bug in ``auth`` fails closed: with the ToolNode's default error handling the
+    graph raises it; the tool does not run as anyone and no ToolMessage is made."""
+    d, svc = build()
+
+    def auth(config: Any) -> AuthContext:
+        raise KeyError("user_id")
+
+    graph = tool_graph(langchain_tools(d, auth=auth))
+    with pytest.raises(KeyError):
+        await graph.ainvoke(
+            {"messages": [AIMessage("", tool_calls=[call("get_weather", "c1", city="Oslo")])]}
+        )
+    assert svc.users == []

@@ -498,3 +498,63 @@ async def test_a_streamed_run_reads_the_same_answers() -> None:
         {"ok": True, "data": {"city": "Oslo", "user": "u2", "tenant": None}}
     ]
     assert streamed.final_output == "ok"
+
+
+async def test_the_output_is_compact_json_keeping_text_and_escaping_lone_surrogates() -> None:
+    """The model reads compact JSON with non-ASCII text as is; a lone surrogate (a file name
+    decoded with ``surrogateescape``) is escaped, so the next model request can be encoded."""
+    from agents.items import ToolCallOutputItem
+
+    registry = ToolRegistry()
+
+    @registry.tool(name="city")
+    async def city(args: dict[str, Any], ctx: AuthContext) -> str:
+        return "Zürich"
+
+    @registry.tool(name="files")
+    async def files(args: dict[str, Any], ctx: AuthContext) -> list[str]:
+        return [b"caf\xe9.txt".decode("utf-8", "surrogateescape")]
+
+    brain = Brain(
+        lambda seen: [
+            function_call("city", {}, call_id="c1"),
+            function_call("files", {}, call_id="c2"),
+        ],
+        finish,
+    )
+    result = await run(new_dispatcher(registry), brain)
+    texts = {
+        dict(item.raw_item)["call_id"]: item.output
+        for item in result.new_items
+        if isinstance(item, ToolCallOutputItem)
+    }
+    assert texts["c1"] == '{"ok":true,"data":"Zürich"}'
+    assert texts["c2"] == '{"ok":true,"data":["caf\\udce9.txt"]}'
+    for text in texts.values():
+        text.encode("utf-8")  # a request body can carry it
+    assert json.loads(texts["c2"])["data"] == ["caf\udce9.txt"]
+
+
+async def test_an_auth_function_that_raises_fails_the_run_and_runs_nothing() -> None:
+    """A host bug in ``auth`` fails closed: the run raises, the tool does not run as anyone,
+    and the model is not called again (nothing it could read was made)."""
+    from agents.exceptions import UserError
+
+    ran: list[Any] = []
+    registry = ToolRegistry()
+
+    @registry.tool(name="weather", parameters=CITY, breaker_key="meteo")
+    async def weather(args: dict[str, Any], ctx: AuthContext) -> str:
+        ran.append(ctx)
+        return "sunny"
+
+    def auth(ctx: Any) -> AuthContext:
+        raise KeyError("session")
+
+    d = new_dispatcher(registry)
+    brain = Brain(call("weather", "c1", {"city": "Oslo"}), finish)
+    with pytest.raises(UserError) as raised:
+        await run(d, brain, auth=auth)
+    assert isinstance(raised.value.__cause__, KeyError)
+    assert ran == [] and len(brain.seen) == 1
+    assert d.breakers.snapshot().get("meteo", {"failures": 0})["failures"] == 0

@@ -456,3 +456,25 @@ def test_example_runs_offline() -> None:
     assert "sees tools: get_weather, web_search" in steps[1]
     assert "sees tools: get_weather\n" in steps[2]  # hidden while its breaker is open
     assert "run finished: 'It is 4.5 °C in Oslo." in steps[2]
+
+
+async def test_an_auth_function_that_raises_propagates_and_runs_nothing() -> None:
+    """A host bug in ``auth`` fails closed: the run raises it, the tool does not run as
+    anyone, and the model is not called again."""
+    registry = ToolRegistry()
+    ran: list[Any] = []
+
+    @registry.tool(name="double", parameters=N, breaker_key="svc")
+    async def double(args: dict[str, Any], ctx: AuthContext) -> int:
+        ran.append(ctx)
+        return 2 * int(args["n"])
+
+    def auth(ctx: Any) -> AuthContext:
+        raise KeyError("session")
+
+    d = dispatcher(registry)
+    script = Script([call("double", '{"n": 2}')], "unreachable")
+    with pytest.raises(KeyError):
+        await agent(script, ToolrelayToolset(d, auth=auth)).run("go")
+    assert ran == [] and len(script.shown) == 1
+    assert d.breakers.snapshot().get("svc", {"failures": 0})["failures"] == 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, Literal
@@ -32,6 +31,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from toolrelay import AuthContext, Dispatcher, ToolResult
+
+from ._common import envelope_text
 
 __all__ = ["AuthSource", "RelayTool", "answer_artifact", "langchain_tools"]
 
@@ -123,7 +124,7 @@ class RelayTool(BaseTool):
         return None if self.auth is None else self.auth(ensure_config())
 
     def _answer(self, result: ToolResult, call_id: str | None) -> str | ToolMessage:
-        content = json.dumps(result.to_model(), ensure_ascii=False, separators=(",", ":"))
+        content = envelope_text(result)
         if call_id is None:  # invoked with bare arguments: LangChain returns the content
             return content
         return ToolMessage(

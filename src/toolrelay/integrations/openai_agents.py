@@ -15,7 +15,6 @@ See ``docs/integrations/openai-agents.md``.
 from __future__ import annotations
 
 import copy
-import json
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal
@@ -33,6 +32,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from toolrelay import AuthContext, Dispatcher, ToolDeclaration
+
+from ._common import envelope_text
 
 __all__ = ["AuthFromContext", "context_auth", "function_tools"]
 
@@ -126,7 +127,7 @@ class _Invoker:
             profile=self.profile,
             call_id=ctx.tool_call_id,
         )
-        return json.dumps(result.to_model(), ensure_ascii=False, separators=(",", ":"))
+        return envelope_text(result)
 
 
 class _Health:
