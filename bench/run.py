@@ -377,7 +377,10 @@ def naive_stack(
     return naive_dispatch
 
 
-EXTRAS_NAME = "tracing extras: (toolrelay, SDK recording − tracing API) / one bare SDK span"
+EXTRAS_NAME = (
+    "tracing extras: (toolrelay, SDK recording − tracing API) / one bare SDK span around "
+    "the same dispatch"
+)
 EXTRAS_LIMIT = 1.25
 
 
@@ -411,13 +414,20 @@ async def bench_naive(s: Settings) -> list[Row]:
     async def bare() -> Any:
         return await noop(PARSED, CTX)
 
+    api = dispatch_case(dispatcher(registry))
+
+    async def around() -> Any:  # the same dispatch (tracing API only) inside one bare span
+        with tracer.start_as_current_span("execute_tool noop"):
+            return await api()
+
     cases = {
         "jsonschema": by_hand("jsonschema"),
         "jsonschema_rs": by_hand("jsonschema_rs"),
         "sdk": dispatch_case(dispatcher(registry, tracing="sdk")),
-        "api": dispatch_case(dispatcher(registry)),
+        "api": api,
         "span": span_only,
         "bare": bare,
+        "around": around,
     }
     await sanity(cases)
     samples = await interleave(cases, s.rounds, s.calls, s.warmup)
@@ -443,18 +453,31 @@ async def bench_naive(s: Settings) -> list[Row]:
                 "the most any wrapper recording a span could reach",
             )
         )
+    around_s = [a - b for a, b in zip(samples["around"], samples["api"], strict=True)]
+    in_place = paired_ratio(extras_s, around_s)
     rows.append(
         Row(
             "naive",
             EXTRAS_NAME,
-            extras,
+            in_place,
             target=f"≤ {EXTRAS_LIMIT}×",
-            passed=extras <= EXTRAS_LIMIT,
+            passed=in_place <= EXTRAS_LIMIT,
             in_force=not s.quick,  # a quick run's 5 rounds of 300 calls swing ±0.5 here
             context=f"+{us(statistics.median(extras_s))} per call recording "
-            f"({us(m['sdk'])} vs {us(m['api'])}) against {us(statistics.median(span_s))} "
-            f"for one bare span (`start_as_current_span`, no attributes); per-round "
-            f"interquartile range {spread}",
+            f"({us(m['sdk'])} vs {us(m['api'])}) against +{us(statistics.median(around_s))} "
+            "for one bare span (`start_as_current_span`, no attributes) around the same "
+            f"dispatch (tracing API only); per-round interquartile range {spread}",
+        )
+    )
+    rows.append(
+        Row(
+            "naive",
+            "tracing extras against one bare SDK span timed alone (a tight loop)",
+            extras,
+            context=f"one bare span timed in a tight loop costs {us(statistics.median(span_s))}"
+            f", {paired_ratio(around_s, span_s):.2f}× less than the same span amid a "
+            "dispatch's code and objects (cache-warm SDK code); a span with no attributes "
+            "reads about 1.5× here, so this row is context, not a target",
         )
     )
     return rows
@@ -1539,6 +1562,328 @@ async def bench_breakers(s: Settings) -> list[Row]:
     return rows
 
 
+async def bench_adapter_langchain(s: Settings) -> list[Row]:
+    try:
+        from typing import Annotated
+
+        from langchain_core.messages import ToolMessage
+        from langchain_core.tools import tool
+        from pydantic import Field
+
+        from toolrelay.integrations.langchain import langchain_tools
+    except ImportError:
+        name = "toolrelay LangChain adapter / plain LangChain @tool"
+        return [Row("adapter-langchain", name, status="skipped (pip install '.[langchain]')")]
+
+    async def city_noop(city: Annotated[str, Field(max_length=64)]) -> dict[str, Any]:
+        """Echo the city."""
+        return {"city": city}
+
+    # the same constraint as SCHEMA, set as objects: this module's annotations are strings
+    city_noop.__annotations__ = {
+        "city": Annotated[str, Field(max_length=64)],
+        "return": dict[str, Any],
+    }
+    plain = tool("noop", parse_docstring=False)(city_noop)
+    d = dispatcher(noop_registry())
+    (relay,) = langchain_tools(d)
+    call = {"type": "tool_call", "id": "call_1", "name": "noop", "args": PARSED}
+
+    async def adapter() -> Any:
+        return await relay.ainvoke(call)
+
+    async def langchain() -> Any:
+        return await plain.ainvoke(call)
+
+    cases = {"toolrelay": dispatch_case(d), "adapter": adapter, "plain": langchain}
+    await sanity(cases)
+    for fn in (adapter, langchain):
+        got = await fn()
+        if not isinstance(got, ToolMessage) or got.status != "success":
+            raise RuntimeError(f"the LangChain tool answered {got!r}")
+    samples = await interleave(cases, s.rounds, s.calls, s.warmup)
+    m = medians(samples)
+    ratio = paired_ratio(samples["adapter"], samples["plain"])
+    version = importlib.metadata.version("langchain-core")
+    return [
+        Row(
+            "adapter-langchain",
+            "toolrelay LangChain adapter / plain LangChain @tool (ainvoke with a ToolCall)",
+            ratio,
+            target="≤ 1.5×",
+            passed=ratio <= 1.5,
+            context=f"adapter {us(m['adapter'])}, langchain-core {version} @tool {us(m['plain'])}",
+        ),
+        Row(
+            "adapter-langchain",
+            "LangChain adapter over Dispatcher.dispatch alone",
+            paired_difference(samples["adapter"], samples["toolrelay"]) * 1e6,
+            unit="+µs",
+            context=f"dispatch {us(m['toolrelay'])}: BaseTool.ainvoke's callbacks, task, message",
+        ),
+    ]
+
+
+# -- typed tools ------------------------------------------------------------------------
+async def bench_typed(s: Settings) -> list[Row]:
+    """A typed handler (schema inferred from its signature, keyword arguments) against the
+    ``(args, ctx)`` handler with the same hand-written schema, through the same dispatcher."""
+    from typing import Annotated
+
+    from pydantic import Field
+
+    from toolrelay import CallContext
+
+    async def city_typed(city: str) -> dict[str, str]:
+        return {"city": city}
+
+    async def city_contexts(city: str, auth: AuthContext, call: CallContext) -> dict[str, str]:
+        return {"city": city, "user": auth.user_id or "", "tool": call.tool}
+
+    # this module's annotations are strings naming names it does not import: set objects
+    city_typed.__annotations__ = {
+        "city": Annotated[str, Field(max_length=64)],
+        "return": dict[str, str],
+    }
+    city_contexts.__annotations__ = {
+        **city_typed.__annotations__,
+        "auth": AuthContext,
+        "call": CallContext,
+    }
+    registry = noop_registry()
+    registry.tool(name="typed", breaker_key="svc")(city_typed)
+    registry.tool(name="contexts", breaker_key="svc")(city_contexts)
+    inferred = registry.resolve("typed")
+    if inferred is None or dict(inferred.decl.parameters) != SCHEMA:
+        raise RuntimeError(f"the typed tool's schema is not SCHEMA: {inferred}")
+    d = dispatcher(registry, tracing="off")
+    cases = {
+        "dict": dispatch_case(d),
+        "typed": dispatch_case(d, "typed"),
+        "contexts": dispatch_case(d, "contexts"),
+    }
+    await sanity(cases)
+    samples = await interleave(cases, s.rounds, s.calls, s.warmup)
+    m = medians(samples)
+    ratio = paired_ratio(samples["typed"], samples["dict"])
+    return [
+        Row(
+            "typed",
+            "typed handler (inferred schema, keyword arguments) / (args, ctx) handler",
+            ratio,
+            target="≤ 1.15×",
+            passed=ratio <= 1.15,
+            context=f"dispatch, telemetry off: dict {us(m['dict'])}, typed {us(m['typed'])}",
+        ),
+        Row(
+            "typed",
+            "typed handler taking AuthContext and CallContext / (args, ctx) handler",
+            paired_ratio(samples["contexts"], samples["dict"]),
+            context=f"{us(m['contexts'])}: CallContext.current() built per call",
+        ),
+    ]
+
+
+# -- the OpenAI Agents SDK adapter ----------------------------------------------------------
+async def bench_adapter_openai_agents(s: Settings) -> list[Row]:
+    """A tool call through ``toolrelay.integrations.openai_agents`` against the SDK's own
+    ``@function_tool``, both invoked the way its Runner does (``invoke_function_tool``)."""
+    try:
+        from typing import Annotated
+
+        from agents import function_tool, set_tracing_disabled
+        from agents.tool import invoke_function_tool
+        from agents.tool_context import ToolContext
+        from pydantic import Field
+
+        from toolrelay.integrations.openai_agents import function_tools
+    except ImportError:
+        name = "toolrelay Agents SDK adapter / plain @function_tool"
+        skip = "skipped (pip install '.[openai-agents]')"
+        return [Row("adapter-openai-agents", name, status=skip)]
+    set_tracing_disabled(True)
+
+    async def city_noop(city: str) -> dict[str, Any]:
+        """Echo the city."""
+        return {"city": city}
+
+    # the same constraint as SCHEMA, set as objects: this module's annotations are strings
+    city_noop.__annotations__ = {
+        "city": Annotated[str, Field(max_length=64)],
+        "return": dict[str, Any],
+    }
+    plain = function_tool(city_noop, name_override="noop")
+    timed = function_tool(city_noop, name_override="noop", timeout=10.0)
+    d = dispatcher(noop_registry())
+    (relay,) = function_tools(d)
+
+    def case(tool: Any) -> Case:
+        async def run() -> Any:
+            context = ToolContext(CTX, tool_name="noop", tool_call_id="call_1", tool_arguments=ARGS)
+            return await invoke_function_tool(function_tool=tool, context=context, arguments=ARGS)
+
+        return run
+
+    cases = {
+        "toolrelay": dispatch_case(d),
+        "adapter": case(relay),
+        "plain": case(plain),
+        "timed": case(timed),
+    }
+    await sanity(cases)
+    envelope = json.dumps({"ok": True, "data": PARSED}, separators=(",", ":"))
+    for name in ("adapter", "plain", "timed"):
+        got = await cases[name]()
+        if got != (envelope if name == "adapter" else PARSED):
+            raise RuntimeError(f"the {name} tool answered {got!r}")
+    samples = await interleave(cases, s.rounds, s.calls, s.warmup)
+    m = medians(samples)
+    versus_timed = paired_ratio(samples["adapter"], samples["timed"])
+    version = importlib.metadata.version("openai-agents")
+    return [
+        Row(
+            "adapter-openai-agents",
+            "toolrelay Agents SDK adapter / plain @function_tool (invoke_function_tool)",
+            paired_ratio(samples["adapter"], samples["plain"]),
+            context=f"adapter {us(m['adapter'])}, openai-agents {version} @function_tool "
+            f"{us(m['plain'])}: no deadline, no breaker, no envelope",
+        ),
+        Row(
+            "adapter-openai-agents",
+            "toolrelay Agents SDK adapter / @function_tool(timeout=…) (both with a deadline)",
+            versus_timed,
+            target="≤ 2×",
+            passed=versus_timed <= 2,
+            context=f"@function_tool(timeout=10) {us(m['timed'])}: asyncio.wait_for on a task",
+        ),
+        Row(
+            "adapter-openai-agents",
+            "Agents SDK adapter over Dispatcher.dispatch alone",
+            paired_difference(samples["adapter"], samples["toolrelay"]) * 1e6,
+            unit="+µs",
+            context=f"dispatch {us(m['toolrelay'])}: ToolContext, SDK invocation, envelope JSON",
+        ),
+    ]
+
+
+# -- the Pydantic AI adapter --------------------------------------------------------------
+async def bench_adapter_pydantic_ai(s: Settings) -> list[Row]:
+    """A tool call through ``toolrelay.integrations.pydantic_ai`` against Pydantic AI's own
+    function tool, both at the toolset level (the model loop left out): the tool's argument
+    validator on the model's JSON, then ``call_tool``, as Pydantic AI's ToolManager does."""
+    try:
+        from typing import Annotated
+
+        from pydantic import Field
+        from pydantic_ai import RunContext
+        from pydantic_ai.models.test import TestModel
+        from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
+        from pydantic_ai.usage import RunUsage
+
+        from toolrelay.integrations.pydantic_ai import ToolrelayToolset
+    except ImportError:
+        name = "toolrelay Pydantic AI toolset / plain function tool"
+        skip = "skipped (pip install '.[pydantic-ai]')"
+        return [Row("adapter-pydantic-ai", name, status=skip)]
+
+    async def noop_tool(city: str) -> dict[str, Any]:
+        """Echo the city."""
+        return {"city": city}
+
+    noop_tool.__name__ = "noop"  # the tool's name
+    # the same constraint as SCHEMA, set as objects: this module's annotations are strings
+    noop_tool.__annotations__ = {
+        "city": Annotated[str, Field(max_length=64)],
+        "return": dict[str, Any],
+    }
+    ctx: RunContext[None] = RunContext(
+        deps=None, model=TestModel(), usage=RunUsage(), tool_name="noop", tool_call_id="call_1"
+    )
+    d = dispatcher(noop_registry())
+
+    async def case(toolset: AbstractToolset[None]) -> Case:
+        tool = (await toolset.get_tools(ctx))["noop"]
+        validator = tool.args_validator
+
+        async def run() -> Any:
+            return await toolset.call_tool("noop", validator.validate_json(ARGS), ctx, tool)
+
+        return run
+
+    cases = {
+        "toolrelay": dispatch_case(d),
+        "adapter": await case(ToolrelayToolset(d, auth=lambda ctx: CTX)),
+        "plain": await case(FunctionToolset([noop_tool], timeout=None)),
+        "timed": await case(FunctionToolset([noop_tool], timeout=10.0)),
+    }
+    await sanity(cases)
+    for name in ("adapter", "plain", "timed"):
+        got = await cases[name]()
+        if got != ({"ok": True, "data": PARSED} if name == "adapter" else PARSED):
+            raise RuntimeError(f"the {name} tool answered {got!r}")
+    samples = await interleave(cases, s.rounds, s.calls, s.warmup)
+    m = medians(samples)
+    version = importlib.metadata.version("pydantic-ai-slim")
+    return [
+        Row(
+            "adapter-pydantic-ai",
+            "toolrelay Pydantic AI toolset / plain function tool (validate + call_tool)",
+            paired_ratio(samples["adapter"], samples["plain"]),
+            context=f"adapter {us(m['adapter'])}, pydantic-ai-slim {version} FunctionToolset "
+            f"{us(m['plain'])}: no deadline, no breaker, no envelope",
+        ),
+        Row(
+            "adapter-pydantic-ai",
+            "toolrelay Pydantic AI toolset / FunctionToolset(timeout=…) (both with a deadline)",
+            paired_ratio(samples["adapter"], samples["timed"]),
+            context=f"FunctionToolset(timeout=10) {us(m['timed'])}: anyio.fail_after",
+        ),
+        Row(
+            "adapter-pydantic-ai",
+            "Pydantic AI toolset over Dispatcher.dispatch alone",
+            paired_difference(samples["adapter"], samples["toolrelay"]) * 1e6,
+            unit="+µs",
+            context=f"dispatch {us(m['toolrelay'])}: argument parse, auth(ctx), envelope",
+        ),
+    ]
+
+
+# -- the MCP gateway (bench/gateway.py) --------------------------------------------------
+async def bench_gateway(s: Settings) -> list[Row]:
+    """``toolrelay serve`` beside the bare upstream and ``mcp-proxy`` (bench/gateway.py),
+    with ``[serve.http] json_response = true`` (the targets) and as configured by default
+    (SSE answers: shown, not checked)."""
+    sys.path.insert(0, str(HERE))
+    import gateway
+
+    rounds, calls = (2, 80) if s.quick else (6, 400)
+    comparison = await gateway.compare(rounds, calls, [("json", "json_response = true")])
+    rows = [
+        Row(
+            "gateway",
+            r.name,
+            r.value,
+            target=r.shown_target,
+            passed=r.passed,
+            in_force=not s.quick and "[json]" in r.name.split(" / ")[0],
+        )
+        for r in comparison.ratios()
+    ]
+    for server in comparison.servers:
+        f = comparison.figures(server, max(gateway.CONCURRENCY))
+        rows.append(
+            Row(
+                "gateway",
+                f"{server}, {max(gateway.CONCURRENCY)} clients",
+                f.rate,
+                unit="calls/s",
+                context=f"p50 {f.p50_ms:.2f} ms, p99 {f.p99_ms:.2f} ms, server CPU "
+                f"{f.cpu_ms:.2f} ms/call, RSS {comparison.rss[server]:.0f} MB",
+            )
+        )
+    return rows
+
+
 BENCHES: dict[str, Callable[[Settings], Awaitable[list[Row]]]] = {
     "overhead": bench_overhead,
     "naive": bench_naive,
@@ -1549,6 +1894,11 @@ BENCHES: dict[str, Callable[[Settings], Awaitable[list[Row]]]] = {
     "memory": bench_memory,
     "throughput": bench_throughput,
     "breakers": bench_breakers,
+    "adapter-langchain": bench_adapter_langchain,
+    "typed": bench_typed,
+    "adapter-openai-agents": bench_adapter_openai_agents,
+    "adapter-pydantic-ai": bench_adapter_pydantic_ai,
+    "gateway": bench_gateway,
 }
 
 
@@ -1682,9 +2032,11 @@ def markdown(rows: Sequence[Row], settings: Settings, wall_s: float, only: list[
         "span can be much more than 7× faster than it.",
         "- **tracing extras**: what recording costs toolrelay beyond the tracing API, in "
         "bare spans: per round (toolrelay with the SDK recording − toolrelay with the "
-        "tracing API) / (one bare `start_as_current_span` around the call − the bare call), "
-        "the median of the per-round ratios; the five cases share the rounds. 1.0 would be "
-        "one span's cost and nothing more.",
+        "tracing API) / (one bare `start_as_current_span` around toolrelay's dispatch with "
+        "the tracing API − that dispatch), the median of the per-round ratios; the cases "
+        "share the rounds. 1.0 would be one span's cost and nothing more. The same extras "
+        "against a bare span timed alone in a tight loop are shown as context: that span's "
+        "SDK code stays cache-warm and costs about half what it costs amid a dispatch.",
         "- **Agents SDK**: `function_tool(timeout=…)` is enforced by `invoke_function_tool` "
         "(the Runner's path: `asyncio.wait_for` on a new task); `on_invoke_tool` alone "
         "enforces no timeout. A `ToolContext` is built per call, as the Runner does.",
