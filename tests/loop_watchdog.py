@@ -10,6 +10,11 @@ A ticker task sleeps ``tick_s`` in a loop and records the longest time between t
 wake-ups; anything that holds the loop (a parser on a huge string, a C call holding the
 GIL in another thread) shows up as a gap. Works on both anyio backends.
 
+Time the loop's thread spent runnable but waiting for a CPU (other processes had them: the
+kernel's run-queue delay, ``/proc/thread-self/schedstat``) is not a stall of the loop, and
+is taken out of each gap: ``max_gap`` is the longest gap less that delay, ``max_wall_gap``
+the longest gap as the clock saw it. Without schedstat (not Linux) the two are the same.
+
 The garbage collector is run before the block and paused during it: late in a long test
 session a full collection of the whole heap takes 100+ ms, which is CPython's pause, not
 the input under test's.
@@ -33,8 +38,28 @@ __all__ = ["Watchdog", "watchdog"]
 class Watchdog:
     tick_s: float
     max_gap: float = 0.0
+    """The longest time between two ticks, less the time the loop waited for a CPU."""
+    max_wall_gap: float = 0.0
+    """The longest time between two ticks."""
     ticks: int = 0
     last: float = 0.0
+    last_delay: float = 0.0
+
+    def tick(self) -> None:
+        now, delay = time.perf_counter(), run_queue_delay()
+        gap = now - self.last
+        self.max_wall_gap = max(self.max_wall_gap, gap)
+        self.max_gap = max(self.max_gap, gap - (delay - self.last_delay))
+        self.last, self.last_delay = now, delay
+
+
+def run_queue_delay() -> float:
+    """Seconds this thread has spent runnable but not running (0.0 where unknown)."""
+    try:
+        with open("/proc/thread-self/schedstat") as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 @asynccontextmanager
@@ -43,13 +68,11 @@ async def watchdog(tick_s: float = 0.005) -> AsyncIterator[Watchdog]:
     dog = Watchdog(tick_s)
 
     async def ticker() -> None:
-        dog.last = time.perf_counter()
+        dog.last, dog.last_delay = time.perf_counter(), run_queue_delay()
         while True:
             await anyio.sleep(tick_s)
-            now = time.perf_counter()
-            dog.max_gap = max(dog.max_gap, now - dog.last)
+            dog.tick()
             dog.ticks += 1
-            dog.last = now
 
     gc.collect()
     was_enabled = gc.isenabled()
@@ -62,7 +85,7 @@ async def watchdog(tick_s: float = 0.005) -> AsyncIterator[Watchdog]:
                 yield dog
             finally:
                 # a stall that lasted until the block ended has no tick after it: count it too
-                dog.max_gap = max(dog.max_gap, time.perf_counter() - dog.last)
+                dog.tick()
                 tg.cancel_scope.cancel()
     finally:
         if was_enabled:

@@ -628,3 +628,23 @@ async def _wait_for_port(port: int, limit_s: float = 15.0) -> None:
                 continue
             await stream.aclose()
             return
+
+
+async def test_the_watchdog_sees_the_loop_held_and_not_the_run_queue() -> None:
+    """The harness itself: a blocking sleep and a busy loop on the event loop are stalls;
+    time waiting for a CPU (run-queue delay) is taken out of the gap."""
+    async with watchdog() as held:
+        await anyio.sleep(0.02)
+        time.sleep(0.1)  # noqa: ASYNC251 -- holds the loop without using a CPU
+        await anyio.sleep(0.02)
+    assert held.max_gap >= 0.09, held
+    async with watchdog() as busy:
+        await anyio.sleep(0.02)
+        end = time.perf_counter() + 0.1
+        while time.perf_counter() < end:  # holds the loop on a CPU
+            pass
+        await anyio.sleep(0.02)
+    assert busy.max_gap >= 0.09 - (busy.max_wall_gap - busy.max_gap), busy
+    async with watchdog() as idle:
+        await anyio.sleep(0.1)
+    assert idle.max_gap <= idle.max_wall_gap and idle.ticks > 0, idle
