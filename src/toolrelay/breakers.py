@@ -31,12 +31,14 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import pybreaker
+from pydantic import ValidationInfo, field_validator
+from pydantic.dataclasses import dataclass
 
 from .outcome import Verdict
+from .settings import DATACLASS, Count, Positive, Rate, Seconds, one_line_errors
 
 if TYPE_CHECKING:
     from .storage import SharedStorage
@@ -62,17 +64,8 @@ TransitionListener = Callable[[str, str, str], None]
 Clock = Callable[[], float]
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"BreakerConfig.{name} must be an integer ≥ 1, not {value!r}")
-
-
-def _rate(name: str, value: Any) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
-        raise ValueError(f"BreakerConfig.{name} must be a number in (0, 1], not {value!r}")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
+@one_line_errors("BreakerConfig.{}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
 class BreakerConfig:
     """The resilience settings shared by every tool naming one ``breaker_key``.
 
@@ -95,63 +88,40 @@ class BreakerConfig:
     ``max_concurrent_per_tenant`` caps one tenant's share of those places.
     ``max_attempts`` counts all attempts of an idempotent tool; waits between them start
     near ``backoff_initial_s`` and double up to ``backoff_max_s``, with jitter.
+    A bad value raises :class:`~toolrelay.settings.SettingsError` (a ``ValueError``).
     """
 
-    fail_max: int = 5
-    reset_timeout_s: float = 30.0
-    reset_timeout_max_s: float | None = None
-    success_threshold: int = 1
-    half_open_max_calls: int = 1
-    slow_call_s: float | None = None
+    fail_max: Count = 5
+    reset_timeout_s: Seconds = 30.0
+    reset_timeout_max_s: Seconds | None = None
+    success_threshold: Count = 1
+    half_open_max_calls: Count = 1
+    slow_call_s: Positive | None = None
     window: Window = "consecutive"
-    window_size: int = 100
-    minimum_calls: int = 10
-    failure_rate: float = 0.5
-    slow_call_rate: float | None = None
-    max_concurrent: int = 32
-    max_concurrent_per_tenant: int | None = None
-    bulkhead_wait_s: float = 0.0
-    max_attempts: int = 3
-    backoff_initial_s: float = 0.05
-    backoff_max_s: float = 2.0
+    window_size: Count = 100
+    minimum_calls: Count = 10
+    failure_rate: Rate = 0.5
+    slow_call_rate: Rate | None = None
+    max_concurrent: Count = 32
+    max_concurrent_per_tenant: Count | None = None
+    bulkhead_wait_s: Seconds = 0.0
+    max_attempts: Count = 3
+    backoff_initial_s: Seconds = 0.05
+    backoff_max_s: Seconds = 2.0
 
-    def __post_init__(self) -> None:
-        for name in (
-            "fail_max",
-            "success_threshold",
-            "half_open_max_calls",
-            "max_concurrent",
-            "max_attempts",
-            "window_size",
-            "minimum_calls",
-        ):
-            _positive_int(name, getattr(self, name))
-        for name in ("reset_timeout_s", "bulkhead_wait_s", "backoff_initial_s", "backoff_max_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not 0 <= value < math.inf:
-                raise ValueError(f"BreakerConfig.{name} must be a number ≥ 0, not {value!r}")
-        share = self.max_concurrent_per_tenant
-        if share is not None:
-            _positive_int("max_concurrent_per_tenant", share)
-        if self.slow_call_s is not None and not self.slow_call_s > 0:
-            raise ValueError("BreakerConfig.slow_call_s must be positive or None")
-        if self.window not in ("consecutive", "count", "time"):
-            raise ValueError(
-                f"BreakerConfig.window must be 'consecutive', 'count' or 'time', "
-                f"not {self.window!r}"
-            )
-        _rate("failure_rate", self.failure_rate)
-        if self.slow_call_rate is not None:
-            _rate("slow_call_rate", self.slow_call_rate)
-            if self.slow_call_s is None:
-                raise ValueError("BreakerConfig.slow_call_rate needs slow_call_s")
-        top = self.reset_timeout_max_s
-        if top is not None and (
-            not isinstance(top, int | float) or not self.reset_timeout_s <= top < math.inf
-        ):
-            raise ValueError(
-                f"BreakerConfig.reset_timeout_max_s must be a number ≥ reset_timeout_s, not {top!r}"
-            )
+    @field_validator("reset_timeout_max_s")
+    @classmethod
+    def _not_below_reset_timeout(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and value < info.data.get("reset_timeout_s", 0):
+            raise ValueError(f"must be ≥ reset_timeout_s, not {value!r}")
+        return value
+
+    @field_validator("slow_call_rate")
+    @classmethod
+    def _needs_slow_call_s(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and info.data.get("slow_call_s") is None:
+            raise ValueError("needs slow_call_s")
+        return value
 
 
 # -- failure windows ----------------------------------------------------------------------

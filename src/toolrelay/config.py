@@ -1,8 +1,13 @@
-"""One TOML file for what an operator tunes without code.
+"""One TOML file for what an operator tunes without code, as one :class:`Settings` model.
 
-The file is checked against a JSON Schema (``CONFIG_SCHEMA``) before anything is built, so
-every error names its key path and what was expected, and unknown keys are errors.
-``Dispatcher.from_config(path)`` and ``toolrelay check CONFIG`` use :func:`load_config`.
+The models (here and :class:`~toolrelay.breakers.BreakerConfig`,
+:class:`~toolrelay.policy.Profile`, :class:`~toolrelay.pipeline.faults.Fault`) are the only
+statement of what a setting may be. The file's JSON Schema (``CONFIG_SCHEMA``, printed by
+``toolrelay config schema`` for editors) is generated from them; a file is checked against
+it first, so every error names its key path and what was expected, and then built into the
+models, whose validators check what a schema cannot say (one fault target, a rate that
+needs ``slow_call_s``). ``Dispatcher.from_config(path)`` and ``toolrelay check CONFIG`` use
+:func:`load_config`.
 """
 
 from __future__ import annotations
@@ -10,236 +15,170 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import jsonschema_rs
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict
+from pydantic import model_validator as _model_validator
 
 from .breakers import BreakerConfig
-from .contract import ErrorType
+from .contract import Risk
 from .pipeline.faults import Fault
 from .policy import Profile
 from .registry import ToolRegistry
+from .serve.settings import ServeSection
+from .settings import MODEL, ConfigError, Count, Flag, Name, Positive, TomlTable, diff
 
 __all__ = [
     "CONFIG_SCHEMA",
+    "BreakerStorageSettings",
     "Config",
     "ConfigError",
+    "DispatcherSettings",
+    "PluginSettings",
+    "Settings",
+    "TelemetrySettings",
+    "ToolOverride",
     "dispatcher_arguments",
     "load_config",
     "load_configured_plugins",
     "parse_config",
 ]
 
-_NUMBER = {"type": "number", "minimum": 0}
-_POSITIVE = {"type": "number", "exclusiveMinimum": 0}
-_COUNT = {"type": "integer", "minimum": 1}
-_NAMES = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
-_RISK = {"enum": ["read", "write", "dangerous"]}
-_BREAKER = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "fail_max": _COUNT,
-        "reset_timeout_s": _NUMBER,
-        "reset_timeout_max_s": _NUMBER,
-        "success_threshold": _COUNT,
-        "half_open_max_calls": _COUNT,
-        "slow_call_s": _POSITIVE,
-        "window": {"enum": ["consecutive", "count", "time"]},
-        "window_size": _COUNT,
-        "minimum_calls": _COUNT,
-        "failure_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        "slow_call_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        "max_concurrent": _COUNT,
-        "max_concurrent_per_tenant": _COUNT,
-        "bulkhead_wait_s": _NUMBER,
-        "max_attempts": _COUNT,
-        "backoff_initial_s": _NUMBER,
-        "backoff_max_s": _NUMBER,
-    },
-}
 
-CONFIG_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "plugins": {
-            "type": "object",
-            "description": "name → {module | entry_point, enabled, …plugin settings}",
-            "additionalProperties": {
-                "type": "object",
-                "properties": {
-                    "module": {"type": "string", "minLength": 1},
-                    "entry_point": {"type": "string", "minLength": 1},
-                    "enabled": {"type": "boolean"},
-                },
-                "not": {"required": ["module", "entry_point"]},
-            },
-        },
-        "tools": {
-            "type": "object",
-            "description": "tool name → overrides of its declaration",
-            "additionalProperties": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "timeout_s": _POSITIVE,
-                    "breaker_key": {"type": "string", "minLength": 1},
-                    "max_attempts": _COUNT,
-                    "idempotent": {"type": "boolean"},
-                    "risk": _RISK,
-                },
-            },
-        },
-        "breakers": {
-            "type": "object",
-            "description": "breaker key (or 'default') → BreakerConfig settings",
-            "additionalProperties": _BREAKER,
-        },
-        "breaker_storage": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["url"],
-            "properties": {
-                "url": {"type": "string", "pattern": "^(redis|rediss|unix)://"},
-                "timeout_s": _POSITIVE,
-                "probe_interval_s": _POSITIVE,
-                "sync_interval_s": _POSITIVE,
-            },
-        },
-        "profiles": {
-            "type": "object",
-            "additionalProperties": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "allow": _NAMES,
-                    "deny": _NAMES,
-                    "allow_tags": _NAMES,
-                    "deny_tags": _NAMES,
-                    "max_risk": _RISK,
-                    "require_approval": {"type": "array", "items": _RISK, "uniqueItems": True},
-                },
-            },
-        },
-        "faults": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["kind"],
-                "properties": {
-                    "kind": {"enum": ["latency", "error", "exception", "hang", "bad_output"]},
-                    "tool": {"type": "string"},
-                    "breaker_key": {"type": "string"},
-                    "rate": {"type": "number", "minimum": 0, "maximum": 1},
-                    "latency_s": _NUMBER,
-                    "jitter_s": _NUMBER,
-                    "error_type": {"enum": [str(e) for e in ErrorType]},
-                    "message": {"type": "string", "maxLength": 240},
-                    "retryable": {"type": "boolean"},
-                    "output": {},
-                },
-                "oneOf": [{"required": ["tool"]}, {"required": ["breaker_key"]}],
-            },
-        },
-        "dispatcher": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "max_argument_bytes": _COUNT,
-                "max_argument_depth": _COUNT,
-                "max_output_bytes": _COUNT,
-                "truncate_output": {"type": "boolean"},
-                "fault_seed": {"type": "integer"},
-                "reserved_properties": _NAMES,
-                "secret_patterns": _NAMES,
-                "audit": {"type": "boolean"},
-                "audit_arguments": {"type": "boolean"},
-            },
-        },
-        "serve": {
-            "type": "object",
-            "description": "toolrelay serve's own settings; checked by toolrelay.serve.settings",
-        },
-        "telemetry": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "enabled": {"type": "boolean"},
-                "metrics_port": {"type": "integer", "minimum": 0, "maximum": 65535},
-                "metrics_host": {"type": "string"},
-                "otlp_endpoint": {"type": "string"},
-                "capture_content": {"type": "boolean"},
-            },
-        },
-    },
-}
+class PluginSettings(BaseModel):
+    """``[plugins.NAME]``: where the plugin comes from (``module``, default
+    ``toolrelay_plugins.NAME``, or ``entry_point``); every other key is the plugin's own
+    setting (:attr:`settings`), checked by the plugin when it registers."""
 
-_VALIDATOR = jsonschema_rs.Draft202012Validator(CONFIG_SCHEMA, offline=True)
+    model_config = ConfigDict(**{**MODEL, "extra": "allow"})
+
+    module: Name | None = None
+    entry_point: Name | None = None
+    enabled: Flag = True
+
+    @_model_validator(mode="after")
+    def _one_source(self) -> PluginSettings:
+        if self.module is not None and self.entry_point is not None:
+            raise ValueError("module and entry_point exclude each other")
+        return self
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
 
 
-class ConfigError(ValueError):
-    """A config file that cannot be used; the message names the key path."""
+class ToolOverride(BaseModel):
+    """``[tools.NAME]``: operator overrides of one tool's declaration."""
+
+    model_config = MODEL
+
+    timeout_s: Positive | None = None
+    breaker_key: Name | None = None
+    max_attempts: Count | None = None
+    idempotent: Flag | None = None
+    risk: Risk | None = None
 
 
-@dataclass(frozen=True)
-class Config:
-    """A checked config file, ready to build a dispatcher from."""
+class BreakerStorageSettings(BaseModel):
+    """``[breaker_storage]``: Redis shared by the replicas' breakers."""
 
-    path: Path | None
-    plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tools: dict[str, dict[str, Any]] = field(default_factory=dict)
-    breakers: dict[str, BreakerConfig] = field(default_factory=dict)
-    default_breaker: BreakerConfig | None = None
-    breaker_storage: dict[str, Any] | None = None
-    profiles: dict[str, Profile] = field(default_factory=dict)
-    faults: list[Fault] = field(default_factory=list)
-    dispatcher: dict[str, Any] = field(default_factory=dict)
-    telemetry: dict[str, Any] = field(default_factory=dict)
-    serve: dict[str, Any] = field(default_factory=dict)
+    model_config = MODEL
+
+    url: Annotated[str, Strict(), Field(pattern=r"^(redis|rediss|unix)://")]
+    timeout_s: Positive | None = None
+    probe_interval_s: Positive | None = None
+    sync_interval_s: Positive | None = None
 
 
-def _where(path: list[str | int]) -> str:
-    return ".".join(str(p) for p in path) or "(top level)"
+class DispatcherSettings(BaseModel):
+    """``[dispatcher]``: ``Dispatcher`` keyword arguments; unset keys keep its defaults."""
+
+    model_config = MODEL
+
+    max_argument_bytes: Count | None = None
+    max_argument_depth: Count | None = None
+    max_output_bytes: Count | None = None
+    truncate_output: Flag | None = None
+    fault_seed: Annotated[int, Strict()] | None = None
+    reserved_properties: frozenset[str] | None = None
+    secret_patterns: frozenset[str] | None = None
+    audit: Flag | None = None
+    audit_arguments: Flag | None = None
 
 
-def parse_config(data: Mapping[str, Any], path: Path | None = None) -> Config:
-    """Check a decoded config and turn it into a :class:`Config`."""
-    errors = []
-    for error in _VALIDATOR.iter_errors(dict(data)):
-        errors.append(f"{_where(list(error.instance_path))}: {error.message}")
-    if errors:
-        shown = "; ".join(errors[:5]) + ("; …" if len(errors) > 5 else "")
-        raise ConfigError(f"{path or 'config'}: {shown}")
-    if "serve" in data:  # one file for every command: its [serve] section is checked here too
-        from .serve.settings import parse_serve_section
+class TelemetrySettings(BaseModel):
+    """``[telemetry]``: ``enabled`` and ``capture_content`` reach the dispatcher; the
+    metrics endpoint and the OTLP exporter are ``toolrelay serve``'s."""
 
-        parse_serve_section(data["serve"], path)
-    breakers = dict(data.get("breakers", {}))
-    default = breakers.pop("default", None)
-    try:
-        built_breakers = {key: BreakerConfig(**value) for key, value in breakers.items()}
-        profiles = {name: Profile(**value) for name, value in data.get("profiles", {}).items()}
-        faults = [Fault.from_dict(item) for item in data.get("faults", [])]
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path or 'config'}: {exc}") from None
-    return Config(
-        path=path,
-        plugins={name: dict(value) for name, value in data.get("plugins", {}).items()},
-        tools={name: dict(value) for name, value in data.get("tools", {}).items()},
-        breakers=built_breakers,
-        default_breaker=None if default is None else BreakerConfig(**default),
-        breaker_storage=data.get("breaker_storage"),
-        profiles=profiles,
-        faults=faults,
-        dispatcher=dict(data.get("dispatcher", {})),
-        telemetry=dict(data.get("telemetry", {})),
-        serve=dict(data.get("serve", {})),
+    model_config = MODEL
+
+    enabled: Flag = True
+    capture_content: Flag = False
+    metrics_port: Annotated[int, Strict(), Field(ge=0, le=65535)] = 0
+    metrics_host: Annotated[str, Strict()] = "127.0.0.1"
+    otlp_endpoint: Annotated[str, Strict()] | None = None
+
+
+class Settings(BaseModel):
+    """A checked ``toolrelay.toml``, ready to build a dispatcher from.
+
+    ``[breakers.default]`` is :attr:`default_breaker`; :attr:`path` is the file it was read
+    from (``None`` when built from a mapping). Two settings values compare with ``==``
+    (which also compares :attr:`path`) and :meth:`diff` says what changed, key by key.
+    """
+
+    model_config = MODEL
+
+    plugins: dict[str, PluginSettings] = {}
+    tools: dict[str, ToolOverride] = {}
+    breakers: dict[str, BreakerConfig] = Field(
+        default={}, description="breaker key (or 'default') → BreakerConfig settings"
     )
+    breaker_storage: BreakerStorageSettings | None = None
+    profiles: dict[str, Profile] = {}
+    faults: tuple[Fault, ...] = ()
+    dispatcher: DispatcherSettings = DispatcherSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+    serve: ServeSection = ServeSection()
+    _path: Path | None = PrivateAttr(default=None)
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    @property
+    def default_breaker(self) -> BreakerConfig | None:
+        return self.breakers.get("default")
+
+    def diff(self, other: Settings) -> dict[str, tuple[Any, Any]]:
+        """What differs in ``other``: dotted key (``breakers.searxng.fail_max``,
+        ``profiles.support``) → ``(old, new)``; a table on one side only has ``None`` on the
+        other; lists (``faults``) are compared whole."""
+        return diff(self, other)
+
+
+Config = Settings
+"""The name :class:`Settings` had before it was a model."""
+
+
+_TABLE = TomlTable(Settings)
+if TYPE_CHECKING:
+    CONFIG_SCHEMA: dict[str, Any]
+    """The JSON Schema of ``toolrelay.toml``, generated from :class:`Settings` on first use."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CONFIG_SCHEMA":  # the JSON Schema of toolrelay.toml, generated on first use
+        return _TABLE.schema
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def parse_config(data: Mapping[str, Any], path: Path | None = None) -> Settings:
+    """Check a decoded config and turn it into :class:`Settings`."""
+    settings = _TABLE(data, path)
+    settings._path = path
+    return settings
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -256,57 +195,50 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     return parse_config(data, file)
 
 
-PLUGIN_KEYS = frozenset({"module", "entry_point", "enabled"})
-
-
-def load_configured_plugins(registry: ToolRegistry, config: Config) -> list[str]:
-    """Load the enabled ``[plugins.NAME]`` tables: ``module`` (default
-    ``toolrelay_plugins.NAME``) or ``entry_point``; the other keys are the plugin's settings."""
+def load_configured_plugins(registry: ToolRegistry, config: Settings) -> list[str]:
+    """Load the enabled ``[plugins.NAME]`` tables, each with its own settings, and apply
+    the ``[tools.NAME]`` overrides."""
     from .loading import load_entry_points, load_plugins
 
     loaded = []
     for name, table in config.plugins.items():
-        if not table.get("enabled", True):
+        if not table.enabled:
             continue
-        settings = {k: v for k, v in table.items() if k not in PLUGIN_KEYS}
-        if "entry_point" in table:
-            point = table["entry_point"]
-            load_entry_points(registry, [point], {point: settings})
+        if table.entry_point is not None:
+            load_entry_points(registry, [table.entry_point], {table.entry_point: table.settings})
         else:
-            module = table.get("module", f"toolrelay_plugins.{name}")
-            load_plugins(registry, [module], {module: settings})
+            module = table.module or f"toolrelay_plugins.{name}"
+            load_plugins(registry, [module], {module: table.settings})
         loaded.append(name)
-    for tool, fields in config.tools.items():
+    for tool, override in config.tools.items():
         if not registry.owns(tool):
             raise ConfigError(f"{config.path or 'config'}: tools.{tool}: no tool named {tool!r}")
-        registry.override(tool, **fields)
+        registry.override(tool, **override.model_dump(exclude_none=True))
     return loaded
 
 
-def dispatcher_arguments(config: Config) -> dict[str, Any]:
+def dispatcher_arguments(config: Settings) -> dict[str, Any]:
     """The ``Dispatcher`` keyword arguments a config file sets."""
     kwargs: dict[str, Any] = {
         "profiles": config.profiles,
-        "breakers": config.breakers,
+        "breakers": {key: value for key, value in config.breakers.items() if key != "default"},
         "default_breaker": config.default_breaker,
         "faults": config.faults,
+        "telemetry": config.telemetry.enabled,
+        "capture_content": config.telemetry.capture_content,
     }
-    settings = {k: v for k, v in config.dispatcher.items() if k != "reserved_properties"}
+    settings = config.dispatcher.model_dump(exclude_none=True, exclude={"reserved_properties"})
     if settings.pop("audit", True) is False:
         kwargs["audit"] = None
     kwargs.update(settings)
-    if config.breaker_storage is not None:
-        storage = config.breaker_storage
-        kwargs["breaker_storage"] = storage["url"]
-        if "timeout_s" in storage:
-            kwargs["breaker_storage_timeout_s"] = storage["timeout_s"]
-        if "probe_interval_s" in storage:
-            kwargs["breaker_storage_probe_s"] = storage["probe_interval_s"]
-        if "sync_interval_s" in storage:
-            kwargs["breaker_storage_sync_s"] = storage["sync_interval_s"]
-    telemetry = config.telemetry
-    if "enabled" in telemetry:
-        kwargs["telemetry"] = telemetry["enabled"]
-    if "capture_content" in telemetry:
-        kwargs["capture_content"] = telemetry["capture_content"]
+    storage = config.breaker_storage
+    if storage is not None:
+        kwargs["breaker_storage"] = storage.url
+        for key, argument in (
+            ("timeout_s", "breaker_storage_timeout_s"),
+            ("probe_interval_s", "breaker_storage_probe_s"),
+            ("sync_interval_s", "breaker_storage_sync_s"),
+        ):
+            if getattr(storage, key) is not None:
+                kwargs[argument] = getattr(storage, key)
     return kwargs

@@ -7,58 +7,46 @@ so the model is never shown a tool it may not call, and never calls one it was n
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .contract import RISK_ORDER, RISKS, Risk, ToolDeclaration
+from pydantic.dataclasses import dataclass
+
+from .contract import RISK_ORDER, Risk, ToolDeclaration
+from .settings import DATACLASS, one_line_errors
 
 __all__ = ["Profile"]
 
 
-def _names(value: Iterable[str] | None) -> frozenset[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        raise TypeError("expected a collection of names, got a single string")
-    return frozenset(value)
-
-
-@dataclass(frozen=True, slots=True, init=False)
+@one_line_errors("{}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
 class Profile:
     """What one kind of caller may do.
 
     A tool is permitted when it is not denied (by name or tag), its risk is at most
     ``max_risk``, and either no allow-list is set or its name is in ``allow`` or one of its
     tags is in ``allow_tags``. ``require_approval`` names the risks that need an approval.
+    Every collection of names may be any iterable of strings but a single string.
     """
 
-    allow: frozenset[str] | None
-    deny: frozenset[str]
-    allow_tags: frozenset[str] | None
-    deny_tags: frozenset[str]
-    max_risk: Risk
-    require_approval: frozenset[str]
+    allow: frozenset[str] | None = None
+    deny: frozenset[str] = frozenset()
+    allow_tags: frozenset[str] | None = None
+    deny_tags: frozenset[str] = frozenset()
+    max_risk: Risk = "dangerous"
+    require_approval: frozenset[Risk] = frozenset(("write", "dangerous"))
 
-    def __init__(
-        self,
-        *,
-        allow: Iterable[str] | None = None,
-        deny: Iterable[str] = (),
-        allow_tags: Iterable[str] | None = None,
-        deny_tags: Iterable[str] = (),
-        max_risk: Risk = "dangerous",
-        require_approval: Iterable[Risk] = ("write", "dangerous"),
-    ) -> None:
-        if max_risk not in RISKS:
-            raise ValueError(f"max_risk must be one of {RISKS}, not {max_risk!r}")
-        approval = frozenset(require_approval)
-        if not approval <= set(RISKS):
-            raise ValueError(f"require_approval takes risks from {RISKS}")
-        object.__setattr__(self, "allow", _names(allow))
-        object.__setattr__(self, "deny", _names(deny) or frozenset())
-        object.__setattr__(self, "allow_tags", _names(allow_tags))
-        object.__setattr__(self, "deny_tags", _names(deny_tags) or frozenset())
-        object.__setattr__(self, "max_risk", max_risk)
-        object.__setattr__(self, "require_approval", approval)
+    if TYPE_CHECKING:  # what callers may pass; pydantic turns each into a frozenset
+
+        def __init__(
+            self,
+            *,
+            allow: Iterable[str] | None = None,
+            deny: Iterable[str] = (),
+            allow_tags: Iterable[str] | None = None,
+            deny_tags: Iterable[str] = (),
+            max_risk: Risk = "dangerous",
+            require_approval: Iterable[Risk] = ("write", "dangerous"),
+        ) -> None: ...
 
     def permits(self, decl: ToolDeclaration) -> bool:
         """May a caller with this profile see and call the tool?"""

@@ -8,17 +8,19 @@ run with the same seed and the same calls injects the same faults.
 from __future__ import annotations
 
 import itertools
-import math
 import random
 from collections.abc import Awaitable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict
+from typing import Annotated, Any, Literal, Self, get_args
 
 import anyio
+from pydantic import Field, Strict, field_validator, model_validator
+from pydantic.dataclasses import dataclass
 
 from ..contract import ErrorType, ToolError
 from ..events import FaultInjected
 from ..outcome import Outcome
+from ..settings import DATACLASS, Seconds, Share, one_line_errors
 from . import Invocation, Next
 from .decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, too_big
 from .invoke import error_outcome, timeout_outcome
@@ -26,14 +28,15 @@ from .invoke import error_outcome, timeout_outcome
 __all__ = ["FAULT_KINDS", "Fault", "FaultInjector", "InjectedFault"]
 
 FaultKind = Literal["latency", "error", "exception", "hang", "bad_output"]
-FAULT_KINDS: tuple[str, ...] = ("latency", "error", "exception", "hang", "bad_output")
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 
 
 class InjectedFault(Exception):
     """The unexpected exception a ``kind="exception"`` fault raises in place of the handler."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@one_line_errors("fault {}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
 class Fault:
     """One fault: what to do, to which calls, how often.
 
@@ -46,33 +49,29 @@ class Fault:
     """
 
     kind: FaultKind
-    tool: str | None = None
-    breaker_key: str | None = None
-    rate: float = 1.0
-    latency_s: float = 0.0
-    jitter_s: float = 0.0
-    error_type: str = "tool_error"
-    message: str = "injected fault"
-    retryable: bool = True
-    output: Any = field(default=None)
+    tool: Annotated[str, Strict()] | None = None
+    breaker_key: Annotated[str, Strict()] | None = None
+    rate: Share = 1.0
+    latency_s: Seconds = 0.0
+    jitter_s: Seconds = 0.0
+    error_type: ErrorType = ErrorType.TOOL_ERROR
+    message: Annotated[str, Strict(), Field(max_length=240)] = "injected fault"
+    retryable: Annotated[bool, Strict()] = True
+    output: Any = None
 
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ValueError(f"fault kind must be one of {FAULT_KINDS}, not {self.kind!r}")
+    @field_validator("output")
+    @classmethod
+    def _output_fits(cls, value: Any) -> Any:
+        problem = None if value is None else too_big(value, DEFAULT_MAX_DEPTH, DEFAULT_MAX_BYTES)
+        if problem is not None:
+            raise ValueError(problem.removeprefix("it "))  # "fault output is nested deeper…"
+        return value
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Self:
         if (self.tool is None) == (self.breaker_key is None):
             raise ValueError("a fault targets exactly one of tool= or breaker_key=")
-        if not (isinstance(self.rate, int | float) and 0 <= self.rate <= 1):
-            raise ValueError(f"fault rate must be between 0 and 1, not {self.rate!r}")
-        for name in ("latency_s", "jitter_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and 0 <= value < math.inf):
-                raise ValueError(f"fault {name} must be a number ≥ 0")
-        if self.error_type not in set(ErrorType):
-            raise ValueError(f"fault error_type must be one of {[str(e) for e in ErrorType]}")
-        if self.output is not None:
-            problem = too_big(self.output, DEFAULT_MAX_DEPTH, DEFAULT_MAX_BYTES)
-            if problem is not None:
-                raise ValueError(f"fault output: {problem}")
+        return self
 
     def matches(self, tool: str, key: str) -> bool:
         return self.tool == tool if self.tool is not None else self.breaker_key == key

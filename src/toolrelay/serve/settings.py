@@ -1,9 +1,9 @@
 """The ``[serve]`` section of ``toolrelay.toml``: transport, callers, admin API, upstreams.
 
-The core config schema does not know ``[serve]``, so :func:`load` reads the TOML file,
-takes the section out, checks it against :data:`SERVE_SCHEMA` and hands the rest to
-:func:`toolrelay.config.parse_config`. Every error is a
-:class:`~toolrelay.config.ConfigError` naming the key path, like the core's.
+:class:`ServeSection` is the section as written (part of :class:`toolrelay.config.Settings`
+and its generated JSON Schema); :class:`ServeSettings` is what ``toolrelay serve`` runs with,
+the section over its defaults. Every error is a :class:`~toolrelay.config.ConfigError`
+naming the key path, like the core's.
 """
 
 from __future__ import annotations
@@ -12,18 +12,23 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import jsonschema_rs
+from pydantic import BaseModel, Field, Strict, field_validator, model_validator
+from pydantic import dataclasses as pydantic_dataclasses
+from pydantic.json_schema import SkipJsonSchema
 
-from ..config import Config, ConfigError, load_config, parse_config
 from ..contract import Risk
+from ..settings import DATACLASS, MODEL, ConfigError, Flag, Positive, TomlTable, one_line_errors
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 __all__ = [
     "DEFAULT_ADMIN_TOKEN_ENV",
-    "SERVE_SCHEMA",
     "UNAUTHENTICATED_PROFILE",
     "ClientSettings",
+    "ServeSection",
     "ServeSettings",
     "UpstreamSettings",
     "load",
@@ -40,130 +45,135 @@ a name :meth:`ServeSettings.check` refuses to see defined, so the dispatcher map
 ``NOTHING`` (no tool listed or run)."""
 Transport = Literal["stdio", "http"]
 
-_NAME = {"type": "string", "minLength": 1, "maxLength": 128}
-_ENV = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
-_PORT = {"type": "integer", "minimum": 0, "maximum": 65535}
-_POSITIVE = {"type": "number", "exclusiveMinimum": 0}
-_SECRET = {"type": "string", "minLength": 1}
-_RISK = {"enum": ["read", "write", "dangerous"]}
-_CLIENT = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "token_env": _ENV,
-        "token": _SECRET,
-        "profile": _NAME,
-        "tenant": _NAME,
-    },
-    "oneOf": [{"required": ["token_env"]}, {"required": ["token"]}],
-}
-_UPSTREAM = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["breaker_key"],
-    "properties": {
-        "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "url": {"type": "string", "pattern": "^https?://"},
-        "breaker_key": _NAME,
-        "prefix": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,32}$"},
-        "timeout_s": _POSITIVE,
-        "tool_timeouts": {"type": "object", "additionalProperties": _POSITIVE},
-        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
-        "env": {"type": "object", "additionalProperties": {"type": "string"}},
-        "cwd": {"type": "string"},
-        "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-        "bearer_token_env": _ENV,
-        "connect_timeout_s": _POSITIVE,
-        "optional": {"type": "boolean"},
-        "count_errors": {"type": ["boolean", "string"]},
-        "risk": _RISK,
-        "tool_risk": {"type": "object", "additionalProperties": _RISK},
-        "max_message_bytes": {"type": "integer", "minimum": 1024},
-        "max_message_values": {"type": "integer", "minimum": 100},
-    },
-    "oneOf": [{"required": ["command"]}, {"required": ["url"]}],
-}
-
-SERVE_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "transport": {"enum": ["stdio", "http"]},
-        "profile": _NAME,
-        "allow_remote": {"type": "boolean"},
-        "watch_interval_s": {"type": "number", "minimum": 0.05, "maximum": 3600},
-        "max_request_bytes": {"type": "integer", "minimum": 1024, "maximum": 1 << 30},
-        "http": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "host": {"type": "string", "minLength": 1},
-                "port": _PORT,
-                "path": {"type": "string", "pattern": "^/[A-Za-z0-9_./-]*$"},
-                "clients": {"type": "object", "additionalProperties": _CLIENT},
-                "max_sessions": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
-                "max_sessions_per_client": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
-                "session_idle_s": {"type": "number", "minimum": 1, "maximum": 7 * 86400},
-                "json_response": {"type": "boolean"},
-                "stateless": {"type": "boolean"},
-            },
-        },
-        "admin": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "host": {"type": "string", "minLength": 1},
-                "port": _PORT,
-                "token_env": _ENV,
-                "token": _SECRET,
-            },
-        },
-        "upstreams": {"type": "object", "additionalProperties": _UPSTREAM},
-    },
-}
-
-_VALIDATOR = jsonschema_rs.Draft202012Validator(SERVE_SCHEMA, offline=True)
+Text = Annotated[str, Strict()]
+Label = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
+EnvName = Annotated[str, Strict(), Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Secret = Annotated[str, Strict(), Field(min_length=1)]
+Port = Annotated[int, Strict(), Field(ge=0, le=65535)]
+Sessions = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
+TableName = SkipJsonSchema[str]
+"""The table's own name (``[….NAME]``), not a key of it."""
 
 
-@dataclass(frozen=True, slots=True)
+@one_line_errors("ClientSettings.{}")
+@pydantic_dataclasses.dataclass(frozen=True, slots=True, config=DATACLASS)
 class ClientSettings:
-    """One MCP client of the HTTP transport: its bearer token decides its profile."""
+    """One MCP client of the HTTP transport (``[serve.http.clients.NAME]``): its bearer
+    token (``token_env`` or ``token``) decides its profile."""
 
-    name: str
-    token_env: str | None = None
-    token: str | None = field(default=None, repr=False)
-    profile: str | None = None
-    tenant: str | None = None
+    name: TableName = ""
+    token_env: EnvName | None = None
+    token: Secret | None = field(default=None, repr=False)
+    profile: Label | None = None
+    tenant: Label | None = None
+
+    @model_validator(mode="after")
+    def _one_token(self) -> ClientSettings:
+        if (self.token_env is None) == (self.token is None):
+            raise ValueError("a client has exactly one of token_env and token")
+        return self
 
 
-@dataclass(frozen=True, slots=True)
+@one_line_errors("UpstreamSettings.{}")
+@pydantic_dataclasses.dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
 class UpstreamSettings:
-    """One MCP server behind the gateway (``[serve.upstreams.NAME]``), as an ``McpSource``."""
+    """One MCP server behind the gateway (``[serve.upstreams.NAME]``), as an ``McpSource``:
+    exactly one of ``command`` (stdio) and ``url`` (streamable HTTP)."""
 
-    name: str
-    breaker_key: str
-    command: tuple[str, ...] | None = None
-    url: str | None = None
-    prefix: str | None = None
-    timeout_s: float | None = None
-    tool_timeouts: Mapping[str, float] = field(default_factory=dict)
-    tags: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    bearer_token_env: str | None = None
-    connect_timeout_s: float | None = None
-    optional: bool = False
-    count_errors: bool | str = False
+    name: TableName = ""
+    breaker_key: Label
+    command: Annotated[tuple[Text, ...], Field(min_length=1)] | None = None
+    url: Annotated[str, Strict(), Field(pattern=r"^https?://")] | None = None
+    prefix: Annotated[str, Strict(), Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")] | None = None
+    timeout_s: Positive | None = None
+    tool_timeouts: dict[str, Positive] = field(default_factory=dict)
+    tags: tuple[Text, ...] = ()
+    env: dict[str, Text] = field(default_factory=dict)
+    cwd: Text | None = None
+    headers: dict[str, Text] = field(default_factory=dict)
+    bearer_token_env: EnvName | None = None
+    connect_timeout_s: Positive | None = None
+    optional: Flag = False
+    count_errors: Flag | Text = False
     risk: Risk | None = None
     """A floor for the risk of every tool of the upstream (its hints cannot lower it)."""
-    tool_risk: Mapping[str, Risk] = field(default_factory=dict)
+    tool_risk: dict[str, Risk] = field(default_factory=dict)
     """Floors per tool, by the tool's MCP name or its toolrelay name."""
-    max_message_bytes: int | None = None
+    max_message_bytes: Annotated[int, Strict(), Field(ge=1024)] | None = None
     """The largest message read from the upstream (``McpSource`` default: 4 MiB)."""
-    max_message_values: int | None = None
+    max_message_values: Annotated[int, Strict(), Field(ge=100)] | None = None
     """The most JSON values in one message (``McpSource`` default: 50,000)."""
+
+    @field_validator("count_errors")
+    @classmethod
+    def _a_pattern(cls, value: bool | str) -> bool | str:
+        if isinstance(value, str):
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression ({exc})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> UpstreamSettings:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("an upstream has exactly one of command and url")
+        return self
+
+
+class HttpSection(BaseModel):
+    """``[serve.http]``: the streamable HTTP transport (see :class:`ServeSettings`)."""
+
+    model_config = MODEL
+
+    host: Annotated[str, Strict(), Field(min_length=1)] | None = None
+    port: Port | None = None
+    path: Annotated[str, Strict(), Field(pattern=r"^/[A-Za-z0-9_./-]*$")] | None = None
+    clients: dict[str, ClientSettings] = {}
+    max_sessions: Sessions | None = None
+    max_sessions_per_client: Sessions | None = None
+    session_idle_s: Annotated[float, Strict(), Field(ge=1, le=7 * 86400)] | None = None
+    json_response: Flag | None = None
+    stateless: Flag | None = None
+
+
+class AdminSection(BaseModel):
+    """``[serve.admin]``: the admin API (see :class:`ServeSettings`)."""
+
+    model_config = MODEL
+
+    host: Annotated[str, Strict(), Field(min_length=1)] | None = None
+    port: Port | None = None
+    token_env: EnvName | None = None
+    token: Secret | None = Field(default=None, repr=False)
+
+
+class ServeSection(BaseModel):
+    """``[serve]`` as written; unset keys keep :class:`ServeSettings`' defaults."""
+
+    model_config = MODEL
+
+    transport: Transport | None = None
+    profile: Label | None = None
+    allow_remote: Flag | None = None
+    watch_interval_s: Annotated[float, Strict(), Field(ge=0.05, le=3600)] | None = None
+    max_request_bytes: Annotated[int, Strict(), Field(ge=1024, le=1 << 30)] | None = None
+    http: HttpSection = HttpSection()
+    admin: AdminSection = AdminSection()
+    upstreams: dict[str, UpstreamSettings] = {}
+
+    def settings(self) -> ServeSettings:
+        """This section over :class:`ServeSettings`' defaults."""
+        http, admin = self.http, self.admin
+        return ServeSettings(
+            clients=tuple(replace(c, name=name) for name, c in http.clients.items()),
+            upstreams=tuple(replace(u, name=name) for name, u in self.upstreams.items()),
+            admin_token=admin.token,
+        ).override(
+            **self.model_dump(exclude={"http", "admin", "upstreams"}),
+            **http.model_dump(exclude={"clients"}),
+            **{f"admin_{key}": value for key, value in admin.model_dump().items()},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,68 +252,14 @@ class ServeSettings:
                 )
 
 
-def _where(path: list[str | int]) -> str:
-    return ".".join(["serve", *(str(p) for p in path)])
+_TABLE = TomlTable(ServeSection, "serve")
 
 
-def parse_serve_section(data: Mapping[str, Any], path: Path | None = None) -> ServeSettings:
-    """Check a decoded ``[serve]`` table and turn it into :class:`ServeSettings`."""
-    errors = [
-        f"{_where(list(error.instance_path))}: {error.message}"
-        for error in _VALIDATOR.iter_errors(dict(data))
-    ]
-    if errors:
-        shown = "; ".join(errors[:5]) + ("; …" if len(errors) > 5 else "")
-        raise ConfigError(f"{path or 'config'}: {shown}")
-    for name, table in data.get("upstreams", {}).items():
-        pattern = table.get("count_errors")
-        if isinstance(pattern, str):
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ConfigError(
-                    f"{path or 'config'}: serve.upstreams.{name}.count_errors: "
-                    f"not a valid regular expression ({exc})"
-                ) from None
-    http = dict(data.get("http", {}))
-    admin = dict(data.get("admin", {}))
-    clients = tuple(
-        ClientSettings(name=name, **table) for name, table in http.pop("clients", {}).items()
-    )
-    upstreams = tuple(
-        UpstreamSettings(
-            name=name,
-            **{
-                **table,
-                "command": tuple(table["command"]) if "command" in table else None,
-                "tags": tuple(table.get("tags", ())),
-            },
-        )
-        for name, table in data.get("upstreams", {}).items()
-    )
-    settings = ServeSettings(
-        clients=clients,
-        upstreams=upstreams,
-        admin_token=admin.get("token"),
-    )
-    return settings.override(
-        transport=data.get("transport"),
-        profile=data.get("profile"),
-        allow_remote=data.get("allow_remote"),
-        watch_interval_s=data.get("watch_interval_s"),
-        max_request_bytes=data.get("max_request_bytes"),
-        max_sessions=http.get("max_sessions"),
-        max_sessions_per_client=http.get("max_sessions_per_client"),
-        session_idle_s=http.get("session_idle_s"),
-        json_response=http.get("json_response"),
-        stateless=http.get("stateless"),
-        host=http.get("host"),
-        port=http.get("port"),
-        path=http.get("path"),
-        admin_host=admin.get("host"),
-        admin_port=admin.get("port"),
-        admin_token_env=admin.get("token_env"),
-    )
+def parse_serve_section(
+    data: Mapping[str, Any] | ServeSection, path: Path | None = None
+) -> ServeSettings:
+    """Check a decoded ``[serve]`` table (or take a checked one) as :class:`ServeSettings`."""
+    return (data if isinstance(data, ServeSection) else _TABLE(data, path)).settings()
 
 
 def load(
@@ -314,6 +270,8 @@ def load(
     Returns the dispatcher's :class:`~toolrelay.config.Config` and the ``[serve]``
     settings; raises :class:`~toolrelay.config.ConfigError` with one clear line.
     """
+    from ..config import load_config, parse_config
+
     if path is None and not Path("toolrelay.toml").exists():
         config = parse_config(dict(defaults or {}))
     else:

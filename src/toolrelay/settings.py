@@ -1,0 +1,198 @@
+"""What every settings model shares: pydantic config, value types, TOML tables, one-line
+errors, diffs. Settings are frozen pydantic models or dataclasses that refuse unknown keys;
+a class built by hand (``BreakerConfig(fail_max=0)``) raises :class:`SettingsError`, a
+``ValueError`` of one line naming the setting, never pydantic's multi-line report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Generic, TypeVar
+
+import jsonschema_rs
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic.json_schema import GenerateJsonSchema
+from pydantic_core import ErrorDetails, core_schema
+
+__all__ = [
+    "DATACLASS",
+    "MODEL",
+    "ConfigError",
+    "Count",
+    "Flag",
+    "Name",
+    "Positive",
+    "Rate",
+    "Seconds",
+    "SettingsError",
+    "Share",
+    "TomlTable",
+    "diff",
+    "explain",
+    "one_line_errors",
+]
+
+DATACLASS = ConfigDict(extra="forbid", allow_inf_nan=False)
+"""The pydantic config of every settings dataclass (declared ``frozen=True, slots=True``)."""
+MODEL = ConfigDict(**DATACLASS, frozen=True, defer_build=True)
+"""The pydantic config of every settings model (built on first use: imports stay fast)."""
+
+# Values: numbers are finite; ``True`` is no number and ``2.0`` no count; ints pass as floats.
+Count = Annotated[int, Strict(), Field(ge=1)]
+Seconds = Annotated[float, Strict(), Field(ge=0)]
+Positive = Annotated[float, Strict(), Field(gt=0)]
+Rate = Annotated[float, Strict(), Field(gt=0, le=1)]  # a share in (0, 1]
+Share = Annotated[float, Strict(), Field(ge=0, le=1)]  # a share in [0, 1]
+Flag = Annotated[bool, Strict()]
+Name = Annotated[str, Strict(), Field(min_length=1)]
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message is one line naming it."""
+
+
+class ConfigError(SettingsError):
+    """A config file that cannot be used; the message names the key path."""
+
+
+def _phrase(error: ErrorDetails) -> str:
+    kind, ctx = error["type"], error.get("ctx") or {}
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    if kind in ("literal_error", "enum"):
+        phrase = f"must be one of {ctx['expected']}"
+    elif kind == "greater_than_equal":
+        phrase = f"must be ≥ {ctx['ge']}"
+    elif kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        return "is not a setting"
+    elif error["msg"].startswith("Input should"):
+        phrase = "must" + error["msg"].removeprefix("Input should")
+    else:
+        return error["msg"][:1].lower() + error["msg"][1:]
+    return f"{phrase}, not {error['input']!r}"
+
+
+def explain(exc: ValidationError, where: str = "{}") -> list[str]:
+    """One clause per error: ``where`` (a format with one ``{}`` for the dotted key path)
+    before what is wrong; an error of the whole object is its message alone."""
+    clauses = []
+    for error in exc.errors():
+        path = ".".join(str(part) for part in error["loc"])
+        clause = _phrase(error)
+        clauses.append(f"{where.format(path)} {clause}" if path else clause)
+    return clauses
+
+
+def one_line_errors(where: str) -> Callable[[type[T]], type[T]]:
+    """Make a settings class's constructor raise :class:`SettingsError` (one line, each
+    setting named by ``where``, e.g. ``"BreakerConfig.{}"``) instead of pydantic's report.
+    Validation inside a larger model (the config file) does not call the constructor."""
+
+    def decorate(cls: type[T]) -> type[T]:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                init(self, *args, **kwargs)
+            except ValidationError as exc:
+                raise SettingsError("; ".join(explain(exc, where))) from None
+
+        fields = inspect.signature(cls).parameters.values()
+        self_ = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        __init__.__signature__ = inspect.Signature([self_, *fields])  # type: ignore[attr-defined]
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        return cls
+
+    return decorate
+
+
+class _TomlSchema(GenerateJsonSchema):
+    """JSON Schema of a TOML table: no ``null`` (``None`` means "not set") and no titles."""
+
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> dict[str, Any]:
+        return self.generate_inner(schema["schema"])
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> dict[str, Any]:
+        default = schema.get("default", ...)
+        if default is None or isinstance(default, BaseModel):  # a section: see its fields
+            return self.generate_inner(schema["schema"])
+        return super().default_schema(schema)
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
+class TomlTable(Generic[M]):
+    """A TOML table read into ``model``: checked against the JSON Schema generated from the
+    model first (jsonschema's messages, as an editor using :attr:`schema` shows them), then
+    built, so the model's validators check what a schema cannot say. Errors are one
+    :class:`ConfigError` naming the file and each key path (under ``prefix``)."""
+
+    def __init__(self, model: type[M], prefix: str = "") -> None:
+        self.model, self.prefix = model, prefix
+
+    @functools.cached_property  # built on first use: importing toolrelay stays fast
+    def schema(self) -> dict[str, Any]:
+        return {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            **self.model.model_json_schema(schema_generator=_TomlSchema),
+        }
+
+    @functools.cached_property
+    def _validator(self) -> jsonschema_rs.Validator:
+        return jsonschema_rs.Draft202012Validator(self.schema, offline=True)
+
+    def __call__(self, data: Mapping[str, Any], path: Path | None = None) -> M:
+        errors = [
+            f"{'.'.join([self.prefix, *map(str, e.instance_path)]).strip('.') or '(top level)'}"
+            f": {e.message}"
+            for e in self._validator.iter_errors(dict(data))
+        ]
+        if not errors:
+            try:
+                return self.model.model_validate(data)
+            except ValidationError as exc:
+                errors = explain(exc, f"{self.prefix}.{{}}:" if self.prefix else "{}:")
+        shown = "; ".join(errors[:5]) + ("; …" if len(errors) > 5 else "")
+        raise ConfigError(f"{path or 'config'}: {shown}")
+
+
+def _entries(value: Any) -> Mapping[str, Any] | None:
+    """A model's, a dataclass's or a mapping's entries; ``None`` for a plain value."""
+    if isinstance(value, BaseModel):
+        return dict(value)  # fields and extra keys
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(key): item for key, item in value.items()}
+    return None
+
+
+def diff(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """What changed between two settings values: dotted key → ``(old, new)``.
+
+    Models, dataclasses and tables are compared key by key; anything else (a list, a
+    number) as a whole. A key on one side only is reported with ``None`` on the other.
+    """
+    if old == new:
+        return {}
+    old_entries, new_entries = _entries(old), _entries(new)
+    if old_entries is None or new_entries is None or type(old) is not type(new):
+        return {prefix: (old, new)}
+    changes: dict[str, tuple[Any, Any]] = {}
+    keys: Iterable[str] = dict.fromkeys([*old_entries, *new_entries])
+    for key in keys:
+        path = f"{prefix}.{key}" if prefix else key
+        if key not in old_entries or key not in new_entries:
+            changes[path] = (old_entries.get(key), new_entries.get(key))
+        else:
+            changes.update(diff(old_entries[key], new_entries[key], path))
+    return changes
