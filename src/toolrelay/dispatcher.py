@@ -185,7 +185,7 @@ class Dispatcher:
         """
         config = source if isinstance(source, Config) else load_config(source)
         if registry is None:
-            reserved = config.dispatcher.get("reserved_properties")
+            reserved = config.dispatcher.reserved_properties
             registry = (
                 ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
             )
