@@ -26,6 +26,7 @@ from helpers import wait_until
 from toolrelay import BreakerConfig, Dispatcher, ErrorType, Profile, ToolCall, ToolRegistry
 
 pytest.importorskip("mcp", reason="needs the MCP SDK: pip install 'toolrelay[mcp]'")
+from toolrelay.contract import AuthContext, ToolError
 from toolrelay.sources.mcp import McpConnectError, McpSource, object_schema
 
 pytestmark = pytest.mark.anyio
@@ -325,6 +326,47 @@ async def test_crash_is_an_answer_and_the_next_call_reconnects(server: TestServe
         after = await dispatcher.dispatch("pid", "{}")
         assert after.ok, after.to_model()
         assert after.data["pid"] != before and source.connects == 2
+
+
+async def test_backoff_doubles_per_failed_reconnect_up_to_its_maximum(
+    stdio_server: TestServer, tmp_path: Path
+) -> None:
+    """The wait before a reconnect doubles with every failed attempt in a row, up to
+    ``backoff_max_s``, and starts again from ``backoff_initial_s`` after a success."""
+    down = tmp_path / "down"  # while it exists, the server exits at once
+    script = (
+        "import os, runpy, sys\n"
+        f"if os.path.exists({str(down)!r}): sys.exit(1)\n"
+        f"sys.argv = [{str(TEST_SERVER)!r}, '--record', {str(stdio_server.record)!r}]\n"
+        f"runpy.run_path({str(TEST_SERVER)!r}, run_name='__main__')\n"
+    )
+    source = McpSource.stdio(
+        [sys.executable, "-c", script],
+        breaker_key="test",
+        errlog=stdio_server.log,
+        backoff_initial_s=0.2,
+        backoff_max_s=0.5,
+    )
+    ctx = AuthContext()
+
+    async def waits(tool: str) -> float:
+        with pytest.raises(ToolError) as failed:
+            await source.execute(tool, {}, ctx)
+        assert failed.value.retryable and failed.value.retry_after_s is not None
+        return failed.value.retry_after_s
+
+    async with source:
+        down.touch()
+        schedule = [await waits("crash")]  # the connection is lost: one failure
+        for _ in range(3):  # each reconnect fails at once: two, three, four failures
+            await anyio.sleep(schedule[-1] + 0.05)
+            schedule.append(await waits("text"))
+        assert schedule == pytest.approx([0.2, 0.4, 0.5, 0.5], abs=0.05)
+        down.unlink()
+        await anyio.sleep(schedule[-1] + 0.05)
+        assert await source.execute("text", {"message": "back"}, ctx) == "echo: back"
+        assert source.connects == 2
+        assert await waits("crash") == pytest.approx(0.2, abs=0.05)  # counted afresh
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

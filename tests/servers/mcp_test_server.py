@@ -4,6 +4,7 @@
     python mcp_test_server.py --record FILE --http PORT   # streamable HTTP, 127.0.0.1:PORT/mcp
     python mcp_test_server.py --record FILE --raw         # hand-written, non-conforming stdio
     python mcp_test_server.py --record FILE --hostile     # hand-written, pathological answers
+    python mcp_test_server.py --record FILE --content     # also the CONTENT tools
 
 It serves both protocol eras (the client's first request decides). Every ``tools/call`` it
 receives, and every call cancelled under it, is appended to FILE as one JSON line, so a
@@ -15,6 +16,7 @@ odd schemas, ``structuredContent`` next to different text, ``isError``.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 from typing import Any
@@ -127,6 +129,82 @@ TOOLS: dict[str, types.Tool] = {
     ]
 }
 
+_PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(256))).decode()
+_WAV = base64.b64encode(b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(64)).decode()
+_LINK = types.ResourceLink(
+    type="resource_link",
+    uri="file:///srv/report.txt",
+    name="report",
+    title="Q3 report",
+    description="The quarterly report.",
+    mime_type="text/plain",
+    size=1234,
+    annotations=types.Annotations(audience=["user"], priority=0.3),
+)
+CONTENT: dict[str, types.CallToolResult] = {
+    "text_and_structured": types.CallToolResult(
+        content=[types.TextContent(type="text", text="hello")],
+        structured_content={"result": "hello"},
+    ),
+    "image": types.CallToolResult(
+        content=[
+            types.ImageContent(
+                type="image",
+                data=_PNG,
+                mime_type="image/png",
+                annotations=types.Annotations(audience=["user", "assistant"], priority=0.7),
+            )
+        ]
+    ),
+    "audio": types.CallToolResult(
+        content=[types.AudioContent(type="audio", data=_WAV, mime_type="audio/wav")]
+    ),
+    "resource_link": types.CallToolResult(content=[_LINK]),
+    "embedded": types.CallToolResult(
+        content=[
+            types.EmbeddedResource(
+                type="resource",
+                resource=types.TextResourceContents(
+                    uri="file:///srv/notes.md", mime_type="text/markdown", text="# Notes\n"
+                ),
+            ),
+            types.EmbeddedResource(
+                type="resource",
+                resource=types.BlobResourceContents(
+                    uri="file:///srv/logo.png", mime_type="image/png", blob=_PNG
+                ),
+                meta={"origin": "test"},
+            ),
+        ]
+    ),
+    "mixed": types.CallToolResult(
+        content=[
+            types.TextContent(
+                type="text",
+                text="Here is the chart",
+                annotations=types.Annotations(audience=["assistant"]),
+                meta={"chart": 1},
+            ),
+            types.ImageContent(type="image", data=_PNG, mime_type="image/png"),
+            _LINK,
+            types.TextContent(type="text", text="done"),
+        ],
+        structured_content={"charts": 1, "links": ["file:///srv/report.txt"]},
+    ),
+    "texts": types.CallToolResult(
+        content=[
+            types.TextContent(type="text", text="one", annotations=types.Annotations(priority=1)),
+            types.TextContent(type="text", text="two"),
+        ]
+    ),
+    # structured content beside a text far larger than it: the gateway falls back
+    "padded": types.CallToolResult(
+        content=[types.TextContent(type="text", text="p" * 20_000)],
+        structured_content={"n": 1},
+    ),
+}
+"""Results that ``--content`` adds as tools of the same name, each answered as it is."""
+
 BUS = InMemorySubscriptionBus()
 RECORD = ""
 
@@ -160,6 +238,8 @@ async def call_tool(
     )
     if name not in TOOLS:
         raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {name}")
+    if name in CONTENT:
+        return CONTENT[name]
     if name == "structured":
         n = int(args["n"])
         return types.CallToolResult(
@@ -347,8 +427,12 @@ def main() -> None:
     parser.add_argument("--raw", action="store_true", help="a non-conforming server, no SDK")
     parser.add_argument("--hostile", action="store_true", help="pathological answers, no SDK")
     parser.add_argument("--json", action="store_true", help="HTTP answers as JSON, not SSE")
+    parser.add_argument("--content", action="store_true", help="also the CONTENT tools")
     options = parser.parse_args()
     RECORD = options.record
+    if options.content:
+        for name in CONTENT:
+            TOOLS[name] = types.Tool(name=name, input_schema=OBJECT, annotations=READ)
     record(event="started", pid=os.getpid())
     if options.raw:
         serve_raw()

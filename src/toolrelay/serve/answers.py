@@ -7,6 +7,11 @@ API. ``structuredContent`` is sent only where no client can reject it:
 * a success carries the tool's data as text (a string as it is, anything else as JSON) and,
   when the data is a JSON object, as ``structuredContent`` too — for a tool with an
   ``outputSchema`` only when the data conforms to it;
+* a success of an upstream MCP server's tool is the server's own ``content`` blocks (text,
+  image, audio, resource links, embedded resources) and ``structuredContent``, unchanged,
+  when the data is still what :class:`~toolrelay.sources.mcp.McpSource` returned (see
+  :func:`~toolrelay.sources.mcp_mapping.upstream_result`: not cut to the output cap, and its
+  blocks within their size bound) and conforms to the ``outputSchema`` as above;
 * a failure of a tool that declares no ``outputSchema`` carries the envelope as
   ``structuredContent`` too, so a host can branch on ``error_type`` without parsing text;
 * a failure of a tool that declares an ``outputSchema`` (or of a name the gateway does not
@@ -34,6 +39,7 @@ from ..contract import ErrorType
 from ..pipeline.shape import TRUNCATION_MARKER
 from ..registry import CompiledTool
 from ..result import ToolResult
+from ..sources.mcp_mapping import upstream_result
 
 __all__ = ["Answer", "answer", "call_tool_result"]
 
@@ -98,6 +104,9 @@ def answer(result: ToolResult, tool: CompiledTool | None) -> Answer:
             message=message,
         )
         return Answer(_failure(refused.to_model(), False, *extra), str(ErrorType.INVALID_OUTPUT))
+    upstream = upstream_result(data)
+    if upstream is not None and (schema is None or upstream.structured_content is not None):
+        return Answer(upstream, "ok")
     return Answer(
         types.CallToolResult(
             content=[types.TextContent(type="text", text=_text(data))],

@@ -1,0 +1,415 @@
+"""The connection of an :class:`~toolrelay.sources.mcp.McpSource` to its server.
+
+:class:`Connector` owns one :class:`Connection` at a time, each in a task of the
+connector's task group (the SDK's session and transport task groups run there, so a
+transport failure is contained; leaving the source's ``async with`` closes the session and
+stops the server process). A dead connection is replaced when a call asks for one and the
+back-off allows: tenacity's exponential wait (``backoff_initial_s``, doubling per failed
+attempt in a row, up to ``backoff_max_s``). A loss is noticed by the call that meets it
+(or, on 2026-era connections, by the ``subscriptions/listen`` stream); a call cancelled at
+its deadline while a reconnect is under way leaves the reconnect running, so the next call
+finds it done.
+
+Tool list changes: ``notifications/tools/list_changed`` (and, on 2026-era connections, the
+``subscriptions/listen`` stream opened when the server advertises ``tools.listChanged``)
+makes the connector re-read ``tools/list`` in the background; the registry reads
+``describe()`` on every lookup, so ``specs()`` shows the change at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import mcp.types as mcp_types
+from mcp import Client, MCPError
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+from tenacity import RetryCallState, Retrying, wait_exponential
+
+from .. import __version__
+from .mcp_mapping import cap
+
+if TYPE_CHECKING:
+    from mcp.client import IncomingMessage, Transport
+
+    from .mcp import McpSource
+
+log = logging.getLogger("toolrelay.sources.mcp")
+
+_MAX_LIST_PAGES = 100
+_SESSION_GONE_CODES = frozenset({mcp_types.INVALID_REQUEST, -32001})
+
+
+class McpConnectError(ConnectionError):
+    """The source could not connect to its MCP server or read its tool list (raised by
+    ``async with`` and :meth:`McpSource.refresh`; tool calls get a ``ToolError`` instead)."""
+
+
+class Unreachable(Exception):
+    """Raised by :meth:`Connector.acquire` with the seconds until a retry may connect."""
+
+
+def why(exc: BaseException | None) -> str:
+    """A short account of a failure, for logs: the innermost exception, groups flattened."""
+    if exc is None:
+        return "cancelled"
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = cap(str(exc), 120)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def is_disconnect(exc: MCPError) -> bool:
+    """Errors that mean the connection is gone, not that the server said no.
+
+    Besides ``CONNECTION_CLOSED``: a 2025-era HTTP server that no longer knows our session
+    (it restarted, or expired it) answers HTTP 404, after which the spec says the client
+    must start a new session. The SDK does not surface the status, only the JSON-RPC error
+    — its own ``INVALID_REQUEST "Session terminated"``, the SDK server's ``INVALID_REQUEST
+    "Session not found"``, the TypeScript SDK's ``-32001 "Session not found"`` — so those
+    are recognised by code and by the word "session".
+    """
+    if exc.code == mcp_types.CONNECTION_CLOSED:
+        return True
+    return exc.code in _SESSION_GONE_CODES and "session" in exc.message.lower()
+
+
+async def list_tools(client: Client) -> list[mcp_types.Tool]:
+    tools: list[mcp_types.Tool] = []
+    cursor: str | None = None
+    for _ in range(_MAX_LIST_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+async def _trust_result(name: str, result: Any) -> None:
+    """Stands in for the SDK's own output check (see ``Connector._run``)."""
+
+
+class State:
+    CONNECTING = "connecting"
+    READY = "ready"
+    FAILED = "failed"
+    LOST = "lost"
+    CLOSED = "closed"
+
+
+_DEAD = frozenset({State.FAILED, State.LOST, State.CLOSED})
+
+
+class Connection:
+    """One connection attempt and, when it succeeds, the live SDK client."""
+
+    def __init__(self) -> None:
+        self.state = State.CONNECTING
+        self.client: Client | None = None
+        self.ready = anyio.Event()
+        self.closing = anyio.Event()
+        self.refresh_wanted = anyio.Event()
+        self.scope: anyio.CancelScope | None = None
+        self.error: BaseException | None = None
+
+    def close(self) -> None:
+        self.closing.set()
+        if self.state == State.CONNECTING and self.scope is not None:
+            self.scope.cancel()
+
+
+class Backoff:
+    """When the next attempt may start: tenacity's exponential wait over the attempts that
+    failed in a row (none: at once)."""
+
+    def __init__(self, initial_s: float, max_s: float) -> None:
+        self._retrying = Retrying(wait=wait_exponential(multiplier=initial_s, max=max_s))
+        self._failed = RetryCallState(self._retrying, None, (), {})
+        self._failed.attempt_number = 0
+        self.retry_at = -math.inf
+
+    def failed(self) -> float:
+        """Count a failed attempt; the wait before the next one."""
+        self._failed.attempt_number += 1
+        wait = float(self._retrying.wait(self._failed))
+        self.retry_at = anyio.current_time() + wait
+        return wait
+
+    def succeeded(self) -> None:
+        self._failed.attempt_number = 0
+
+    def remaining(self) -> float | None:
+        """Seconds until the next attempt may start (``None``: now)."""
+        wait = self.retry_at - anyio.current_time()
+        return wait if wait > 0 else None
+
+
+class Connector:
+    """Connects, notices losses, and reconnects on demand. ``install`` takes each fresh
+    ``tools/list`` and answers how many tools it offers."""
+
+    def __init__(
+        self,
+        source: McpSource,
+        transport: Callable[[], Transport],
+        install: Callable[[Sequence[mcp_types.Tool]], int],
+    ) -> None:
+        self.source = source  # its settings: name, protocol, timeouts, back-off
+        self.name = source.name
+        self.backoff = Backoff(source.backoff_initial_s, source.backoff_max_s)
+        self._transport = transport
+        self._install = install
+        self.conn: Connection | None = None
+        self.closed = False
+        self.connects = 0
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def __aenter__(self) -> Connector:
+        if self._tg is not None or self.closed:
+            raise RuntimeError("an McpSource can be entered only once")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        try:
+            conn = self._start()
+            await conn.ready.wait()
+            if conn.state != State.READY:
+                raise McpConnectError(
+                    f"could not connect to {self.name} ({why(conn.error)})"
+                ) from conn.error
+        except BaseException:
+            tg.cancel_scope.cancel()
+            tg.cancel_scope.shield = True  # a pending outer cancellation must not re-fire
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self.closed = True
+        if self.conn is not None:
+            self.conn.close()
+        tg, self._tg = self._tg, None
+        assert tg is not None
+        try:
+            return await tg.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The connection tasks never raise, so a group holding just the body's own
+            # exception is the task group wrapping it: let the original propagate as is.
+            if exc is not None and list(group.exceptions) == [exc]:
+                return None
+            raise
+
+    @property
+    def protocol_version(self) -> str | None:
+        conn = self.conn
+        if conn is None or conn.state != State.READY or conn.client is None:
+            return None
+        return conn.client.protocol_version
+
+    async def refresh(self) -> None:
+        try:
+            conn = await self.acquire()
+        except Unreachable:
+            raise McpConnectError(f"{self.name} server is not reachable") from None
+        assert conn.client is not None
+        try:
+            with anyio.fail_after(self.source.connect_timeout_s):
+                tools = await list_tools(conn.client)
+        except (MCPError, ValidationError, TimeoutError) as exc:
+            if isinstance(exc, MCPError) and is_disconnect(exc):
+                self.lost(conn, exc.message)
+            raise McpConnectError(f"{self.name}: tools/list failed ({why(exc)})") from exc
+        self._install(tools)
+
+    # -- connections ----------------------------------------------------------------------
+    def _start(self) -> Connection:
+        assert self._tg is not None
+        conn = Connection()
+        self.conn = conn
+        self._tg.start_soon(self._run, conn, name=f"toolrelay MCP connection to {self.name}")
+        return conn
+
+    async def acquire(self) -> Connection:
+        """The live connection; connects when the back-off allows. Raises ``Unreachable``."""
+        while True:
+            conn = self.conn
+            if conn is None or conn.state in _DEAD:
+                if self.closed or self._tg is None:
+                    raise Unreachable(None)
+                wait = self.backoff.remaining()
+                if wait is not None:
+                    raise Unreachable(wait)
+                conn = self._start()
+            if conn.state == State.CONNECTING:
+                await conn.ready.wait()
+            if conn.state == State.READY:
+                return conn
+            if conn.state == State.FAILED:
+                raise Unreachable(self.backoff.remaining())
+            # lost or closed between connecting and now: decide again
+
+    def lost(self, conn: Connection, reason: str) -> None:
+        """A call (or the listener) found the connection dead: close it, back off."""
+        if conn.state == State.READY and not conn.closing.is_set():
+            conn.state = State.LOST
+            wait = self.backoff.failed()
+            log.warning(
+                "toolrelay: MCP server %s is not reachable (%s); "
+                "reconnecting on a call after %.1f s",
+                self.name,
+                cap(reason, 80),
+                wait,
+            )
+        conn.closing.set()
+
+    def _client(self, conn: Connection) -> Client:
+        async def on_message(message: IncomingMessage) -> None:
+            if isinstance(message, mcp_types.ToolListChangedNotification):
+                conn.refresh_wanted.set()
+            elif isinstance(message, Exception):
+                log.warning(
+                    "toolrelay: MCP server %s sent something unreadable (%s)",
+                    self.name,
+                    type(message).__name__,
+                )
+
+        return Client(
+            self._transport(),
+            mode=self.source.protocol,
+            message_handler=on_message,
+            client_info=mcp_types.Implementation(name="toolrelay", version=__version__),
+            cache=None,  # the source keeps its own copy of the listing and re-reads on change
+        )
+
+    async def _run(self, conn: Connection) -> None:
+        """Own one connection from connect to close. Never raises (except cancellation)."""
+        try:
+            with anyio.CancelScope() as scope:
+                conn.scope = scope
+                scope.deadline = anyio.current_time() + self.source.connect_timeout_s
+                async with self._client(conn) as client, anyio.create_task_group() as tg:
+                    # The SDK re-checks structuredContent against the upstream's outputSchema
+                    # with pure-Python jsonschema, on the event loop, with a backtracking
+                    # regex engine (an upstream's "^(a+)+$" held the loop for seconds).
+                    # toolrelay checks the same schema itself with jsonschema-rs (linear-time
+                    # regex) in its shape stage, so the SDK's copy is skipped.
+                    client.session.validate_tool_result = _trust_result  # type: ignore[method-assign]
+                    # 2026-era servers send list changes only on a subscriptions/listen stream
+                    changes = client.server_capabilities.tools
+                    modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+                    if modern and changes is not None and changes.list_changed:
+                        tg.start_soon(self._listen, conn, client)
+                    offered = self._install(await list_tools(client))
+                    tg.start_soon(self._refresher, conn, client)
+                    scope.deadline = math.inf
+                    conn.client = client
+                    conn.state = State.READY
+                    self.backoff.succeeded()
+                    self.connects += 1
+                    conn.ready.set()
+                    log.info(
+                        "toolrelay: connected to MCP server %s (%s, %d tools)",
+                        self.name,
+                        client.protocol_version,
+                        offered,
+                    )
+                    await conn.closing.wait()
+                    scope.deadline = anyio.current_time() + self.source.close_timeout_s
+                    tg.cancel_scope.cancel()
+            connecting = conn.state == State.CONNECTING
+            if scope.cancelled_caught and connecting and not conn.closing.is_set():
+                conn.error = TimeoutError(
+                    f"no connection within {self.source.connect_timeout_s:g} s"
+                )
+        except Exception as exc:  # the transport's task groups raise ExceptionGroups
+            conn.error = exc
+            if conn.state == State.READY:
+                self.lost(conn, why(exc))
+        finally:
+            if conn.state == State.CONNECTING:
+                conn.state = State.FAILED
+                wait = self.backoff.failed()
+                if not self.closed:
+                    log.warning(
+                        "toolrelay: could not connect to MCP server %s (%s); next attempt "
+                        "on a call after %.1f s",
+                        self.name,
+                        why(conn.error),
+                        wait,
+                    )
+            elif conn.state == State.READY:
+                conn.state = State.CLOSED
+            conn.closing.set()
+            conn.ready.set()
+
+    # -- tool list changes ----------------------------------------------------------------
+    async def _listen(self, conn: Connection, client: Client) -> None:
+        """Keep a tools-changed subscription open; every event (and every re-listen, since
+        events are not replayed) asks for a refresh."""
+        while not conn.closing.is_set():
+            try:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    conn.refresh_wanted.set()  # covers changes between tools/list and the ack
+                    async for _event in subscription:
+                        conn.refresh_wanted.set()
+            except MCPError as exc:
+                if is_disconnect(exc):
+                    self.lost(conn, exc.message)
+                else:
+                    log.warning(
+                        "toolrelay: MCP server %s refused to report tool changes: %s",
+                        self.name,
+                        cap(exc.message, 80),
+                    )
+                return
+            except SubscriptionLost as exc:
+                cause = exc.__cause__
+                if isinstance(cause, MCPError) and is_disconnect(cause):
+                    self.lost(conn, cause.message)
+                    return
+            except ListenNotSupportedError:
+                return
+            except Exception:
+                log.exception("toolrelay: listening to MCP server %s failed", self.name)
+                return
+            await anyio.sleep(self.source.backoff_initial_s)
+
+    async def _refresher(self, conn: Connection, client: Client) -> None:
+        while True:
+            await conn.refresh_wanted.wait()
+            conn.refresh_wanted = anyio.Event()
+            try:
+                with anyio.fail_after(self.source.connect_timeout_s):
+                    tools = await list_tools(client)
+            except MCPError as exc:
+                if is_disconnect(exc):
+                    self.lost(conn, exc.message)
+                    return
+                log.warning(
+                    "toolrelay: MCP server %s: tools/list failed: %s",
+                    self.name,
+                    cap(exc.message, 80),
+                )
+                continue
+            except Exception as exc:
+                log.warning(
+                    "toolrelay: MCP server %s: tools/list failed (%s)",
+                    self.name,
+                    type(exc).__name__,
+                )
+                continue
+            self._install(tools)

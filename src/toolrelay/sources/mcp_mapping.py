@@ -1,0 +1,337 @@
+"""MCP tools as toolrelay declarations, MCP results as toolrelay data (see :mod:`.mcp`).
+
+How tools are mapped
+    ``inputSchema`` → ``parameters`` (a schema without a top-level ``"type"`` gets
+    ``"type": "object"``; any other non-object schema is skipped with a log line — though
+    the SDK 2.x itself already refuses a whole ``tools/list`` that contains such a schema,
+    and the connection then fails with the SDK's ``ValidationError``),
+    ``outputSchema`` → ``output_schema``, ``description`` (or the title) → ``description``.
+    Annotations give the risk: ``destructiveHint: true`` → ``dangerous`` (even beside
+    ``readOnlyHint``: contradictory hints resolve to the riskier), otherwise
+    ``readOnlyHint`` → ``read``, anything else (no hints at all included) → ``write``;
+    the source's ``risk`` and ``tool_risk`` floors then raise it (never lower it);
+    ``idempotentHint`` → ``idempotent`` (absent: toolrelay's default, ``risk == "read"``).
+    (The spec's own default for an absent ``destructiveHint`` is ``true``; toolrelay asks for
+    approval of ``write`` tools by default too. Hints come from the server: trust them only
+    as far as you trust the server.)
+    Sizes are capped as the list is read: a description longer than 2,000 characters is cut
+    (ending with ``…``), and a tool whose input or output schema serialises to more than
+    64 KiB of compact JSON, or nests objects and arrays deeper than 32 levels, is skipped
+    with a log line.
+    Names are sanitised to toolrelay's ``^[A-Za-z0-9_-]{1,64}$`` (other characters become
+    ``_``) and prefixed with ``prefix + "__"`` when a prefix is given; a name that still does
+    not fit, a duplicate, or a declaration toolrelay's registry would refuse (e.g. a schema
+    declaring an identity property) is skipped with a log line, so one odd tool never stops
+    the others from being registered. Every tool gets the source's ``breaker_key``, its
+    ``timeout_s`` (or ``tool_timeouts[remote name]``) and the tags ``{"mcp", *tags}``.
+
+How results are mapped
+    ``structuredContent`` is returned when present. Otherwise text content is returned as
+    it is, never JSON-decoded (a single text item → that string, several → a list of
+    strings), and any other content (images, audio, resources) as a list of the MCP
+    content blocks as JSON objects. A dict or list so returned (:class:`McpDict`,
+    :class:`McpList`) also carries the server's own ``content`` and ``structuredContent``,
+    which ``toolrelay serve`` passes on unchanged (:func:`upstream_result`) — when their
+    JSON is at most twice the size of the data (plus 4 KiB), so that the output cap, which
+    measures the data, bounds them too. ``isError: true`` raises a non-retryable
+    :class:`~toolrelay.contract.ToolError` carrying the server's text (capped at 200
+    characters, credentials masked before the cut, and a word the cut would split dropped
+    whole); it does not count against the breaker (it is the tool's answer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import mcp.types as mcp_types
+
+from ..contract import RISKS, AuthContext, Risk, ToolDeclaration
+from ..redact import Redactor
+from ..registry import NAME_RE, RegistrationError, compile_tool
+
+if TYPE_CHECKING:
+    from .mcp import McpSource
+
+log = logging.getLogger("toolrelay.sources.mcp")
+
+MAX_ERROR_CHARS = 200
+"""How much of a server's error text reaches the model."""
+_MAX_WORD_CHARS = 100  # a word the cap would split is dropped whole up to this length
+_MAX_REDACTED_CHARS = 16384  # of a server's text, at most this much is read at all
+_REDACT = Redactor()
+
+MAX_DESCRIPTION_CHARS = 2000
+"""A tool description longer than this is cut (ending with ``…``)."""
+MAX_SCHEMA_BYTES = 64 * 1024
+"""A tool whose input or output schema serialises (compact JSON, UTF-8) to more is skipped."""
+MAX_SCHEMA_DEPTH = 32
+"""A tool whose input or output schema nests objects and arrays deeper is skipped."""
+_INVALID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+_CARRIED_SLACK = 4096  # carried blocks may exceed twice the data's size by this much
+
+
+def cap(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """A server's text as one line of at most ``limit`` characters, for a message or a log
+    line: credentials masked (default patterns; the dispatcher applies the host's
+    ``secret_patterns`` to messages too), then cut where no secret can be shown in part —
+    before a word the limit would split, unless that word is very long."""
+    one_line = " ".join(_REDACT(text[:_MAX_REDACTED_CHARS]).split())
+    if len(one_line) > limit:
+        cut = one_line[: limit - 1]
+        space = cut.rfind(" ")
+        if one_line[limit - 1] != " " and space > 0 and space >= limit - 1 - _MAX_WORD_CHARS:
+            cut = cut[:space]  # drop the split word whole: it may be a token
+        one_line = cut.rstrip() + "…"
+    return one_line
+
+
+# -- tools ------------------------------------------------------------------------------------
+def object_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``schema`` as an object schema, or ``None`` when it describes something else.
+
+    A schema with no top-level ``type`` (``{}``, or just ``properties``) is made an object
+    schema: tool arguments are always a JSON object. Note that the MCP SDK 2.x already
+    rejects a ``tools/list`` whose input schemas lack ``"type": "object"``, so over the SDK
+    this only ever sees conforming schemas; it is the last line of defence.
+    """
+    if not isinstance(schema, Mapping):
+        return None
+    kind = schema.get("type")
+    if kind == "object":
+        return dict(schema)
+    if kind is None:
+        return {**schema, "type": "object"}
+    return None
+
+
+def _schema_depth(schema: Any, limit: int) -> int:
+    """How deeply ``schema`` nests objects and arrays, counted up to ``limit + 1`` (without
+    recursion, so no nesting is too deep to measure)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Mapping | list | tuple):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return deepest
+            children = node.values() if isinstance(node, Mapping) else node
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _schema_problem(what: str, schema: Any) -> str | None:
+    """Why ``schema`` is too big to accept, or ``None``."""
+    if schema is None:
+        return None
+    if _schema_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        return f"its {what} nests deeper than {MAX_SCHEMA_DEPTH} levels"
+    try:
+        size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
+    except (TypeError, ValueError):
+        return f"its {what} is not JSON"
+    if size > MAX_SCHEMA_BYTES:
+        return f"its {what} is larger than {MAX_SCHEMA_BYTES} bytes ({size})"
+    return None
+
+
+def _description(text: str) -> str:
+    if len(text) <= MAX_DESCRIPTION_CHARS:
+        return text
+    return text[: MAX_DESCRIPTION_CHARS - 1] + "…"
+
+
+def _risk(annotations: mcp_types.ToolAnnotations | None) -> tuple[Risk, bool | None]:
+    """The risk the server's hints claim. ``destructiveHint: true`` wins over
+    ``readOnlyHint``: contradictory hints never make a tool look safer than either says."""
+    if annotations is None:
+        return "write", None
+    idempotent = annotations.idempotent_hint
+    if annotations.destructive_hint:
+        return "dangerous", idempotent
+    if annotations.read_only_hint:
+        return "read", idempotent
+    return "write", idempotent
+
+
+def _riskier(a: Risk, b: Risk | None) -> Risk:
+    """The higher of two risks (``read`` < ``write`` < ``dangerous``)."""
+    if b is None:
+        return a
+    return a if RISKS.index(a) >= RISKS.index(b) else b
+
+
+def check_risk(label: str, value: Any) -> Risk:
+    if value not in RISKS:
+        raise ValueError(f"{label} must be one of {list(RISKS)}, not {value!r}")
+    risk: Risk = value
+    return risk
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    remote: str
+    decl: ToolDeclaration
+
+
+async def _never_called(args: dict[str, Any], ctx: AuthContext) -> None:  # pragma: no cover
+    """Stands in for the handler when a declaration is checked (never called)."""
+
+
+class ToolMap:
+    """The declarations of one server's tools, rebuilt from every ``tools/list``."""
+
+    def __init__(self, source: McpSource) -> None:
+        self.source = source  # its settings: prefix, risk floors, timeouts, tags, …
+        self.entries: dict[str, Entry] = {}
+        self.decls: tuple[ToolDeclaration, ...] = ()
+        self._skips_logged: set[tuple[str, str]] = set()
+
+    def install(self, tools: Sequence[mcp_types.Tool]) -> int:
+        """Declare ``tools`` (one odd tool is skipped, never stops the others); how many."""
+        entries: dict[str, Entry] = {}
+        for tool in tools:
+            entry = self._declare(tool)
+            if entry is None:
+                continue
+            if entry.decl.name in entries:
+                self._skip(tool.name, f"its name {entry.decl.name!r} is taken")
+                continue
+            entries[entry.decl.name] = entry
+        self.entries = entries
+        self.decls = tuple(entry.decl for entry in entries.values())
+        return len(self.decls)
+
+    def _exposed_name(self, remote: str) -> str | None:
+        name = _INVALID_CHARS.sub("_", remote)
+        if self.source.prefix is not None:
+            name = f"{self.source.prefix}__{name}"
+        if not NAME_RE.match(name):
+            self._skip(remote, f"{name[:80]!r} does not match {NAME_RE.pattern}")
+            return None
+        return name
+
+    def _skip(self, remote: str, reason: str) -> None:
+        """Log a tool left out: a warning the first time, then (every refresh) at debug."""
+        key = (remote, reason)
+        level = logging.DEBUG if key in self._skips_logged else logging.WARNING
+        self._skips_logged.add(key)
+        log.log(
+            level,
+            "toolrelay: MCP server %s: skipping tool %r: %s",
+            self.source.name,
+            remote[:80],
+            reason,
+        )
+
+    def _declare(self, tool: mcp_types.Tool) -> Entry | None:
+        name = self._exposed_name(tool.name)
+        if name is None:
+            return None
+        old = self.entries.get(name)
+        for what, schema in (
+            ("input schema", tool.input_schema),
+            ("output schema", tool.output_schema),
+        ):
+            problem = _schema_problem(what, schema)
+            if problem is not None:
+                self._skip(tool.name, problem)
+                return None
+        parameters = object_schema(tool.input_schema)
+        if parameters is None:
+            self._skip(tool.name, "its input schema is not an object schema")
+            return None
+        risk, idempotent = _risk(tool.annotations)
+        risk = _riskier(risk, self.source.risk)  # the operator's floors: hints cannot go below them
+        risk = _riskier(risk, self.source.tool_risk.get(tool.name))
+        if name != tool.name:
+            risk = _riskier(risk, self.source.tool_risk.get(name))
+        annotation_title = tool.annotations.title if tool.annotations is not None else None
+        decl = ToolDeclaration(
+            name=name,
+            description=_description(tool.description or tool.title or annotation_title or ""),
+            parameters=parameters,
+            output_schema=tool.output_schema,
+            risk=risk,
+            timeout_s=self.source.tool_timeouts.get(tool.name, self.source.timeout_s),
+            breaker_key=self.source.breaker_key,
+            idempotent=idempotent,
+            tags=self.source.tags,
+        )
+        if old is not None and old.remote == tool.name and old.decl == decl:
+            return old  # unchanged: keep the very object (the registry caches by it)
+        try:
+            compile_tool(decl, _never_called, self.source.reserved_properties)
+        except RegistrationError as exc:
+            self._skip(tool.name, str(exc))
+            return None
+        if name != tool.name:
+            log.info(
+                "toolrelay: MCP server %s: tool %r is offered as %r",
+                self.source.name,
+                tool.name,
+                name,
+            )
+        return Entry(tool.name, decl)
+
+
+# -- results ----------------------------------------------------------------------------------
+class McpDict(dict[str, Any]):
+    """Data from an MCP server that carries the server's own result (``mcp_result``)."""
+
+    __slots__ = ("mcp_result",)
+    mcp_result: mcp_types.CallToolResult
+
+
+class McpList(list[Any]):
+    __slots__ = ("mcp_result",)
+    mcp_result: mcp_types.CallToolResult
+
+
+def upstream_result(data: Any) -> mcp_types.CallToolResult | None:
+    """The MCP server's own result (``content`` and ``structuredContent`` only) when ``data``
+    is exactly what :class:`~toolrelay.sources.mcp.McpSource` returned for it, else ``None``
+    (also when the pipeline replaced it, e.g. cut it to the output cap)."""
+    return data.mcp_result if isinstance(data, McpDict | McpList) else None
+
+
+def _carry(data: McpDict | McpList, result: mcp_types.CallToolResult, size: int) -> Any:
+    blocks = sum(len(b.model_dump_json(by_alias=True, exclude_none=True)) for b in result.content)
+    if blocks > 2 * size + _CARRIED_SLACK:
+        return dict(data) if isinstance(data, dict) else list(data)
+    data.mcp_result = mcp_types.CallToolResult(
+        content=result.content, structured_content=result.structured_content, is_error=False
+    )
+    return data
+
+
+def result_data(result: mcp_types.CallToolResult) -> Any:
+    """What the model gets from a successful call (see the module docstring)."""
+    content = result.content
+    if result.structured_content is not None or "structured_content" in result.model_fields_set:
+        structured = result.structured_content
+        if not isinstance(structured, dict):
+            return structured
+        size = len(json.dumps(structured, ensure_ascii=False, separators=(",", ":")))
+        return _carry(McpDict(structured), result, size)
+    if all(isinstance(block, mcp_types.TextContent) for block in content):
+        texts = [block.text for block in content if isinstance(block, mcp_types.TextContent)]
+        if not texts:
+            return None
+        if len(texts) == 1:
+            return texts[0]
+        return _carry(McpList(texts), result, sum(len(text) + 3 for text in texts))
+    blocks = McpList(b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in content)
+    blocks.mcp_result = mcp_types.CallToolResult(content=content, is_error=False)  # all of it
+    return blocks
+
+
+def error_text(result: mcp_types.CallToolResult) -> str:
+    return " ".join(
+        block.text for block in result.content if isinstance(block, mcp_types.TextContent)
+    )
