@@ -146,12 +146,14 @@ def test_short_demo_report(tmp_path: Path) -> None:
         "no slot held beyond its budget",
         "every timeout answered within its deadline + 50 ms",
         "the search breaker opened during the outage and closed after it",
+        "web_search_backup answered web_search calls while search was down",
         "no exception escaped",
     ]
     assert all(i["ok"] for i in report["invariants"])
     moves = [(t["breaker_key"], t["to"]) for t in report["breaker_transitions"]]
     assert ("searxng", "open") in moves and moves.index(("searxng", "open")) < len(moves) - 1
     assert report["tools"]["web_search"]["outcomes"].get("timeout", 0) >= 1
+    assert report["served_by_fallback"]["web_search_backup"] >= 1
     assert report["slot"]["max_hold_s"] <= 3.05
     assert "all invariants hold" in result.stdout
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from toolrelay import BreakerConfig, Dispatcher, ErrorType
+import isolated_tools
+from toolrelay import AuthContext, BreakerConfig, Dispatcher, ErrorType, ToolRegistry
 from toolrelay.config import ConfigError, load_config, parse_config
 from toolrelay.loading import PluginLoadError
 
@@ -95,3 +98,70 @@ async def test_keyword_arguments_override_the_file(tmp_path: Path) -> None:
     )
     wider = Dispatcher.from_config(path, registry=registry, max_argument_bytes=1000)
     assert (await wider.dispatch("t", '{"aaaaaaaaaa": 1}')).ok
+
+
+# -- [tools.NAME] isolation ---------------------------------------------------------------------
+def _isolation_registry() -> ToolRegistry:
+    """``describe`` (a module-level function: it can run in a worker process), and tools
+    that cannot: a nested function and an async one."""
+
+    def nested(args: dict[str, Any], ctx: AuthContext) -> str:
+        return "nested"
+
+    registry = ToolRegistry()
+    describe = isolated_tools.describe
+    registry.tool(name="describe", parameters={"type": "object"}, timeout_s=30)(describe)
+    registry.tool(name="nested", parameters={"type": "object"})(nested)
+    registry.tool(name="async_tool", parameters={"type": "object"})(isolated_tools.async_tool)
+    return registry
+
+
+async def test_an_isolation_override_runs_the_tool_in_a_worker_process(tmp_path: Path) -> None:
+    registry = _isolation_registry()
+    async with Dispatcher(registry, telemetry=False) as plain:  # the tool's own mode: a thread
+        assert (await plain.dispatch("describe", {})).data["pid"] == os.getpid()
+    path = tmp_path / "toolrelay.toml"
+    path.write_text('[tools.describe]\nisolation = "process"\n')
+    assert load_config(path).tools["describe"].isolation == "process"
+    async with Dispatcher.from_config(path, registry=registry, telemetry=False) as dispatcher:
+        result = await dispatcher.dispatch("describe", {"x": 1})
+        assert result.ok, result.to_model()
+        assert result.data["pid"] != os.getpid() and result.data["args"] == {"x": 1}
+        assert dispatcher.processes.processes() == {"describe": 1}  # its own key
+    path.write_text('[tools.describe]\nisolation = "thread"\n')  # and back
+    async with Dispatcher.from_config(path, registry=registry, telemetry=False) as dispatcher:
+        assert (await dispatcher.dispatch("describe", {})).data["pid"] == os.getpid()
+        assert dispatcher.processes.processes() == {}
+
+
+@pytest.mark.parametrize(
+    ("tool", "expected"),
+    [
+        ("nested", "tools.nested.isolation: isolation='process' needs a module-level function"),
+        ("async_tool", "tools.async_tool.isolation: isolation='process' is for sync handlers"),
+    ],
+)
+async def test_a_refused_isolation_override_is_a_config_error(
+    tmp_path: Path, tool: str, expected: str
+) -> None:
+    registry = _isolation_registry()
+    path = tmp_path / "toolrelay.toml"
+    path.write_text(f'[tools.{tool}]\nisolation = "process"\ntimeout_s = 2\n')
+    with pytest.raises(ConfigError) as caught:
+        Dispatcher.from_config(path, registry=registry)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: {expected}"), message
+    assert "\n" not in message and "Traceback" not in message
+    resolved = registry.resolve(tool)  # nothing of the table applied
+    assert resolved is not None and resolved.process_target is None
+    assert resolved.decl.timeout_s != 2
+    async with Dispatcher(registry, telemetry=False) as dispatcher:  # still in thread mode
+        assert (await dispatcher.dispatch(tool, {})).ok
+        assert dispatcher.processes.processes() == {}
+
+
+def test_isolation_must_be_thread_or_process(tmp_path: Path) -> None:
+    path = tmp_path / "toolrelay.toml"
+    path.write_text('[tools.describe]\nisolation = "fork"\n')
+    with pytest.raises(ConfigError, match=r"tools\.describe\.isolation: \"fork\" is not one of"):
+        load_config(path)

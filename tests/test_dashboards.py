@@ -77,11 +77,15 @@ CONTRACT: dict[str, Metric] = {
     "toolrelay_breaker_rejected_total": Metric("counter", ("breaker_key",)),
     "toolrelay_bulkhead_rejected_total": Metric("counter", ("breaker_key",)),
     "toolrelay_abandoned_workers": Metric("gauge", ("breaker_key",)),
+    "toolrelay_worker_processes_killed_total": Metric("counter", ("breaker_key",)),
     "toolrelay_deadline_overrun_seconds": Metric("histogram", (), OVERRUN_BUCKETS),
     "toolrelay_slot_hold_seconds": Metric("histogram", (), SLOT_BUCKETS),
     "toolrelay_slot_budget_seconds": Metric("gauge"),
     "toolrelay_faults_injected_total": Metric("counter", ("tool", "fault")),
+    "toolrelay_fallbacks_total": Metric("counter", ("tool", "fallback", "result")),
     "toolrelay_breaker_storage_up": Metric("gauge"),
+    "toolrelay_hedges_total": Metric("counter", ("breaker_key", "hedge")),
+    "toolrelay_retry_budget_exhausted_total": Metric("counter", ("breaker_key", "kind")),
     # computed at scrape time from the breakers (rates: count and time windows only)
     "toolrelay_breaker_failure_rate": Metric("gauge", ("breaker_key",)),
     "toolrelay_breaker_slow_call_rate": Metric("gauge", ("breaker_key",)),
@@ -97,6 +101,10 @@ GATEWAY_CONTRACT: dict[str, Metric] = {
     "toolrelay_mcp_sessions_open": Metric("gauge", ()),
     "toolrelay_mcp_sessions_refused_total": Metric("counter", ("reason",)),
     "toolrelay_mcp_sessions_reaped_total": Metric("counter", ()),
+    "toolrelay_mcp_client_rejected_total": Metric("counter", ("client", "reason")),
+    "toolrelay_mcp_client_inflight": Metric("gauge", ("client",)),
+    "toolrelay_mcp_upstream_up": Metric("gauge", ("upstream",)),
+    "toolrelay_mcp_upstream_connection_failures_total": Metric("counter", ("upstream",)),
 }
 
 # Label values a selector may name, where the contract fixes them.
@@ -106,7 +114,9 @@ LABEL_VALUES: dict[str, frozenset[str]] = {
     "state": STATES,
     "from_state": STATES,
     "to_state": STATES,
-    "reason": frozenset({"client_limit", "full"}),
+    "reason": frozenset({"client_limit", "full", "rate", "concurrency"}),
+    "hedge": frozenset({"won", "lost", "skipped"}),
+    "kind": frozenset({"retry", "hedge"}),
 }
 
 
@@ -576,9 +586,17 @@ def sample_exposition() -> bytes:
 
     import anyio
 
+    import isolated_tools
     from toolrelay import BreakerConfig, Dispatcher, Fault, ToolError, ToolRegistry
 
     registry = ToolRegistry()
+    # isolation="process": a call warms the key's worker, the next is killed at its deadline
+    for name, fn, timeout_s in (
+        ("describe", isolated_tools.describe, 30),
+        ("hung", isolated_tools.hang, 0.3),
+    ):
+        registry.tool(name=name, parameters={"type": "object"}, isolation="process",
+                      breaker_key="isolated", timeout_s=timeout_s)(fn)  # fmt: skip
     release = threading.Event()
 
     @registry.tool(name="get_weather", parameters={"type": "object"}, breaker_key="open-meteo",
@@ -602,6 +620,10 @@ def sample_exposition() -> bytes:
             raise ToolError("upstream 503", retryable=True)
         return {"hits": []}
 
+    @registry.tool(name="slow", parameters={"type": "object"}, breaker_key="hedged")
+    async def slow(args: dict[str, Any], ctx: Any) -> Any:
+        await anyio.sleep(0.05)  # past hedge_after_s, with no budget for a hedge
+
     metrics = CollectorRegistry()
     dispatcher = Dispatcher(
         registry,
@@ -612,6 +634,8 @@ def sample_exposition() -> bytes:
             "search-api": BreakerConfig(window="count", window_size=10, minimum_calls=5,
                                         slow_call_s=1.0, slow_call_rate=0.8,
                                         reset_timeout_max_s=300, max_attempts=1),
+            "hedged": BreakerConfig(hedge_after_s=0.01, retry_budget=0.5,
+                                    retry_budget_min_per_s=0.0),
         },
         faults=[Fault(kind="latency", tool="get_weather", latency_s=0.001)],
     )  # fmt: skip
@@ -630,6 +654,10 @@ def sample_exposition() -> bytes:
         await dispatcher.dispatch("get_weather", "{}")  # rejected: the breaker is open
         await dispatcher.dispatch("search", '{"fail": true}')
         await dispatcher.dispatch("search", "{}")  # failure rate 0.5 (window not full)
+        await dispatcher.dispatch("slow", "{}")  # its hedge skipped: the budget is spent
+        await dispatcher.dispatch("describe", "{}")
+        await dispatcher.dispatch("hung", "{}")  # its worker process killed
+        await dispatcher.aclose()  # and the warm one's
 
     anyio.run(calls)
     release.set()

@@ -10,9 +10,13 @@ functions and their annotations name local classes.)
 import dataclasses
 import datetime
 import enum
+import functools
+import importlib.util
 import inspect
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -362,11 +366,19 @@ def test_signatures_that_cannot_be_tools_are_refused() -> None:
     def private(_hidden: int) -> int:
         return 0
 
+    def aliased(city: Annotated[str, Field(alias="town")]) -> str:
+        return city
+
+    def two_calls(a: CallContext, b: CallContext | None, city: str) -> str:
+        return ""
+
     for fn, why in (
         (star_args, "variadic"),
         (star_kwargs, "variadic"),
         (positional, "positional"),
         (two_auth, "more than one"),
+        (two_calls, "more than one"),
+        (aliased, "alias"),
         (unresolved, "cannot be evaluated"),
         (not_json, "."),
         (private, "."),
@@ -661,3 +673,213 @@ async def test_defaults_only_pydantic_knows_are_filled_in() -> None:
     assert (await d.dispatch("t", '{"z": 1}')).data == [7, [1], 5]
     assert (await d.dispatch("t", '{"z": 2}')).data == [7, [2], 5]  # a fresh list each call
     assert (await d.dispatch("t", '{"z": 2, "x": 1, "w": 0}')).data == [1, [2], 0]
+
+
+# -- methods, partials, callable objects ---------------------------------------------------
+class Weather:
+    """A service object whose methods are tools."""
+
+    def __init__(self) -> None:
+        self.unit = "C"
+
+    def today(self, city: str) -> str:
+        """Today's weather.
+
+        Args:
+            city: The city.
+        """
+        return f"{city}: 4 {self.unit}"
+
+    async def tomorrow(self, city: str, auth: AuthContext) -> str:
+        return f"{city}: 5 {self.unit} for {auth.user_id}"
+
+
+class Doubler:
+    """Doubles a number."""
+
+    def __call__(self, n: int) -> int:
+        return 2 * n
+
+
+class AsyncDoubler:
+    async def __call__(self, n: int) -> int:
+        return 2 * n
+
+
+def _search(query: str, limit: int = 5, *, api_key: str, region: str = "eu") -> dict[str, Any]:
+    return {"query": query, "limit": limit, "key_used": api_key == "sk-secret", "region": region}
+
+
+async def _search_async(endpoint: str, query: str, *, api_key: str) -> list[str]:
+    return [endpoint, query, api_key[:3]]
+
+
+def _legacy_with_client(args: dict[str, Any], ctx: AuthContext, *, client: str) -> Any:
+    return {"args": args, "user": ctx.user_id, "client": client}
+
+
+@pytest.mark.anyio
+async def test_methods_partials_and_callable_objects_are_tools() -> None:
+    """A bound method (``self`` is not an argument), a callable object (sync or async), and
+    a ``functools.partial``, whose bound arguments are the host's: never in the schema the
+    model reads (a bound key must not leak into it), never overridable by the model."""
+    service = Weather()
+    registry = ToolRegistry()
+    registry.tool()(service.today)
+    registry.tool()(service.tomorrow)
+    registry.tool(name="double")(Doubler())
+    registry.tool(name="double_async")(AsyncDoubler())
+    registry.tool(name="search")(functools.partial(_search, api_key="sk-secret", region="us"))
+    registry.tool(name="search_async")(
+        functools.partial(_search_async, "https://search.example", api_key="sk-secret")
+    )
+    registry.tool(name="legacy")(functools.partial(_legacy_with_client, client="pool-1"))
+    d = Dispatcher(registry, telemetry=False, audit=None)
+
+    specs = {s["function"]["name"]: s["function"] for s in d.specs(format="openai")}
+    assert "sk-secret" not in json.dumps(specs) and "api_key" not in json.dumps(specs)
+    assert specs["today"]["description"] == "Today's weather."
+    assert specs["today"]["parameters"]["properties"] == {
+        "city": {"type": "string", "description": "The city."}
+    }
+    assert set(specs["tomorrow"]["parameters"]["properties"]) == {"city"}
+    assert specs["double"]["description"] == "Doubles a number."
+    assert set(specs["search"]["parameters"]["properties"]) == {"query", "limit"}
+    assert specs["search_async"]["parameters"]["required"] == ["query"]
+    assert set(specs["search_async"]["parameters"]["properties"]) == {"query"}
+    assert specs["legacy"]["parameters"] == EMPTY  # (args, ctx): the bound one does not count
+
+    async def data(name: str, args: dict[str, Any]) -> Any:
+        result = await d.dispatch(name, json.dumps(args), CTX)
+        assert result.ok, result.to_model()
+        return result.data
+
+    assert await data("today", {"city": "Oslo"}) == "Oslo: 4 C"
+    assert await data("tomorrow", {"city": "Oslo"}) == "Oslo: 5 C for u1"
+    assert await data("double", {"n": 4.0}) == 8
+    assert await data("double_async", {"n": 5}) == 10
+    assert await data("search", {"query": "q"}) == {
+        "query": "q", "limit": 5, "key_used": True, "region": "us"
+    }  # fmt: skip
+    assert await data("search_async", {"query": "q"}) == ["https://search.example", "q", "sk-"]
+    assert await data("legacy", {}) == {"args": {}, "user": "u1", "client": "pool-1"}
+    for name, args in (
+        ("search", {"query": "q", "api_key": "mine"}),
+        ("search", {"query": "q", "region": "cn"}),
+        ("search_async", {"query": "q", "endpoint": "https://evil.example"}),
+    ):
+        refused = await d.dispatch(name, json.dumps(args), CTX)
+        assert refused.error_type is ErrorType.VALIDATION_ERROR, refused.to_model()
+
+    for nameless in (functools.partial(_search, api_key="k"), Doubler()):
+        with pytest.raises(RegistrationError, match="give name="):
+            ToolRegistry().tool()(nameless)
+
+
+@pytest.mark.anyio
+@pytest.mark.filterwarnings("ignore:Field name .* shadows an attribute")
+async def test_parameters_named_like_base_model_attributes_are_ordinary_arguments() -> None:
+    """pydantic would take ``BaseModel.model_dump`` as the default of a field of that name:
+    such a parameter must stay required, and arrive as the model sent it."""
+
+    def clash(model_dump: str, json: int, model_validate: bool, copy: str = "c") -> list[Any]:
+        return [model_dump, json, model_validate, copy]
+
+    d = registry_with(clash)
+    decl = d.registry.resolve("t").decl  # type: ignore[union-attr]
+    assert decl.parameters["required"] == ["model_dump", "json", "model_validate"]
+    assert "default" not in decl.parameters["properties"]["model_dump"]
+    missing = await d.dispatch("t", '{"json": 1, "model_validate": true}', CTX)
+    assert missing.error_type is ErrorType.VALIDATION_ERROR
+    full = await d.dispatch("t", '{"model_dump": "d", "json": 1, "model_validate": true}', CTX)
+    assert full.data == ["d", 1, True, "c"]
+
+
+FUTURE_MODULE = """
+from __future__ import annotations
+
+import datetime
+
+from pydantic import BaseModel
+
+from toolrelay import AuthContext, CallContext, ToolRegistry
+
+registry = ToolRegistry()
+
+
+class Stop(BaseModel):
+    name: str
+    at: datetime.datetime
+
+
+@registry.tool()
+async def plan(stops: list[Stop], note: str | None = None, *, auth: AuthContext,
+               call: CallContext) -> Stop:
+    return Stop(name=f"{stops[-1].name} for {auth.user_id}", at=stops[-1].at)
+
+
+def with_local_types():
+    class Local(BaseModel):
+        v: int
+
+    def local(x: Local) -> int:
+        return x.v
+
+    return local
+"""
+
+
+@pytest.mark.anyio
+async def test_a_module_with_postponed_annotations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``from __future__ import annotations`` in the tool's module: the string annotations
+    are evaluated in it; types local to a function cannot be, and are refused."""
+    path = tmp_path / "future_tools.py"
+    path.write_text(FUTURE_MODULE)
+    spec = importlib.util.spec_from_file_location("future_tools", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "future_tools", module)  # as an import would
+    spec.loader.exec_module(module)
+
+    d = Dispatcher(module.registry, telemetry=False, audit=None)
+    decl = d.registry.resolve("plan").decl  # type: ignore[union-attr]
+    stop = decl.parameters["properties"]["stops"]["items"]
+    assert stop["properties"]["at"] == {"type": "string", "format": "date-time"}
+    assert stop["additionalProperties"] is False
+    assert decl.output_schema is not None
+    assert set(decl.output_schema["properties"]) == {"name", "at"}
+    raw = '{"stops": [{"name": "Oslo", "at": "2025-03-01T10:00:00Z"}]}'
+    result = await d.dispatch("plan", raw, CTX)
+    assert result.data == {"name": "Oslo for u1", "at": "2025-03-01T10:00:00Z"}
+
+    with pytest.raises(RegistrationError, match="cannot be evaluated"):
+        ToolRegistry().tool()(module.with_local_types())
+
+
+GRIFFE_PROBE = '''
+import sys
+from toolrelay import ToolRegistry
+
+registry = ToolRegistry()
+
+def plain(a: int) -> int:
+    return a
+
+def told(a: int) -> int:
+    """Told."""
+    return a
+
+registry.tool()(plain)
+before = "griffe" in sys.modules
+registry.tool()(told)
+print(before, "griffe" in sys.modules)
+'''
+
+
+def test_griffe_is_imported_only_for_a_typed_tool_with_a_docstring() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", GRIFFE_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]

@@ -325,6 +325,7 @@ async def test_python_api_validates_like_admin(upstream: Upstream) -> None:
         "rate_limit",
         "malformed",
         "truncated",
+        "slow_tail",
     }
 
 
@@ -410,3 +411,19 @@ def test_main_reports_a_busy_port(capsys: pytest.CaptureFixture[str]) -> None:
         busy.listen()
         assert main(["--port", str(busy.getsockname()[1])]) == 1
     assert "cannot listen" in capsys.readouterr().err
+
+
+async def test_slow_tail_delays_a_share_of_requests(
+    upstream: Upstream, client: httpx.AsyncClient
+) -> None:
+    upstream.set_fault("/feeds", "slow_tail", seconds=0.0, tail=0.25, tail_seconds=0.3)
+    slow = 0
+    for _ in range(40):
+        started = anyio.current_time()
+        assert (await client.get("/feeds/rss.xml")).status_code == 200
+        slow += anyio.current_time() - started >= 0.3
+    assert 3 <= slow <= 20  # about a quarter, from the seeded dice
+    with pytest.raises(FaultError, match="'tail'"):
+        upstream.set_fault("/feeds", "slow_tail", tail=2)
+    with pytest.raises(FaultError, match="takes no parameter 'tail'"):
+        upstream.set_fault("/feeds", "delay", tail=0.5)

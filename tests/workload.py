@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 
+import isolated_tools
 from toolrelay import (
     AuthContext,
     BreakerConfig,
@@ -52,6 +53,19 @@ def legacy(args: dict[str, Any], ctx: AuthContext) -> Any:
     return "done"
 
 
+# isolation="process": a handler that never returns, its worker killed at the deadline
+registry.tool(name="hung", parameters=OBJ, breaker_key="legacy-proc", timeout_s=0.2,
+              isolation="process")(isolated_tools.hang)  # fmt: skip
+
+tail_rng = random.Random(5)
+
+
+@registry.tool(name="tail", parameters=OBJ, breaker_key="tail-svc", timeout_s=1)
+async def tail(args: dict[str, Any], ctx: AuthContext) -> Any:
+    await anyio.sleep(0.3 if tail_rng.random() < 0.2 else 0.005)  # a slow tail: hedged
+    return "done"
+
+
 async def main(port: int, seconds: float) -> None:
     dispatcher = Dispatcher(
         registry,
@@ -59,6 +73,8 @@ async def main(port: int, seconds: float) -> None:
             "flaky-svc": BreakerConfig(fail_max=3, reset_timeout_s=0.5, max_attempts=2,
                                        backoff_initial_s=0.01),
             "steady-svc": BreakerConfig(max_concurrent=2),
+            "tail-svc": BreakerConfig(hedge_after_s=0.05, retry_budget=0.1,
+                                      retry_budget_min_per_s=0.0),
         },
         faults=[Fault(kind="latency", tool="steady", latency_s=0.01, rate=0.3)],
         fault_seed=1,
@@ -66,6 +82,7 @@ async def main(port: int, seconds: float) -> None:
     server = serve_metrics(port)
     slot = dispatcher.model_slot(budget_s=2)
     stop_at = time.monotonic() + seconds
+    rounds = 0
     try:
         while time.monotonic() < stop_at:
             calls = [
@@ -76,7 +93,11 @@ async def main(port: int, seconds: float) -> None:
                 ToolCall("legacy", "{}"),
                 ToolCall("steady", '{"n": "x"}'),
                 ToolCall("nope", "{}"),
+                ToolCall("tail", "{}"),
             ]
+            if rounds % 5 == 0:  # a kill costs a fork: a few a second is enough
+                calls.append(ToolCall("hung", "{}"))
+            rounds += 1
             async with slot.hold() as lease:
                 await dispatcher.dispatch_many(calls, slot=lease)
             await anyio.sleep(0.02)

@@ -6,8 +6,10 @@ title, URL, snippet and engine, as plain text, cut to fixed lengths. SearXNG's
 for instructions aimed at a model) are dropped, as are results without an http(s) URL.
 
 Settings: ``base_url`` (required: your SearXNG, with the JSON format enabled),
-``safesearch`` (0–2, default 1), ``language`` (e.g. ``"en"``, default: SearXNG's), and the
-HTTP settings of :class:`~toolrelay_plugins._http.HttpSettings`.
+``safesearch`` (0–2, default 1), ``language`` (e.g. ``"en"``, default: SearXNG's),
+``tool`` (the tool's name, default ``web_search``; another name — e.g. a second instance as
+``web_search_backup``, a fallback — also makes that name its breaker key), and the HTTP
+settings of :class:`~toolrelay_plugins._http.HttpSettings`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ SNIPPET_CHARS = 300
 MAX_SCANNED = 100
 """Raw results looked at, at most: a body of 50,000 junk results costs no more than 100."""
 _ENGINE = re.compile(r"^[a-z0-9][a-z0-9 ._-]{0,39}$")
+_TOOL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _LANGUAGE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})?$|^all$|^auto$")
 
 PARAMETERS: dict[str, Any] = {
@@ -63,7 +66,7 @@ class WebSearchPlugin(HttpPlugin):
     """``web_search`` on SearXNG."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        check_keys("websearch", config, {"base_url", "safesearch", "language", *HTTP_KEYS})
+        check_keys("websearch", config, {"base_url", "safesearch", "language", "tool", *HTTP_KEYS})
         if "base_url" not in config:
             raise ValueError("websearch: 'base_url' (the SearXNG instance) is required")
         self.base_url = url_setting("websearch", "base_url", config["base_url"])
@@ -72,21 +75,25 @@ class WebSearchPlugin(HttpPlugin):
         if language is not None and not (isinstance(language, str) and _LANGUAGE.match(language)):
             raise ValueError("websearch: 'language' must be a language code such as 'en'")
         self.language: str | None = language
+        tool = config.get("tool", "web_search")
+        if not (isinstance(tool, str) and _TOOL.match(tool)):
+            raise ValueError("websearch: 'tool' must be a tool name such as 'web_search_backup'")
+        self.tool = tool
         settings = HttpSettings.from_config("websearch", config)
         declaration = ToolDeclaration(
-            "web_search",
+            tool,
             "Search the web. Returns up to max_results results, each with title, url, a short "
             "snippet and the engine that found it.",
             PARAMETERS,
             risk="read",
             timeout_s=settings.timeout_s,
-            breaker_key=SERVICE,
+            breaker_key=SERVICE if tool == "web_search" else tool,
             tags=frozenset({"web"}),
         )
         super().__init__([declaration], ServiceClient(settings, accept="application/json"))
 
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
-        if name != "web_search":
+        if name != self.tool:
             raise ToolError(f"websearch has no tool named {name!r}")
         query: dict[str, str | int | float] = {
             "q": args["query"],
@@ -130,5 +137,6 @@ def _results(raw: list[Any], limit: int) -> list[dict[str, Any]]:
 
 
 def register(registry: Registrar, config: Mapping[str, Any]) -> None:
-    """Register ``web_search``: ``register(registry, {"base_url": "https://searx.example"})``."""
+    """Register ``web_search`` (or ``config["tool"]``):
+    ``register(registry, {"base_url": "https://searx.example"})``."""
     registry.register(WebSearchPlugin(config))

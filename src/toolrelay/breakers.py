@@ -38,7 +38,7 @@ from pydantic import ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass
 
 from .outcome import Verdict
-from .settings import DATACLASS, Count, Positive, Rate, Seconds, one_line_errors
+from .settings import DATACLASS, Count, Positive, Rate, Seconds, Share, one_line_errors
 
 if TYPE_CHECKING:
     from .storage import SharedStorage
@@ -86,8 +86,15 @@ class BreakerConfig:
     ``max_concurrent`` calls may be in flight (and as many worker threads live);
     ``bulkhead_wait_s`` is how long a call may wait for a place before ``overloaded``;
     ``max_concurrent_per_tenant`` caps one tenant's share of those places.
+    ``max_concurrent = "adaptive"``: the limit follows the key's latency, between
+    ``adaptive_min`` and ``adaptive_max`` (:mod:`toolrelay.adaptive`).
     ``max_attempts`` counts all attempts of an idempotent tool; waits between them start
     near ``backoff_initial_s`` and double up to ``backoff_max_s``, with jitter.
+    ``hedge_after_s`` (seconds, or ``"adaptive"``: the key's observed p95, at least
+    ``hedge_after_min_s``) starts up to ``max_hedges`` extra attempts of a slow idempotent
+    call; the first good answer wins (:mod:`toolrelay.pipeline.hedge`). ``retry_budget``
+    caps the key's retries and hedges at that share of its calls in the last 10 s, or
+    ``retry_budget_min_per_s`` a second if more (:mod:`toolrelay.budget`).
     A bad value raises :class:`~toolrelay.settings.SettingsError` (a ``ValueError``).
     """
 
@@ -102,12 +109,31 @@ class BreakerConfig:
     minimum_calls: Count = 10
     failure_rate: Rate = 0.5
     slow_call_rate: Rate | None = None
-    max_concurrent: Count = 32
+    max_concurrent: Count | Literal["adaptive"] = 32
+    adaptive_min: Count = 2
+    adaptive_max: Count = 100
     max_concurrent_per_tenant: Count | None = None
     bulkhead_wait_s: Seconds = 0.0
     max_attempts: Count = 3
     backoff_initial_s: Seconds = 0.05
     backoff_max_s: Seconds = 2.0
+    hedge_after_s: Positive | Literal["adaptive"] | None = None
+    hedge_after_min_s: Positive = 0.01
+    max_hedges: Count = 1
+    retry_budget: Share | None = None
+    retry_budget_min_per_s: Seconds = 1.0  # a rate ≥ 0 (per second, not seconds)
+
+    @property
+    def max_places(self) -> int:
+        """The most calls that may ever be in flight (and worker threads live)."""
+        return self.adaptive_max if self.max_concurrent == "adaptive" else self.max_concurrent
+
+    @field_validator("adaptive_max")
+    @classmethod
+    def _not_below_adaptive_min(cls, value: int, info: ValidationInfo) -> int:
+        if value < info.data.get("adaptive_min", 1):
+            raise ValueError(f"must be ≥ adaptive_min, not {value!r}")
+        return value
 
     @field_validator("reset_timeout_max_s")
     @classmethod
@@ -546,6 +572,27 @@ class KeyBreaker:
             return 0.0, 0.0
         return min(1.0, failures / calls), min(1.0, slow / calls)
 
+    # -- hot reload -----------------------------------------------------------------------
+    def reconfigure(self, config: BreakerConfig) -> None:
+        """Take on new settings, keeping the state (hot reload): an open breaker stays open
+        (due a trial ``reset_timeout_s`` after it opened, under the new value; a grown
+        break stays within ``reset_timeout_max_s``), a pinned one stays pinned, trials in
+        flight finish, and the failure window keeps its counts unless its shape
+        (``window``, ``window_size``) changed. The new thresholds decide from now on."""
+        old, self.config = self.config, config
+        self.cb.fail_max = config.fail_max
+        self.cb.reset_timeout = config.reset_timeout_s
+        self.cb.success_threshold = config.success_threshold
+        if (old.window, old.window_size) != (config.window, config.window_size):
+            self.window = _new_window(config)
+        self.minimum_calls = (
+            min(config.minimum_calls, config.window_size)
+            if config.window == "count"
+            else config.minimum_calls
+        )
+        grown = min(self.break_s, config.reset_timeout_max_s or config.reset_timeout_s)
+        self.break_s = max(config.reset_timeout_s, grown)
+
     # -- operator controls --------------------------------------------------------------
     def force_open(self) -> None:
         """Open and stay open (no trials) until :meth:`force_close` or :meth:`reset`;
@@ -637,6 +684,17 @@ class Breakers:
 
     def keys(self) -> list[str]:
         return sorted(self._breakers)
+
+    def reconfigure(self) -> list[str]:
+        """Re-read every existing breaker's settings from ``config_for`` (hot reload) and
+        apply changed ones with :meth:`KeyBreaker.reconfigure`; returns those keys."""
+        changed = []
+        for key, breaker in self._breakers.items():
+            config = self._config_for(key)
+            if config != breaker.config:
+                breaker.reconfigure(config)
+                changed.append(key)
+        return sorted(changed)
 
     def state(self, key: str) -> State:
         return self.get(key).state

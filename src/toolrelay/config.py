@@ -22,10 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict
 from pydantic import model_validator as _model_validator
 
 from .breakers import BreakerConfig
-from .contract import Risk
+from .contract import Isolation, Risk
 from .pipeline.faults import Fault
 from .policy import Profile
-from .registry import ToolRegistry
+from .registry import RegistrationError, ToolRegistry
 from .serve.settings import ServeSection
 from .settings import MODEL, ConfigError, Count, Flag, Name, Positive, TomlTable, diff
 
@@ -78,6 +78,11 @@ class ToolOverride(BaseModel):
     max_attempts: Count | None = None
     idempotent: Flag | None = None
     risk: Risk | None = None
+    fallback: list[Name] | None = None
+    """Tools that may answer in its place (docs/fallbacks.md)."""
+    isolation: Isolation | None = None
+    """``"process"``: run the sync handler in a worker process, killed at its deadline
+    (docs/isolation.md)."""
 
 
 class BreakerStorageSettings(BaseModel):
@@ -195,6 +200,10 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     return parse_config(data, file)
 
 
+_CHECKED_NOW = ("isolation", "fallback")
+"""Overrides ``ToolRegistry.override`` refuses at once for a tool that cannot have them."""
+
+
 def load_configured_plugins(registry: ToolRegistry, config: Settings) -> list[str]:
     """Load the enabled ``[plugins.NAME]`` tables, each with its own settings, and apply
     the ``[tools.NAME]`` overrides."""
@@ -210,10 +219,19 @@ def load_configured_plugins(registry: ToolRegistry, config: Settings) -> list[st
             module = table.module or f"toolrelay_plugins.{name}"
             load_plugins(registry, [module], {module: table.settings})
         loaded.append(name)
+    where = config.path or "config"
     for tool, override in config.tools.items():
         if not registry.owns(tool):
-            raise ConfigError(f"{config.path or 'config'}: tools.{tool}: no tool named {tool!r}")
-        registry.override(tool, **override.model_dump(exclude_none=True))
+            raise ConfigError(f"{where}: tools.{tool}: no tool named {tool!r}")
+        fields = override.model_dump(exclude_none=True)
+        checked = {key: fields.pop(key) for key in _CHECKED_NOW if key in fields}
+        for key, value in checked.items():  # one at a time, first: the refusal names its key
+            try:
+                registry.override(tool, **{key: value})
+            except RegistrationError as exc:
+                reason = str(exc).removeprefix(f"tool {tool!r}: ")
+                raise ConfigError(f"{where}: tools.{tool}.{key}: {reason}") from None
+        registry.override(tool, **fields)
     return loaded
 
 

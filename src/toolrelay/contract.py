@@ -16,6 +16,7 @@ __all__ = [
     "AuthContext",
     "CallContext",
     "ErrorType",
+    "Isolation",
     "Risk",
     "ToolDeclaration",
     "ToolError",
@@ -25,6 +26,8 @@ __all__ = [
 Risk = Literal["read", "write", "dangerous"]
 RISKS: tuple[Risk, ...] = ("read", "write", "dangerous")
 RISK_ORDER: dict[str, int] = {"read": 0, "write": 1, "dangerous": 2}
+Isolation = Literal["thread", "process"]
+ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
 
 
 class ErrorType(enum.StrEnum):
@@ -140,6 +143,15 @@ class ToolDeclaration:
     """All attempts, the first included. ``None`` uses the breaker key's setting."""
     version: str = "1"
     tags: frozenset[str] = frozenset()
+    isolation: Isolation = "thread"
+    """Where a sync handler runs: ``"thread"``, a worker thread of its breaker key, abandoned
+    at the deadline; ``"process"``, a worker process of its breaker key, killed and replaced
+    at the deadline (the handler must be a module-level function: ``docs/isolation.md``).
+    Async handlers run on the event loop either way."""
+    fallback: tuple[str, ...] = ()
+    """Tools that answer instead, in order, when this one's breaker is open, it is
+    overloaded, or (idempotent tools only) it timed out with time left before its deadline.
+    A fallback's own fallbacks are not followed (``docs/fallbacks.md``)."""
 
     @property
     def key(self) -> str:
@@ -179,7 +191,9 @@ class ToolPlugin(Protocol):
     """Anything that describes tools and executes them.
 
     ``execute`` may be ``async def`` (awaited, cancelled at the deadline) or a plain ``def``
-    (run on a worker thread of the tool's breaker key, abandoned at the deadline).
+    (run on a worker thread of the tool's breaker key, abandoned at the deadline; with
+    ``isolation="process"``, ``handler(name)`` must return a module-level function, run in a
+    worker process killed at the deadline).
     A plugin may also offer ``declaration(name) -> ToolDeclaration | None`` for O(1) lookups.
     """
 

@@ -30,7 +30,7 @@ from .chaos.timeline import Window as FaultWindow
 from .chaos.upstream import Upstream
 from .contract import AuthContext
 from .dispatcher import Dispatcher
-from .events import AttemptEnded, Event
+from .events import AttemptEnded, Event, HedgeEnded
 from .loading import load_plugins
 from .pipeline import Invocation, Observer
 from .registry import ToolRegistry
@@ -39,6 +39,7 @@ from .result import ToolCall, ToolResult
 __all__ = ["DemoOptions", "DemoReport", "run_demo"]
 
 SLOT_BUDGET_S = 3.0
+FALLBACK = "web_search_backup"
 TIMEOUT_SLACK_S = 0.05
 CITIES = ["Oslo", "Berlin", "London", "Paris", "Tokyo", "Sydney", "Reykjavík", "Cairo"]
 QUERIES = ["circuit breaker pattern", "open-meteo api", "anyio cancellation", "searxng json"]
@@ -46,6 +47,8 @@ BREAKERS = {
     "searxng": BreakerConfig(fail_max=2, reset_timeout_s=1.5, max_attempts=1),
     "open-meteo": BreakerConfig(fail_max=4, reset_timeout_s=1.5, max_attempts=2),
     "legacy-crm": BreakerConfig(fail_max=2, reset_timeout_s=1.5, max_concurrent=4),
+    # the status feed has a slow tail (1 in 5 takes 1.5 s): hedged after 0.15 s
+    "feeds": BreakerConfig(hedge_after_s=0.15, max_attempts=1),
 }
 
 
@@ -100,6 +103,10 @@ class DemoReport:
     slot_holds: list[float] = field(default_factory=list)
     overruns_ms: list[float] = field(default_factory=list)
     windows: list[tuple[str, float, float]] = field(default_factory=list)
+    served: list[tuple[float, str, bool]] = field(default_factory=list)
+    """(started at, fallback, ok) of each answer a fallback gave."""
+    hedges: Counter[str] = field(default_factory=Counter)
+    """Hedged attempts by result: won, lost, skipped (docs/hedging.md)."""
     invariants: list[Invariant] = field(default_factory=list)
     metrics_url: str | None = None
     timeline: Timeline | None = None
@@ -147,6 +154,11 @@ class DemoReport:
                 {"fault": what, "from_s": round(a, 2), "to_s": round(b, 2)}
                 for what, a, b in self.windows
             ],
+            "served_by_fallback": {
+                name: sum(1 for _, by, _ in self.served if by == name)
+                for name in sorted({by for _, by, _ in self.served})
+            },
+            "hedges": dict(self.hedges),
             "invariants": [i.__dict__ for i in self.invariants],
             "ok": self.ok,
             "timeline": (self.timeline or Timeline(self.duration_s)).to_json(),
@@ -189,7 +201,13 @@ def _registry(up: Upstream, crm: _BlockingCrm) -> ToolRegistry:
         timeout_s=0.8,
         breaker_key="legacy-crm",
     )(crm)
-    registry.override("web_search", timeout_s=1.0)
+    # a second search service answers while the first is down (docs/fallbacks.md)
+    load_plugins(
+        registry,
+        ["toolrelay_plugins.websearch"],
+        {"websearch": {"base_url": f"{up.url}/backup", "tool": FALLBACK}},
+    )
+    registry.override("web_search", timeout_s=1.0, fallback=[FALLBACK])
     return registry
 
 
@@ -266,6 +284,9 @@ def _verdicts(report: DemoReport, duration: float) -> list[Invariant]:
     closed_after = [at for at in closed if opened_in and at >= hang[2]]
     max_hold = max(report.slot_holds, default=0.0)
     max_overrun = max(report.overruns_ms, default=0.0)
+    # while search was down: from the outage's start until its breaker closed after it
+    until = closed_after[0] if closed_after else duration
+    served = [ok for at, by, ok in report.served if by == FALLBACK and hang[1] <= at < until]
     return [
         Invariant(
             "every call answered",
@@ -292,6 +313,12 @@ def _verdicts(report: DemoReport, duration: float) -> list[Invariant]:
                 else f"opened at {opened}, closed at {closed} "
                 f"(outage {hang[1]:.1f}–{hang[2]:.1f} s)"
             ),
+        ),
+        Invariant(
+            f"{FALLBACK} answered web_search calls while search was down",
+            sum(served) > 0,
+            f"{sum(served)} ok answers served by {FALLBACK} "
+            f"({len(served) - sum(served)} failed) between {hang[1]:.1f} and {until:.1f} s",
         ),
         Invariant(
             "no exception escaped",
@@ -326,6 +353,7 @@ async def run_demo(
             print(f"toolrelay: not serving /metrics: port {options.metrics_port}: "
                   f"{exc.strerror}", file=out)  # fmt: skip
     async with Upstream(seed=options.seed) as up:
+        up.set_fault("/feeds", "slow_tail", seconds=0.01, tail=0.2, tail_seconds=1.5)
         dispatcher = Dispatcher(
             _registry(up, crm),
             breakers=BREAKERS,
@@ -339,7 +367,7 @@ async def run_demo(
                 (anyio.current_time() - t0, key, old, new)
             )
         )
-        dispatcher.observers = (*dispatcher.observers, _attempts(timeline))
+        dispatcher.observers = (*dispatcher.observers, _attempts(timeline, report))
         timeline.breaker_keys = {
             tool.decl.name: tool.decl.key for tool in dispatcher.registry.tools()
         }
@@ -353,7 +381,8 @@ async def run_demo(
                 if view is not None:
                     tg.start_soon(view.run, report, dispatcher, t0)
                 while anyio.current_time() - t0 < duration:
-                    offered = {spec["function"]["name"] for spec in dispatcher.specs()}
+                    specs = dispatcher.specs(hide_fallbacks=True)
+                    offered = {spec["function"]["name"] for spec in specs}
                     calls = model.turn(offered)
                     report.turns += 1
                     report.calls += len(calls)
@@ -392,12 +421,14 @@ async def run_demo(
     return report
 
 
-def _attempts(timeline: Timeline) -> Observer:
-    """An observer counting the attempts that reached the service."""
+def _attempts(timeline: Timeline, report: DemoReport) -> Observer:
+    """An observer counting the attempts that reached the service, and hedges."""
 
     def observe(inv: Invocation, event: Event) -> None:
         if isinstance(event, AttemptEnded):
             timeline.attempt(event.result)
+        elif isinstance(event, HedgeEnded):
+            report.hedges[event.result] += 1
 
     return observe
 
@@ -415,6 +446,8 @@ def _record(
         outcome = "ok" if result.ok else str(result.error_type)
         report.outcomes[call.name][outcome] += 1
         report.latencies[call.name].append(result.duration_s)
+        if result.served_by is not None:
+            report.served.append((started, result.served_by, result.ok))
         tool = dispatcher.registry.resolve(call.name)
         timeout = tool.decl.timeout_s if tool is not None else slot_left
         deadline = min(timeout, slot_left)

@@ -114,6 +114,13 @@ def print_summary(report: DemoReport, out: TextIO = sys.stdout) -> None:
     print(f"{report.turns} turns, {report.calls} tool calls, {report.answered} answers", file=out)
     for tool, calls, detail, p95 in _tool_rows(report):
         print(f"  {tool:<18} {calls:>4} calls  p95 {p95 * 1000:6.0f} ms  {detail}", file=out)
+    for name in sorted({by for _, by, _ in report.served}):
+        ok = sum(1 for _, by, good in report.served if by == name and good)
+        print(f"  {ok} ok answers were served by the fallback {name}", file=out)
+    if report.hedges:
+        won, lost = report.hedges["won"], report.hedges["lost"]
+        print(f"  hedging: {won} slow feed calls answered by a hedge ({lost} hedges lost, "
+              f"{report.hedges['skipped']} skipped)", file=out)  # fmt: skip
     for at, key, old, new in report.transitions:
         print(f"  [{at:5.1f}s] breaker {key}: {old} → {new}", file=out)
     for invariant in report.invariants:

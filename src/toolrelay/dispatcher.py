@@ -9,13 +9,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from .breakers import BreakerConfig, Breakers
+from .budget import RetryBudgets
 from .config import Config, dispatcher_arguments, load_config, load_configured_plugins
-from .contract import AuthContext, ErrorType
+from .contract import AuthContext, ErrorType, ToolDeclaration
 from .formats import FORMATS
+from .isolation import ProcessPools
 from .outcome import Outcome, failure
 from .pipeline import Invocation, Observer, Stage, compose
 from .pipeline.approve import Approve, Approver
@@ -24,8 +27,10 @@ from .pipeline.breaker import Breaker
 from .pipeline.bulkhead import Bulkhead
 from .pipeline.deadline import Deadline
 from .pipeline.decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, Decode
+from .pipeline.fallback import Fallback
 from .pipeline.fastfail import FastFail
 from .pipeline.faults import Fault, FaultInjector
+from .pipeline.hedge import Hedge
 from .pipeline.invoke import Invoke
 from .pipeline.resolve import Resolve
 from .pipeline.retry import Retry
@@ -33,7 +38,7 @@ from .pipeline.shape import DEFAULT_MAX_OUTPUT_BYTES, Shape
 from .pipeline.validate import Validate
 from .policy import EVERYTHING, NOTHING, Profile
 from .redact import Redactor
-from .registry import ToolRegistry
+from .registry import RegistrationError, ToolRegistry
 from .result import ToolCall, ToolResult
 from .slot import ModelSlot, SlotLease
 from .storage import RedisLink, SharedStorage
@@ -68,8 +73,9 @@ def safe_call_id(call_id: object) -> str | None:
 class Dispatcher:
     """Runs tool calls through the pipeline, in this order (outermost first)::
 
-        audit → resolve + policy → fast-fail (open breaker) → decode → validate → approve
-        → shape (on the way out) → deadline → retry → breaker → bulkhead → faults → invoke
+        audit → resolve + policy → fallback → fast-fail (open breaker) → decode → validate → approve
+        → shape (on the way out) → deadline → retry → hedge → breaker → bulkhead → faults
+        → invoke
 
     (``telemetry`` wraps all of it when enabled.)
 
@@ -103,6 +109,7 @@ class Dispatcher:
         metrics_registry: CollectorRegistry | None = None,
         tracer_provider: TracerProvider | None = None,
         capture_content: bool = False,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         self.registry = registry
         self.profiles: dict[str, Profile] = dict(profiles or {})
@@ -116,6 +123,7 @@ class Dispatcher:
                 tracer_provider=tracer_provider,
                 capture_content=capture_content,
                 redact=self.redact,
+                meter_provider=meter_provider,
             )
             if telemetry
             else None
@@ -141,32 +149,44 @@ class Dispatcher:
 
         self.breakers = Breakers(self.breaker_config, factory)
         self.workers = WorkerPools(
-            lambda key: self.breaker_config(key).max_concurrent,
+            lambda key: self.breaker_config(key).max_places,
             None if tel is None else tel.workers_changed,
         )
         if tel is not None:
             self.breakers.add_listener(tel.breaker_transition)
             self.breakers.on_create.append(tel.breaker_seen)
             tel.watch_breakers(self.breakers)
-        self.bulkhead = Bulkhead(self.breaker_config)
+        self.bulkhead = Bulkhead(self.breaker_config, lambda key: self.workers.get(key).abandoned)
+        self.budgets = RetryBudgets(self.breaker_config)
+        if self.storage_link is not None:
+            self.storage_link.budgets = self.budgets
         self.faults = FaultInjector(faults, fault_seed)
         stages: list[Stage] = [] if tel is None else [tel]
         if audit is not None:
             stages.append(Audit(audit, arguments=audit_arguments, redact=self.redact))
         stages += [
             Resolve(registry, self.redact),
+            fallback := Fallback(),
             FastFail(self.breakers),
             Decode(max_argument_bytes, max_argument_depth, self.redact),
             Validate(self.redact),
             Approve(approver),
             Shape(max_output_bytes, truncate_output),
             Deadline(),
-            Retry(self.breaker_config),
+            Retry(self.breaker_config, self.budgets),
+            Hedge(self.breaker_config, self.budgets, self._has_place),
             Breaker(self.breakers),
             self.bulkhead,
             self.faults,
         ]
-        self._chain = compose(stages, Invoke(self.workers, self.redact))
+        self.processes = ProcessPools(lambda key: self.breaker_config(key).max_places)
+        invoke = Invoke(self.workers, self.redact, self.processes)
+        self._chain = compose(stages, invoke)
+        # a fallback's call: every stage but telemetry (the call's span and metrics are
+        # the primary's) and the fallback stage (a fallback's fallbacks are not followed)
+        fallback.reenter = compose(
+            [s for s in stages if s is not fallback and s is not tel], invoke
+        )
 
     @classmethod
     def from_config(
@@ -199,7 +219,9 @@ class Dispatcher:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close what the dispatcher holds: plugins' ``aclose()`` and the storage link."""
+        """Close what the dispatcher holds: plugins' ``aclose()``, the storage link, and
+        the worker processes of ``isolation="process"`` tools (killed, and gone)."""
+        await self.processes.aclose()
         for plugin in self.registry.plugins():
             closer = getattr(plugin, "aclose", None)
             if closer is not None:
@@ -220,6 +242,37 @@ class Dispatcher:
         """A :class:`ModelSlot` whose holds this dispatcher's telemetry records."""
         listeners = [] if self.telemetry is None else [self.telemetry.slot_released]
         return ModelSlot(budget_s, listeners=listeners)
+
+    def _has_place(self, key: str) -> bool:
+        """Has ``key``'s bulkhead a free place now? (A hedge never queues for one.)"""
+        return self.bulkhead.has_place(key)
+
+    def reconfigure(
+        self,
+        *,
+        profiles: Mapping[str, Profile] | None = None,
+        breakers: Mapping[str, BreakerConfig] | None = None,
+        default_breaker: BreakerConfig | None = None,
+        faults: Iterable[Fault] | None = None,
+    ) -> list[str]:
+        """Apply new settings to later calls (hot reload); ``None`` keeps a setting as it is.
+
+        A call in flight keeps the profile it started with; breakers keep their state
+        (:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`); ``faults`` replace the faults
+        in force (the dice keep rolling). Returns the keys of the breakers reconfigured.
+        A bulkhead and a retry budget keep the settings of a key's first call.
+        """
+        if profiles is not None:
+            self.profiles = dict(profiles)
+        if breakers is not None:
+            self.breaker_configs = dict(breakers)
+        if default_breaker is not None:
+            self.default_breaker = default_breaker
+        if faults is not None:
+            self.faults.clear()
+            for fault in faults:
+                self.faults.add(fault)
+        return self.breakers.reconfigure()
 
     def breaker_config(self, key: str) -> BreakerConfig:
         return self.breaker_configs.get(key, self.default_breaker)
@@ -277,6 +330,7 @@ class Dispatcher:
             inv.attempts,
             inv.key,
             out.effect_unknown,
+            out.served_by,
         )
 
     async def dispatch_many(
@@ -319,28 +373,47 @@ class Dispatcher:
         format: str = "openai",
         *,
         unavailable: Unavailable = "hide",
+        hide_fallbacks: bool = False,
     ) -> list[dict[str, Any]]:
         """The tools a caller with ``profile`` may call, in ``format``.
 
         Tools whose breaker is open (and not yet due a trial) are hidden, marked as
-        unavailable in their description, or shown anyway, as ``unavailable`` says.
+        unavailable in their description, or shown anyway, as ``unavailable`` says — unless
+        one of their fallbacks can answer for them (known, allowed, its breaker not open).
+        ``hide_fallbacks`` leaves out every tool another listed tool names as a fallback.
         """
         try:
             render = FORMATS[format]
         except KeyError:
             raise ValueError(f"unknown format {format!r}; choose from {sorted(FORMATS)}") from None
         chosen = self.profile(profile)
+        decls = [tool.decl for tool in self.registry.tools() if chosen.permits(tool.decl)]
+        hidden = {name for decl in decls for name in decl.fallback} if hide_fallbacks else set()
         out = []
-        for tool in self.registry.tools():
-            decl = tool.decl
-            if not chosen.permits(decl):
+        for decl in decls:
+            if decl.name in hidden:
                 continue
             description = decl.description
             if unavailable != "show":
                 wait = self.breakers.blocked_for(decl.key)
-                if wait is not None:
+                if wait is not None and not self._stands_in(decl, chosen):
                     if unavailable == "hide":
                         continue
                     description = f"[unavailable for about {wait:.0f} s] {description}"
             out.append(render(decl, description))
         return out
+
+    def _stands_in(self, decl: ToolDeclaration, profile: Profile) -> bool:
+        """Can a fallback of ``decl`` answer for it now (known, allowed, breaker not open)?"""
+        for name in decl.fallback:
+            try:
+                tool = self.registry.resolve(name)
+            except RegistrationError:
+                continue
+            if (
+                tool is not None
+                and profile.permits(tool.decl)
+                and self.breakers.blocked_for(tool.decl.key) is None
+            ):
+                return True
+        return False

@@ -10,10 +10,16 @@ from dataclasses import dataclass
 __all__ = [
     "AttemptEnded",
     "BreakerTransition",
+    "ConcurrencyLimitUpdated",
+    "ConcurrencyLimited",
     "Event",
+    "FallbackEnded",
     "FaultInjected",
+    "HedgeEnded",
+    "RetryBudgetExhausted",
     "RetryScheduled",
     "WorkerAbandoned",
+    "WorkerKilled",
 ]
 
 
@@ -58,4 +64,80 @@ class WorkerAbandoned:
     breaker_key: str
 
 
-Event = AttemptEnded | RetryScheduled | BreakerTransition | FaultInjected | WorkerAbandoned
+@dataclass(frozen=True, slots=True)
+class WorkerKilled:
+    """A sync handler's worker process (``isolation="process"``) was killed at the call's
+    deadline or cancellation, and is gone."""
+
+    breaker_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeEnded:
+    """Hedge ``attempt`` (2 = the first hedge) of a call: ``won`` (its answer was used),
+    ``lost`` (another attempt answered first, or it failed) or ``skipped`` (not started: no
+    time left, no bulkhead place, or the retry budget spent). ``winner`` is the attempt
+    whose answer the call got (0 while unknown)."""
+
+    breaker_key: str
+    attempt: int
+    result: str
+    winner: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudgetExhausted:
+    """A ``retry`` or ``hedge`` (``kind``) of ``breaker_key`` was not made: its retry
+    budget is spent."""
+
+    breaker_key: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyLimited:
+    """The call was refused by its key's adaptive concurrency ``limit`` (``in_flight``
+    calls were holding places)."""
+
+    breaker_key: str
+    limit: int
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyLimitUpdated:
+    """A window of the key's adaptive limit ended: the ``limit`` now, and the most calls
+    in flight during the window (``in_flight``)."""
+
+    breaker_key: str
+    limit: int
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackEnded:
+    """The call's tool answered ``primary`` and fallback ``fallback`` (breaker key
+    ``breaker_key``, ``None`` if unknown) was tried: it answered ``result`` (``ok`` or the
+    ``error_type``) after ``attempts`` attempts; ``served`` when that is the call's answer."""
+
+    fallback: str
+    breaker_key: str | None
+    result: str
+    served: bool
+    primary: str
+    attempts: int
+
+
+Event = (
+    AttemptEnded
+    | FallbackEnded
+    | HedgeEnded
+    | RetryBudgetExhausted
+    | RetryScheduled
+    | BreakerTransition
+    | FaultInjected
+    | WorkerAbandoned
+    | WorkerKilled
+    | ConcurrencyLimited
+    | ConcurrencyLimitUpdated
+)

@@ -37,6 +37,8 @@ class Outcome:
     """Set when no further attempt may be made (e.g. this failure opened the breaker)."""
     effect_unknown: bool = False
     """The tool (not idempotent) may have taken effect before it failed or was stopped."""
+    served_by: str | None = None
+    """The fallback tool that answered this call instead of the one called."""
 
     def __await__(self) -> Generator[Any, None, Outcome]:
         """An outcome is its own finished awaitable: a stage that answers at once (or

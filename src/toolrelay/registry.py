@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 import jsonschema_rs
 
-from .contract import RISKS, AuthContext, Risk, ToolDeclaration, ToolPlugin
+from .contract import ISOLATIONS, RISKS, AuthContext, Isolation, Risk, ToolDeclaration, ToolPlugin
+from .isolation import ProcessTarget, target_of
 
 __all__ = ["CompiledTool", "RegistrationError", "ToolRegistry"]
 
@@ -29,6 +30,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_RESERVED = frozenset({"user_id", "tenant_id"})
 
 F = TypeVar("F", bound=Callable[..., Any])
+ASYNC_MARK = "__toolrelay_async__"
+"""Set on a typed tool's caller that returns the handler's coroutine without being
+``async def`` (one frame less per call than awaiting it)."""
 Validator = Any  # jsonschema_rs.Validator; the stubs name no common base
 
 
@@ -48,6 +52,8 @@ class CompiledTool:
     output_validator: Validator | None
     source: ToolDeclaration
     """The declaration as the plugin gave it (the cache key)."""
+    process_target: ProcessTarget | None = None
+    """Where a worker process finds the handler, for ``isolation="process"``."""
 
 
 def _compile_schema(tool: str, what: str, schema: Mapping[str, Any]) -> Validator:
@@ -139,8 +145,12 @@ def compile_tool(
     fn: Callable[[dict[str, Any], AuthContext], Any],
     reserved: frozenset[str],
     source: ToolDeclaration | None = None,
+    target: Callable[[], ProcessTarget] | None = None,
 ) -> CompiledTool:
-    """Check a declaration and build its validators; raise :class:`RegistrationError`."""
+    """Check a declaration and build its validators; raise :class:`RegistrationError`.
+
+    ``target()`` gives where a worker process finds the handler (``isolation="process"``);
+    its ``ValueError`` says why there is no such place."""
     if not isinstance(decl, ToolDeclaration):
         raise RegistrationError(f"describe() returned {type(decl).__name__}, not ToolDeclaration")
     name = decl.name
@@ -154,6 +164,8 @@ def compile_tool(
         raise RegistrationError(f"tool {name!r}: max_attempts must be at least 1")
     if not isinstance(decl.parameters, Mapping) or decl.parameters.get("type") != "object":
         raise RegistrationError(f"tool {name!r}: parameters must be an object schema")
+    process_target = _isolation(decl, fn, target)
+    _check_fallback(decl)
     clash = _identity_properties(decl.parameters, reserved)
     if clash:
         raise RegistrationError(
@@ -166,13 +178,55 @@ def compile_tool(
         if decl.output_schema is None
         else _compile_schema(name, "output_schema", decl.output_schema)
     )
-    return CompiledTool(decl, fn, _is_async(fn), validator, output, source or decl)
+    return CompiledTool(decl, fn, is_async(fn), validator, output, source or decl, process_target)
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
+def _check_fallback(decl: ToolDeclaration) -> None:
+    """``fallback`` is a tuple of distinct tool names, not the tool's own. Names are
+    resolved when a call falls back (plugins come and go); one that is unknown then is
+    skipped. A fallback's own fallbacks are never followed, so no cycle can run."""
+    name = decl.name
+    names = decl.fallback
+    if not isinstance(names, tuple):
+        raise RegistrationError(f"tool {name!r}: fallback must be a tuple of tool names")
+    for other in names:
+        if not isinstance(other, str) or not NAME_RE.match(other):
+            raise RegistrationError(f"tool {name!r}: fallback {other!r} is not a tool name")
+        if other == name:
+            raise RegistrationError(f"tool {name!r}: a tool cannot be its own fallback")
+    if len(set(names)) != len(names):
+        raise RegistrationError(f"tool {name!r}: fallback names a tool twice")
+
+
+def _isolation(
+    decl: ToolDeclaration,
+    fn: Callable[..., Any],
+    target: Callable[[], ProcessTarget] | None,
+) -> ProcessTarget | None:
+    """Check ``decl.isolation``; for ``"process"``, where a worker process finds ``fn``."""
+    name = decl.name
+    if decl.isolation not in ISOLATIONS:
+        raise RegistrationError(f"tool {name!r}: isolation must be one of {ISOLATIONS}")
+    if decl.isolation == "thread":
+        return None
+    if is_async(fn):
+        raise RegistrationError(
+            f"tool {name!r}: isolation='process' is for sync handlers; an async one is "
+            "cancelled at its deadline already"
+        )
+    try:
+        if target is None:
+            raise ValueError("needs a module-level function, and this tool has none")
+        return target()
+    except ValueError as exc:
+        raise RegistrationError(f"tool {name!r}: isolation='process' {exc}") from None
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
     """``async def`` functions, partials of them, objects with an ``async __call__``, and
-    typed tools' callers of an ``async def`` (marked: they return its coroutine)."""
-    if inspect.iscoroutinefunction(fn) or getattr(fn, "__toolrelay_async__", False):
+    typed tools' callers of an ``async def`` (marked :data:`ASYNC_MARK`: they return its
+    coroutine)."""
+    if inspect.iscoroutinefunction(fn) or getattr(fn, ASYNC_MARK, False):
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004
     return call is not None and inspect.iscoroutinefunction(call)
@@ -183,9 +237,17 @@ class FunctionPlugin:
 
     def __init__(self) -> None:
         self._tools: dict[str, tuple[ToolDeclaration, Callable[..., Any]]] = {}
+        self._targets: dict[str, Callable[[], ProcessTarget]] = {}
 
-    def add(self, decl: ToolDeclaration, fn: Callable[..., Any]) -> None:
+    def add(
+        self, decl: ToolDeclaration, fn: Callable[..., Any], target: Callable[[], ProcessTarget]
+    ) -> None:
         self._tools[decl.name] = (decl, fn)
+        self._targets[decl.name] = target
+
+    def process_target(self, name: str) -> Callable[[], ProcessTarget]:
+        """The decorated function by name (not its typed caller: a worker rebuilds that)."""
+        return self._targets[name]
 
     def describe(self) -> list[ToolDeclaration]:
         return [decl for decl, _ in self._tools.values()]
@@ -210,6 +272,18 @@ def _lookup(plugin: Any, name: str) -> ToolDeclaration | None:
         if decl.name == name:
             return decl  # type: ignore[no-any-return]
     return None
+
+
+def _process_target(
+    plugin: Any, name: str, handler: Callable[..., Any]
+) -> Callable[[], ProcessTarget]:
+    """Where a worker process finds the tool's handler: the decorated function for
+    ``tool()``, else the plugin's ``handler(name)``, which must be a module-level function."""
+    finder = getattr(plugin, "process_target", None)
+    if finder is not None:
+        found: Callable[[], ProcessTarget] = finder(name)
+        return found
+    return functools.partial(target_of, handler, name, typed=False)
 
 
 def _handler(plugin: Any, name: str) -> Callable[[dict[str, Any], AuthContext], Any]:
@@ -246,17 +320,30 @@ class ToolRegistry:
         max_attempts: int | None = None,
         version: str = "1",
         tags: Iterable[str] = (),
+        isolation: Isolation = "thread",
+        fallback: Iterable[str] = (),
     ) -> Callable[[F], F]:
         """Register a function as a tool (``async def`` or ``def``).
 
         Without ``parameters`` the schema is inferred from a typed function's signature
         (``docs/typed-tools.md``); with it, or for a function shaped ``fn(args, ctx)``, the
-        function gets the validated arguments as one dict and the ``AuthContext``."""
+        function gets the validated arguments as one dict and the ``AuthContext``.
+        ``isolation="process"`` runs a sync function in a worker process, killed at the
+        deadline; it must then be defined at the top level of its module
+        (``docs/isolation.md``). ``fallback`` names the tools that answer instead when
+        this one cannot (``docs/fallbacks.md``)."""
+        if isinstance(fallback, str):
+            raise RegistrationError(f"fallback must be a list of tool names, not {fallback!r}")
+        fallbacks = tuple(fallback)
 
         def decorate(fn: F) -> F:
-            from . import typed  # pydantic is imported when the first tool is registered
+            from . import typed  # imported when the first function tool is registered
 
-            tool_name = name or str(getattr(fn, "__name__", ""))
+            tool_name = name or getattr(fn, "__name__", None)
+            if not isinstance(tool_name, str):  # a functools.partial, a callable object
+                raise RegistrationError(
+                    f"a {type(fn).__name__} has no __name__: give name= to register it"
+                )
             handler: Callable[..., Any] = fn
             inferred_output = None
             try:
@@ -286,13 +373,17 @@ class ToolRegistry:
                 max_attempts=max_attempts,
                 version=version,
                 tags=frozenset(tags),
+                isolation=isolation,
+                fallback=fallbacks,
             )
-            compile_tool(decl, handler, self.reserved_properties)  # refuse a bad tool now
+            target = functools.partial(target_of, fn, tool_name, typed=not legacy)
+            # refuse a bad tool now
+            compile_tool(decl, handler, self.reserved_properties, target=target)
             self._claim([decl.name], None)
             if self._functions is None:
                 self._functions = FunctionPlugin()
                 self._plugins.append(self._functions)
-            self._functions.add(decl, handler)
+            self._functions.add(decl, handler, target)
             self._owner[decl.name] = self._functions
             self._compiled.pop(decl.name, None)
             return fn
@@ -360,18 +451,40 @@ class ToolRegistry:
             )
         override = self._overrides.get(decl.name)
         effective = decl if override is None else dataclasses.replace(decl, **override)
-        return compile_tool(effective, _handler(plugin, decl.name), self.reserved_properties, decl)
+        handler = _handler(plugin, decl.name)
+        target = _process_target(plugin, decl.name, handler)
+        return compile_tool(effective, handler, self.reserved_properties, decl, target)
 
-    OVERRIDABLE = frozenset({"timeout_s", "breaker_key", "max_attempts", "idempotent", "risk"})
+    OVERRIDABLE = frozenset(
+        {"timeout_s", "breaker_key", "max_attempts", "idempotent", "risk", "isolation", "fallback"}
+    )
 
     def override(self, name: str, **fields: Any) -> None:
         """Operator overrides of a tool's declaration (``timeout_s``, ``breaker_key``,
-        ``max_attempts``, ``idempotent``, ``risk``), applied whenever it is read."""
+        ``max_attempts``, ``idempotent``, ``risk``, ``isolation``, ``fallback``), applied
+        whenever it is read. An ``isolation`` or ``fallback`` the tool cannot have is refused
+        now (if the tool is known)."""
         unknown = set(fields) - self.OVERRIDABLE
         if unknown:
             raise RegistrationError(f"tool {name!r}: cannot override {sorted(unknown)}")
-        self._overrides[name] = {**self._overrides.get(name, {}), **fields}
+        if "fallback" in fields:  # a list from TOML; checked with the declaration
+            names = fields["fallback"]
+            if isinstance(names, str):
+                raise RegistrationError(f"tool {name!r}: fallback must be a list of tool names")
+            fields = {**fields, "fallback": tuple(names)}
+        before = self._overrides.get(name)
+        self._overrides[name] = {**(before or {}), **fields}
         self._compiled.pop(name, None)
+        if ("isolation" in fields or "fallback" in fields) and name in self._owner:
+            try:
+                self.resolve(name)
+            except RegistrationError:
+                if before is None:
+                    del self._overrides[name]
+                else:
+                    self._overrides[name] = before
+                self._compiled.pop(name, None)
+                raise
 
     def tools(self) -> Iterator[CompiledTool]:
         """Every valid tool now; a declaration a plugin changed into an invalid one is skipped."""

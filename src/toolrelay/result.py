@@ -38,10 +38,15 @@ class ToolResult:
     effect_unknown: bool = False
     """A tool that is not idempotent failed or was stopped after it may have taken effect:
     calling it again may repeat the effect (the answer is not retryable)."""
+    served_by: str | None = None
+    """The fallback tool that answered instead of ``tool`` (its breaker was open, it was
+    overloaded, or it timed out with time left: ``docs/fallbacks.md``); ``None`` otherwise."""
 
     def to_model(self) -> dict[str, Any]:
         """The stable JSON envelope the model reads."""
         if self.ok:
+            if self.served_by is not None:
+                return {"ok": True, "data": self.data, "served_by": self.served_by}
             return {"ok": True, "data": self.data}
         answer: dict[str, Any] = {
             "ok": False,
@@ -53,4 +58,6 @@ class ToolResult:
             answer["retry_after_s"] = round(self.retry_after_s, 3)
         if self.effect_unknown:
             answer["effect_unknown"] = True
+        if self.served_by is not None:
+            answer["served_by"] = self.served_by
         return answer

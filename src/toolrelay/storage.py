@@ -12,7 +12,9 @@ and decides at once from it; no Redis I/O happens on the dispatch path. One thre
   crashed replica cannot hold one forever) and admits a trial only with a place in hand;
 - every ``sync_interval_s`` each active replica publishes its window's counts and reads
   the others', which its next decision adds to its own, and re-reads the state (in case a
-  message was missed);
+  message was missed); a key's retry budget (:mod:`toolrelay.budget`) rides along in the
+  same hash (field ``<replica>|budget``: calls and extras of its window), so the budget
+  holds for the fleet at no extra round trip;
 - a state a replica merely observes is adopted locally and never written back, so it
   resets nobody's counters.
 
@@ -43,6 +45,7 @@ from .breakers import Others, Remote, State
 
 if TYPE_CHECKING:
     from .breakers import KeyBreaker
+    from .budget import RetryBudgets
 
 __all__ = ["RedisLink", "SharedStorage"]
 
@@ -248,6 +251,8 @@ class RedisLink:
         self.commands = 0
         """Redis round trips made by the replication thread (a pipeline counts once)."""
         self._storages: dict[str, SharedStorage] = {}
+        self.budgets: RetryBudgets | None = None
+        """The dispatcher's retry budgets, replicated with the breaker counts."""
         self._ops: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._scripts = {
             "transition": self.client.register_script(_TRANSITION),
@@ -405,7 +410,12 @@ class RedisLink:
             calls, failures, slow = breaker.window_counts(others=False)
             mine = f"{breaker.period},{calls},{failures},{slow},{storage.counter},{wall:.3f}"
             state_key, _, counts_key = storage.redis_keys
-            pipe.hset(counts_key, self.replica, mine)
+            budget = None if self.budgets is None else self.budgets.known(storage.key)
+            extra: list[str] = []  # the budget's counts, in the same HSET
+            if budget is not None:
+                spent = budget.counts()
+                extra = [f"{self.replica}|budget", f"{spent[0]},{spent[1]},{wall:.3f}"]
+            pipe.hset(counts_key, self.replica, mine, items=extra or None)
             pipe.pexpire(counts_key, max(60_000, 10 * _ms(self.sync_interval_s)))
             pipe.hmget(state_key, "gen", "state", "opened_ms", "break_ms", "pinned")
             pipe.hgetall(counts_key)
@@ -423,6 +433,9 @@ class RedisLink:
                 reply = [1, gen, state, opened_ms or 0, break_ms or 0, pinned or 0, now_ms, ""]
                 breaker.inbox.append(_remote(reply, authoritative=False))
             breaker.others = _others(counts, self.replica, int(gen or 0), stale)
+            budget = None if self.budgets is None else self.budgets.known(storage.key)
+            if budget is not None:
+                budget.share(*_budget_others(counts, self.replica, stale))
 
     def _resync(self) -> None:
         """Redis is back: push a local open state Redis lacks, else adopt Redis's state."""
@@ -502,3 +515,22 @@ def _others(counts: dict[Any, Any], replica: str, gen: int, stale: float) -> Oth
         except ValueError:
             continue
     return Others(gen, calls, failures, slow, consecutive)
+
+
+def _budget_others(counts: dict[Any, Any], replica: str, stale: float) -> tuple[int, int]:
+    """The other replicas' fresh retry-budget counts: (calls, extras)."""
+    calls = extras = 0
+    mine = f"{replica}|budget"
+    for field, value in counts.items():
+        name = _text(field)
+        if not name.endswith("|budget") or name == mine:
+            continue
+        try:
+            c, e, at = _text(value).split(",")
+            if float(at) < stale:
+                continue
+            calls += int(c)
+            extras += int(e)
+        except ValueError:
+            continue
+    return calls, extras

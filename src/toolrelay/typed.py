@@ -24,11 +24,12 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import annotated_types
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticSerializationError, to_jsonable_python
+from pydantic_core import PydanticSerializationError, PydanticUndefined, to_jsonable_python
 
 from .contract import AuthContext, CallContext, ErrorType, ToolError
+from .registry import ASYNC_MARK, is_async
 
-__all__ = ["ASYNC_MARK", "SignatureError", "TypedTool", "is_legacy", "typed_tool"]
+__all__ = ["SignatureError", "TypedTool", "is_legacy", "typed_tool"]
 
 Handler = Callable[[dict[str, Any], AuthContext], Any]
 _EMPTY = inspect.Parameter.empty
@@ -36,8 +37,6 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 _NONE = type(None)
 _JSON_TYPES: frozenset[type] = frozenset({dict, list, str, int, float, bool, _NONE})
 MAX_REPORTED = 3
-ASYNC_MARK = "__toolrelay_async__"
-"""Set on a caller that returns the handler's coroutine without being ``async def``."""
 
 
 class SignatureError(ValueError):
@@ -52,7 +51,6 @@ class TypedTool:
     output_schema: dict[str, Any] | None
     description: str
     call: Handler
-    is_async: bool
 
 
 # -- which convention ---------------------------------------------------------------------
@@ -65,6 +63,13 @@ def _signature(fn: Callable[..., Any]) -> tuple[inspect.Signature | None, bool]:
         return None, False
     except Exception:  # an annotation names something missing at run time
         return inspect.signature(fn), False
+
+
+def _parameters(fn: Callable[..., Any], sig: inspect.Signature) -> list[inspect.Parameter]:
+    """The parameters a call can fill: those a ``functools.partial`` binds by keyword are
+    the host's (a client, a key), never arguments, so they are left out."""
+    bound = fn.keywords if isinstance(fn, functools.partial) else {}
+    return [p for p in sig.parameters.values() if p.name not in bound]
 
 
 def _split(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -108,7 +113,8 @@ def is_legacy(fn: Callable[..., Any], *, explicit_schema: bool) -> bool:
     plainly cannot be one raises :class:`SignatureError`. Without one, it is when it has
     exactly two parameters, both positional, the first unannotated or a mapping (``dict``,
     ``dict[str, Any]``, ``Mapping[…]``, ``Any``) and the second unannotated, ``Any`` or
-    ``AuthContext`` (``| None``). Anything else is typed.
+    ``AuthContext`` (``| None``). Anything else is typed. Parameters a ``functools.partial``
+    binds by keyword do not count.
     """
     sig, resolved = _signature(fn)
     if sig is None:
@@ -123,11 +129,8 @@ def is_legacy(fn: Callable[..., Any], *, explicit_schema: bool) -> bool:
                 "take; leave parameters= out to have the schema inferred from the signature"
             )
         return True
-    return (
-        fits
-        and len(sig.parameters) == 2
-        and all(p.kind in _POSITIONAL for p in sig.parameters.values())
-    )
+    params = _parameters(fn, sig)
+    return fits and len(params) == 2 and all(p.kind in _POSITIONAL for p in params)
 
 
 def _fits_args_and_ctx(sig: inspect.Signature, resolved: bool) -> bool:
@@ -167,7 +170,7 @@ def _blank_before_args(doc: str) -> str:
     return "\n".join(out)
 
 
-def docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
+def _docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
     """The description (the docstring's first paragraph, lines joined) and each parameter's
     description (Google, NumPy or Sphinx style, parsed by griffe)."""
     target = fn.func if isinstance(fn, functools.partial) else fn
@@ -325,7 +328,7 @@ def _recursive(defs: dict[str, Any]) -> set[str]:
     return cyclic
 
 
-def tidy(schema: dict[str, Any], *, close_objects: bool) -> dict[str, Any]:
+def _tidy(schema: dict[str, Any], *, close_objects: bool) -> dict[str, Any]:
     """pydantic's schema made for a model to read: ``$defs`` inlined (the recursive ones
     kept), ``title``s dropped, and, with ``close_objects``, every object with
     ``properties`` and no ``additionalProperties`` closed (``false``) — pydantic ignores
@@ -376,12 +379,12 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
         raise SignatureError(
             "its annotations cannot be evaluated (a name imported only for type checking?)"
         )
-    summary, described = docstring(fn)
+    summary, described = _docstring(fn)
     fields: dict[str, Any] = {}
     auth: str | None = None
     call: str | None = None
     python_defaults: dict[str, Any] = {}
-    for param in sig.parameters.values():
+    for param in _parameters(fn, sig):
         annotation = Any if param.annotation is _EMPTY else param.annotation
         if _is_context(annotation, AuthContext) or _is_context(annotation, CallContext):
             is_auth = _is_context(annotation, AuthContext)
@@ -404,14 +407,17 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
             metadata = (Field(description=described[param.name]), *metadata)
         python_defaults[param.name] = param.default
         field_type = _annotated(base, metadata)  # its own Field(default=…) may apply
-        fields[param.name] = field_type if param.default is _EMPTY else (field_type, param.default)
+        # ``PydanticUndefined``, not a bare annotation: pydantic would take a name that
+        # ``BaseModel`` has (``model_dump``…) as a default, and the parameter as optional
+        default = PydanticUndefined if param.default is _EMPTY else param.default
+        fields[param.name] = (field_type, default)
     try:
         model = create_model(
             f"{name}_arguments",
             __config__=ConfigDict(extra="forbid", protected_namespaces=()),
             **fields,
         )
-        parameters = tidy(model.model_json_schema(), close_objects=True)
+        parameters = _tidy(model.model_json_schema(), close_objects=True)
     except Exception as exc:  # pydantic's errors for what it cannot model are many
         raise SignatureError(_first_line(exc)) from exc
     for missing in fields.keys() - model.model_fields.keys():  # pydantic's private names
@@ -436,24 +442,15 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
             )
 
     output_schema, dump = _output(sig.return_annotation)
-    is_async = _is_async(fn)
-    caller = _caller(fn, name, is_async, auth, call, tuple(converters), tuple(fills), dump)
+    caller = _caller(fn, name, is_async(fn), auth, call, tuple(converters), tuple(fills), dump)
     return TypedTool(
-        parameters, output_schema, summary if description is None else description, caller,
-        is_async,
-    )  # fmt: skip
+        parameters, output_schema, summary if description is None else description, caller
+    )
 
 
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    if inspect.iscoroutinefunction(fn):
-        return True
-    method = getattr(fn, "__call__", None)  # noqa: B004
-    return method is not None and inspect.iscoroutinefunction(method)
 
 
 def _output(annotation: Any) -> tuple[dict[str, Any] | None, Callable[[Any], Any] | None]:
@@ -469,14 +466,14 @@ def _output(annotation: Any) -> tuple[dict[str, Any] | None, Callable[[Any], Any
         raise SignatureError(
             f"its return annotation has no JSON Schema: {_first_line(exc)}"
         ) from exc
-    schema = tidy(schema, close_objects=False)
+    schema = _tidy(schema, close_objects=False)
     return (schema if schema.get("type") == "object" else None), dump
 
 
 def _caller(
     fn: Callable[..., Any],
     tool: str,
-    is_async: bool,
+    awaits: bool,
     auth: str | None,
     call: str | None,
     converters: tuple[tuple[str, frozenset[type], Callable[[Any], Any]], ...],
@@ -522,12 +519,12 @@ def _caller(
             return fn(**args)
 
     if dump is None:
-        if is_async:
+        if awaits:
             setattr(run, ASYNC_MARK, True)
         return run
     convert_output = dump
     inner = run
-    if is_async:
+    if awaits:
 
         async def run_async(args: dict[str, Any], ctx: AuthContext) -> Any:
             return convert_output(await inner(args, ctx))

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.from_thread
@@ -56,8 +56,17 @@ def _nothing(*args: Any) -> None:
     return None
 
 
-class _Spawner:
-    """One daemon thread that starts worker threads on request, taking the keys in turn.
+class Spawnable(Protocol):
+    """A key's pool of workers (threads here, processes in ``isolation``): ``_spawn()``
+    starts one worker, on the spawner thread."""
+
+    key: str
+
+    def _spawn(self) -> None: ...
+
+
+class Spawner:
+    """One daemon thread that starts workers on request, taking the keys in turn.
 
     Keys are served round-robin: one thread start per key with requests pending, per
     round. A key whose hung calls have asked for thousands of threads thus delays another
@@ -65,23 +74,22 @@ class _Spawner:
     first served made a call on key B wait for every thread key A had asked for before it.
     """
 
-    def __init__(self) -> None:
-        self._pending: dict[KeyWorkers, int] = {}
+    def __init__(self, name: str = "toolrelay-spawner") -> None:
+        self.name = name
+        self._pending: dict[Spawnable, int] = {}
         """Thread starts asked for and not yet made, per key; the order is the round's."""
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def request(self, pool: KeyWorkers) -> None:
+    def request(self, pool: Spawnable) -> None:
         with self._wake:
             self._pending[pool] = self._pending.get(pool, 0) + 1
             self._wake.notify()
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="toolrelay-spawner", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
 
-    def _next(self) -> KeyWorkers:
+    def _next(self) -> Spawnable:
         """Wait for a request; take one from the key whose turn it is, which then goes to
         the back of the round if it still has more."""
         with self._wake:
@@ -95,18 +103,10 @@ class _Spawner:
 
     def _run(self) -> None:
         while True:
-            pool = self._next()
-            try:
-                threading.Thread(
-                    target=pool._work, name=f"toolrelay-worker[{pool.key}]", daemon=True
-                ).start()
-            except RuntimeError:  # out of threads: the key's next call asks again
-                log.warning("toolrelay: could not start a worker thread for %r", pool.key)
-                with pool._lock:
-                    pool.threads -= 1
+            self._next()._spawn()
 
 
-_SPAWNER = _Spawner()
+SPAWNER = Spawner()
 
 
 class KeyWorkers:
@@ -139,7 +139,17 @@ class KeyWorkers:
             if spawn:
                 self.threads += 1
         if spawn:
-            _SPAWNER.request(self)
+            SPAWNER.request(self)
+
+    def _spawn(self) -> None:
+        try:
+            threading.Thread(
+                target=self._work, name=f"toolrelay-worker[{self.key}]", daemon=True
+            ).start()
+        except RuntimeError:  # out of threads: the key's next call asks again
+            log.warning("toolrelay: could not start a worker thread for %r", self.key)
+            with self._lock:
+                self.threads -= 1
 
     def _work(self) -> None:
         while True:

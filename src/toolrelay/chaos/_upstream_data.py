@@ -401,6 +401,7 @@ ROUTES: dict[str, Route] = {
     "/v1/forecast": forecast,
     "/v1/search": geocode,
     "/search": searxng,
+    "/backup/search": searxng,  # a second search service: a fallback's (docs/fallbacks.md)
     "/feeds/rss.xml": rss,
     "/feeds/atom.xml": atom,
 }

@@ -348,7 +348,8 @@ class _Runner:
                 timeout = tool.decl.timeout_s if tool is not None else left
                 watch.answers.append((started, call.name, result, min(timeout, left)))
                 report.outcomes["ok" if result.ok else str(result.error_type)] += 1
-            await anyio.sleep(rng.uniform(*think))
+            asked = [r.retry_after_s for r in results if r.retry_after_s is not None]
+            await anyio.sleep(max([rng.uniform(*think), *asked]))  # an agent honours retry_after_s
 
 
 def _fault_label(item: dict[str, Any]) -> str:

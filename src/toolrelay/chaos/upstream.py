@@ -28,6 +28,12 @@ Fault kinds and their parameters:
 ``rate_limit`` answer 429 with ``Retry-After: retry_after`` (default 1)
 ``malformed``  answer 200 with a body that is not valid JSON/XML
 ``truncated``  declare the full ``Content-Length``, send half the body, close
+``load``       wait ``seconds`` × (n / ``capacity``)² when n > ``capacity`` requests are
+               in flight under the fault's path (n counted at arrival, itself
+               included), else ``seconds``: a service whose throughput collapses past
+               its capacity (each extra request slows all of them)
+``slow_tail``  wait ``seconds``, or ``tail_seconds`` for a share ``tail`` of requests
+               (drawn per request): a service with a slow tail, for hedging
 =============  =====================================================================
 
 Each fault applies to a request with probability ``rate``, drawn from one seeded
@@ -86,6 +92,8 @@ FAULT_KINDS: dict[str, frozenset[str]] = {
     "rate_limit": frozenset({"retry_after"}),
     "malformed": frozenset(),
     "truncated": frozenset(),
+    "load": frozenset({"seconds", "capacity"}),
+    "slow_tail": frozenset({"seconds", "tail", "tail_seconds"}),
 }
 """Every fault kind and the parameters it takes (besides ``path`` and ``rate``)."""
 
@@ -111,6 +119,9 @@ class Fault:
     seconds: float = 1.0
     status: int = 500
     retry_after: str | None = None
+    capacity: int = 20
+    tail: float = 0.05
+    tail_seconds: float = 2.0
 
     def to_json(self) -> dict[str, Any]:
         """The fault as the admin endpoint lists it: only the parameters its kind uses."""
@@ -147,6 +158,13 @@ class Fault:
             if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 599:
                 raise FaultError("'status' must be an integer from 400 to 599")
             fields["status"] = status
+        if "capacity" in allowed:
+            fields["capacity"] = int(_number(data.get("capacity", 20), "capacity", 1, 10000))
+        if "tail" in allowed:
+            fields["tail"] = _number(data.get("tail", 0.05), "tail", 0.0, 1.0)
+            fields["tail_seconds"] = _number(
+                data.get("tail_seconds", 2.0), "tail_seconds", 0.0, MAX_SECONDS
+            )
         if "retry_after" in allowed:
             default = "1" if kind == "rate_limit" else None
             fields["retry_after"] = _retry_after(data.get("retry_after", default))
@@ -233,6 +251,8 @@ class Upstream:
         self._clock = now if callable(now) else (lambda: now)
         self._table = _FaultTable(seed)
         self._static: dict[str, Reply] = {}
+        self._loaded: Counter[str] = Counter()
+        """Requests in flight under each ``load`` fault's path."""
         self._stack: AsyncExitStack | None = None
 
     # -- the Python API -------------------------------------------------------------------
@@ -437,6 +457,17 @@ class Upstream:
         retry_after = () if fault.retry_after is None else (("retry-after", fault.retry_after),)
         if kind == "delay":
             await anyio.sleep(fault.seconds)
+        elif kind == "load":
+            self._loaded[fault.path] += 1
+            try:
+                crowd = self._loaded[fault.path] / fault.capacity
+                await anyio.sleep(fault.seconds * max(1.0, crowd) ** 2)
+            finally:
+                self._loaded[fault.path] -= 1
+        elif kind == "slow_tail":
+            with self._table.lock:
+                slow = self._table.random.random() < fault.tail
+            await anyio.sleep(fault.tail_seconds if slow else fault.seconds)
         elif kind == "slow_body":
             await _send(conn, stream, reply, head=head, dribble_s=fault.seconds)
             return True

@@ -36,6 +36,7 @@ class Invocation:
 
     __slots__ = (
         "approval",
+        "approver",
         "args",
         "attempts",
         "call_id",
@@ -78,6 +79,8 @@ class Invocation:
         self.started = 0.0
         """When the current attempt got its bulkhead place (``time.perf_counter``)."""
         self.approval = "not_required"
+        self.approver: str | None = None
+        """Who decided the approval, when the approver said (an :class:`Approval`)."""
 
     def emit(self, event: Event) -> None:
         for observer in self.observers:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
 
 import anyio
 
@@ -13,13 +16,36 @@ from ..outcome import Outcome, failure
 from ..result import ToolCall
 from . import Invocation, Next
 
+__all__ = ["UNASKED", "Approval", "Approve", "Approver"]
+
 log = logging.getLogger("toolrelay")
 
-Approver = Callable[[ToolCall, ToolDeclaration, AuthContext], Awaitable[bool] | bool]
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """A decision with who made it, for approvers that know (the audit line's
+    ``approver``); ``reason`` (one short phrase) tells the model why a call was refused."""
+
+    approved: bool
+    by: str
+    reason: str = ""
+
+
+class _Unasked(enum.Enum):
+    UNASKED = "unasked"
+
+
+UNASKED: Final = _Unasked.UNASKED
+"""What an approver returns when it has nobody to ask for this call: answered
+``needs_approval``, as without an approver."""
+
+Decision = bool | Approval | _Unasked
+Approver = Callable[[ToolCall, ToolDeclaration, AuthContext], Awaitable[Decision] | Decision]
 
 
 class Approve:
-    """No approver → ``needs_approval``; the approver says no (or fails) → ``denied``.
+    """No approver (or it returns :data:`UNASKED`) → ``needs_approval``; the approver says
+    no (anything but ``True`` or an approving :class:`Approval`, or it fails) → ``denied``.
 
     The wait for a decision is bounded by the model slot's budget when a slot is held.
     """
@@ -35,11 +61,7 @@ class Approve:
         if not inv.profile.needs_approval(decl):
             return call_next(inv)
         if self.approver is None:
-            inv.approval = "needs_approval"
-            return failure(
-                ErrorType.NEEDS_APPROVAL,
-                f"tool {decl.name!r} is a {decl.risk} action and needs approval first",
-            )
+            return _needs_approval(inv, decl)
         return self._ask(call_next, inv, decl, self.approver)
 
     async def _ask(
@@ -48,13 +70,11 @@ class Approve:
         request = ToolCall(decl.name, inv.args, inv.call_id)
         inv.approval = "pending"
         limit = float("inf") if inv.slot is None else inv.slot.remaining()
-        approved = False
+        decision: Decision = False
         try:
             with anyio.move_on_after(limit) as scope:
-                decision = approver(request, decl, inv.ctx)
-                if inspect.isawaitable(decision):
-                    decision = await decision
-                approved = decision is True
+                answer = approver(request, decl, inv.ctx)
+                decision = await answer if inspect.isawaitable(answer) else answer
         except Exception:
             log.exception("toolrelay: approver failed for %s", decl.name)
             inv.approval = "approver_failed"
@@ -66,8 +86,25 @@ class Approve:
                 f"approval for {decl.name!r} did not come within the model's time budget",
                 retryable=True,
             )
+        if decision is UNASKED:
+            return _needs_approval(inv, decl)
+        if isinstance(decision, Approval):
+            inv.approver = decision.by
+            approved = decision.approved is True
+            why = f" ({decision.reason})" if decision.reason and not approved else ""
+        else:
+            approved = decision is True
+            why = ""
         if not approved:
             inv.approval = "denied"
-            return failure(ErrorType.DENIED, f"{decl.name!r} was not approved")
+            return failure(ErrorType.DENIED, f"{decl.name!r} was not approved{why}")
         inv.approval = "approved"
         return await call_next(inv)
+
+
+def _needs_approval(inv: Invocation, decl: ToolDeclaration) -> Outcome:
+    inv.approval = "needs_approval"
+    return failure(
+        ErrorType.NEEDS_APPROVAL,
+        f"tool {decl.name!r} is a {decl.risk} action and needs approval first",
+    )

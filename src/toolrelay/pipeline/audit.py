@@ -1,6 +1,7 @@
 """Stage 2a: one structured audit line per ``write``/``dangerous`` call.
 
-Each line names the tool, call id, user, tenant, the approval decision and the outcome
+Each line names the tool, call id, user, tenant, the approval decision (and who made it,
+when the approver says: ``approver``) and the outcome
 (``cancelled`` when the host cancelled the call). Arguments are included only when the
 host opts in, and then redacted (:meth:`~toolrelay.redact.Redactor.value`: secret-named
 keys masked whole, every string through the patterns). Read-only tools are not audited
@@ -60,6 +61,8 @@ class Audit:
             "decision": inv.approval,
             "outcome": outcome,
         }
+        if inv.approver is not None:
+            record["approver"] = inv.approver
         if self.arguments:
             record["arguments"] = self.redact.value(inv.args)  # a copy: the handler's stay
         try:

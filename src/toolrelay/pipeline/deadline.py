@@ -12,7 +12,8 @@ from . import Invocation, Next
 
 
 class Deadline:
-    """Sets ``inv.deadline`` = now + min(``timeout_s``, slot time left).
+    """Sets ``inv.deadline`` = now + min(``timeout_s``, slot time left), never later than
+    a deadline the call already has (a fallback's: its primary's, ``pipeline/fallback.py``).
 
     Stages inside honour it: retries never sleep past it, the bulkhead never waits past
     it, and the invoke stage cancels (or abandons) the handler at it.
@@ -22,7 +23,9 @@ class Deadline:
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         assert inv.tool is not None
-        inv.deadline = anyio.current_time() + inv.tool.decl.timeout_s
+        own = anyio.current_time() + inv.tool.decl.timeout_s
+        if own < inv.deadline:  # a fallback's call keeps its primary's deadline as a bound
+            inv.deadline = own
         slot = inv.slot
         if slot is not None and slot.deadline < inv.deadline:
             inv.deadline = slot.deadline

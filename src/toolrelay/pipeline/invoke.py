@@ -3,7 +3,9 @@
 Async handlers are awaited inside a cancel scope with the call's deadline; at the deadline
 they are cancelled (their ``finally`` runs). Sync handlers run on a worker thread of their
 breaker key; at the deadline the answer comes back at once and the thread is abandoned
-(counted, and still occupying its key's place until it ends).
+(counted, and still occupying its key's place until it ends). Sync handlers declared
+``isolation="process"`` run in a worker process of their key, killed at the deadline
+(``toolrelay.isolation``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from collections.abc import Callable
 
 import anyio
 
+from .. import isolation
 from ..contract import CURRENT_ATTEMPT, ErrorType, ToolError
-from ..events import WorkerAbandoned
+from ..events import WorkerAbandoned, WorkerKilled
 from ..outcome import Outcome, Verdict, failure, short
 from ..redact import Redactor, describe_exception
 from ..workers import WorkerPools
@@ -82,32 +85,46 @@ def error_outcome(
         )
     # Not exc_info: a handler would format the traceback (the exception's text, which may
     # quote a secret) out of reach of redaction. The redacted traceback is the message.
-    log.warning(
-        "toolrelay: tool %s raised %s\n%s",
-        inv.tool.decl.name,
-        type(exc).__name__,
-        describe_exception(exc, redact),
-    )
-    decl = inv.tool.decl
-    message = f"{decl.name} failed unexpectedly ({type(exc).__name__})"
+    if isinstance(exc, isolation.WorkerRaised):  # raised in a worker process
+        name, details = exc.type_name, redact(exc.details.rstrip())
+    else:
+        name, details = type(exc).__name__, describe_exception(exc, redact)
+    log.warning("toolrelay: tool %s raised %s\n%s", inv.tool.decl.name, name, details)
+    return _unexpected(inv, f"{inv.tool.decl.name} failed unexpectedly ({name})")
+
+
+def _unexpected(inv: Invocation, message: str) -> Outcome:
+    """A ``tool_error`` the breaker counts; for a tool that is not idempotent, its effect
+    may be done (it failed part-way)."""
+    assert inv.tool is not None
     out = failure(ErrorType.TOOL_ERROR, message, verdict=Verdict.FAILURE)
-    if not decl.is_idempotent:  # it failed part-way: its effect may be done
+    if not inv.tool.decl.is_idempotent:
         out.message = short(message + UNKNOWN_EFFECT)
         out.effect_unknown = True
     return out
 
 
 class Invoke:
-    __slots__ = ("redact", "workers")
+    __slots__ = ("processes", "redact", "workers")
 
-    def __init__(self, workers: WorkerPools, redact: Callable[[str], str] | None = None) -> None:
+    def __init__(
+        self,
+        workers: WorkerPools,
+        redact: Callable[[str], str] | None = None,
+        processes: isolation.ProcessPools | None = None,
+    ) -> None:
         self.workers = workers
         self.redact = redact
+        self.processes = processes or isolation.ProcessPools(
+            lambda key: workers.get(key).max_threads
+        )
 
     async def __call__(self, inv: Invocation) -> Outcome:
         tool = inv.tool
         assert tool is not None
         if not tool.is_async:
+            if tool.process_target is not None:
+                return await self._run_process(inv)
             return await self._run_sync(inv)
         # ``CallContext.current()`` reads the attempt from here (built only when asked for)
         attempt = CURRENT_ATTEMPT.set([inv, None])
@@ -157,3 +174,61 @@ class Invoke:
         if scope.cancel_called:
             return timeout_outcome(inv)
         return Outcome(True, data)
+
+    async def _run_process(self, inv: Invocation) -> Outcome:
+        tool = inv.tool
+        assert tool is not None and tool.process_target is not None and inv.key is not None
+        name, key = tool.decl.name, inv.key
+        try:
+            message = isolation.encode_call(
+                tool.process_target, inv.args, inv.ctx, call_id=inv.call_id,
+                attempt=inv.attempts, key=key,
+                deadline=inv.deadline - anyio.current_time() + time.monotonic(),
+            )  # fmt: skip
+        except Exception as exc:  # the host's AuthContext holds something pickle refuses
+            why = describe_exception(exc, self.redact or _DEFAULT_REDACTOR)
+            log.warning("toolrelay: cannot send a call of %s to a worker process: %s", name, why)
+            return failure(
+                ErrorType.INTERNAL_ERROR,
+                f"toolrelay could not hand {name} its call ({type(exc).__name__})",
+            )
+
+        def killed() -> None:
+            if inv.observers:
+                inv.emit(WorkerKilled(key))
+
+        pool = self.processes.get(key)
+        with anyio.CancelScope(deadline=inv.deadline) as scope:
+            try:
+                reply = await pool.call(message, killed)
+            except isolation.PoolFull:
+                return failure(
+                    ErrorType.OVERLOADED,
+                    f"{name} is busy: all {pool.max_processes} worker processes for "
+                    f"{key!r} are in use",
+                    retryable=True,
+                )
+            except isolation.StartFailed:
+                return failure(
+                    ErrorType.OVERLOADED,
+                    f"{name} could not start: no worker process for {key!r}",
+                    retryable=True,
+                )
+            except isolation.WorkerCrashed as exc:
+                log.warning("toolrelay: the worker process of %s %s", name, exc.how)
+                return _unexpected(inv, f"{name} failed: its worker process {exc.how}")
+        if scope.cancel_called:
+            return timeout_outcome(inv)
+        kind = reply[0]
+        if kind == "ok":
+            return Outcome(True, reply[1])
+        if kind == "tool_error":
+            _, text, error_type, retryable, counts, retry_after_s = reply
+            error = ToolError(
+                text, error_type=error_type, retryable=retryable,
+                counts_as_failure=counts, retry_after_s=retry_after_s,
+            )  # fmt: skip
+            return error_outcome(inv, error, self.redact)
+        if kind == "raised":
+            return error_outcome(inv, isolation.WorkerRaised(reply[1], reply[2]), self.redact)
+        return failure(ErrorType.INVALID_OUTPUT, f"{name} returned a non-JSON value")

@@ -5,6 +5,11 @@ idempotent tool enters tenacity's loop (exponential backoff with jitter, honouri
 ``retry_after_s`` hint). A retry never sleeps past the deadline — when the next wait would
 cross it, the answer is the last real outcome — never follows a failure that opened the
 breaker or a ``circuit_open``/``overloaded`` answer, and never follows a cancellation.
+
+With a retry budget (``retry_budget`` of the key's :class:`BreakerConfig`, see
+:mod:`toolrelay.budget`) every call is counted, and a retry is made only while the key's
+retries and hedges are within the budget; when it is spent, the answer is the failure
+the call had (a ``RetryBudgetExhausted`` event notes the retry not made).
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base, wait_exponential, wait_random
 
 from ..breakers import BreakerConfig
+from ..budget import KeyBudget, RetryBudgets
 from ..contract import ErrorType
-from ..events import AttemptEnded, RetryScheduled
+from ..events import AttemptEnded, RetryBudgetExhausted, RetryScheduled
 from ..outcome import Outcome
 from . import Invocation, Next
 
@@ -54,6 +60,21 @@ class _PastDeadline(stop_base):
         return anyio.current_time() + retry_state.upcoming_sleep >= inv.deadline
 
 
+class _BudgetSpent(stop_base):
+    """Stop when the key's retry budget cannot pay for the retry (consulted last: it spends)."""
+
+    def __init__(self, budget: KeyBudget) -> None:
+        self.budget = budget
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        if self.budget.try_spend():
+            return False
+        inv: Invocation = retry_state.args[0]
+        if inv.observers and inv.key is not None:
+            inv.emit(RetryBudgetExhausted(inv.key, "retry"))
+        return True
+
+
 def _last_outcome(retry_state: RetryCallState) -> Any:
     assert retry_state.outcome is not None
     return retry_state.outcome.result()
@@ -67,22 +88,29 @@ def _announce(retry_state: RetryCallState) -> None:
 
 
 class Retry:
-    __slots__ = ("_config_for", "_retry_if", "_stop_deadline", "_waits")
+    __slots__ = ("_budgets", "_config_for", "_retry_if", "_stop_deadline", "_waits")
 
-    def __init__(self, config_for: Callable[[str], BreakerConfig]) -> None:
+    def __init__(
+        self, config_for: Callable[[str], BreakerConfig], budgets: RetryBudgets | None = None
+    ) -> None:
         self._config_for = config_for
+        self._budgets = RetryBudgets(config_for) if budgets is None else budgets
         self._waits: dict[BreakerConfig, _Backoff] = {}
         self._retry_if = retry_if_result(_worth_retrying)
         self._stop_deadline = _PastDeadline()
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         inv.attempts = 1
+        assert inv.key is not None
+        budget = self._budgets.get(inv.key)
+        if budget is not None:
+            budget.deposit()
         out = await call_next(inv)
         if inv.observers:
             inv.emit(FIRST_OK if out.ok else AttemptEnded(1, str(out.error_type)))
         if out.ok or out.error_type is ErrorType.TIMEOUT or not _worth_retrying(out):
             return out  # a timeout means the call's one deadline has passed
-        assert inv.tool is not None and inv.key is not None
+        assert inv.tool is not None
         decl = inv.tool.decl
         config = self._config_for(inv.key)
         max_attempts = decl.max_attempts or config.max_attempts
@@ -104,9 +132,12 @@ class Retry:
                 inv.emit(AttemptEnded(inv.attempts, "ok" if result.ok else str(result.error_type)))
             return result
 
+        stop = stop_after_attempt(max_attempts) | self._stop_deadline
+        if budget is not None:
+            stop = stop | _BudgetSpent(budget)
         retrying = AsyncRetrying(
             sleep=anyio.sleep,
-            stop=stop_after_attempt(max_attempts) | self._stop_deadline,
+            stop=stop,
             wait=wait,
             retry=self._retry_if,
             before_sleep=_announce,

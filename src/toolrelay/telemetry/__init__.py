@@ -2,7 +2,8 @@
 
 :class:`Telemetry` is the outermost stage of the pipeline (it opens the span, so the
 handler's own spans are its children, and counts the answer), an observer of stage events
-(retries, breaker transitions, faults, abandoned workers) and a listener of breakers,
+(retries, breaker transitions, faults, abandoned threads,
+killed worker processes) and a listener of breakers,
 worker pools, model slots and the shared breaker storage. Stages hold no telemetry code.
 """
 
@@ -15,12 +16,24 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from opentelemetry import context, trace
+from opentelemetry.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
-from ..events import AttemptEnded, Event, FaultInjected, RetryScheduled
+from ..events import (
+    AttemptEnded,
+    ConcurrencyLimitUpdated,
+    Event,
+    FallbackEnded,
+    FaultInjected,
+    HedgeEnded,
+    RetryBudgetExhausted,
+    RetryScheduled,
+    WorkerKilled,
+)
 from ..outcome import Outcome
 from ..redact import Redactor
 from .metrics import UNKNOWN_TOOL, Metrics
+from .semconv import execute_tool_duration, tool_attributes
 from .tracing import add_event, finish
 
 if TYPE_CHECKING:
@@ -35,7 +48,7 @@ _VERSION = "0.1.0"
 
 
 class Telemetry:
-    __slots__ = ("_checked_at", "_tracing", "capture_content", "metrics", "provider",
+    __slots__ = ("_checked_at", "_tracing", "capture_content", "genai", "metrics", "provider",
                  "redact", "registry", "tracer")  # fmt: skip
 
     def __init__(
@@ -46,6 +59,7 @@ class Telemetry:
         tracer_provider: trace.TracerProvider | None = None,
         capture_content: bool = False,
         redact: Redactor | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         self.registry = registry
         self.redact = Redactor() if redact is None else redact
@@ -55,6 +69,9 @@ class Telemetry:
         self._tracing = False
         self._checked_at = -1.0
         self.capture_content = capture_content
+        self.genai = execute_tool_duration(meter_provider)
+        """``gen_ai.execute_tool.duration`` (OTel metrics API: recorded once a meter provider
+        is configured, globally or ``meter_provider``): see :mod:`.semconv`."""
 
     def label(self, name: Any) -> str:
         return name if isinstance(name, str) and self.registry.owns(name) else UNKNOWN_TOOL
@@ -105,7 +122,9 @@ class Telemetry:
                 tool = inv.tool.decl.name  # registered during this very call
             count, histogram, count_attempt, exemplars = metrics.call_children(tool, outcome)
             count(1)
-            if inv.attempts:  # the last attempt; earlier ones were counted as they were retried
+            # the last attempt (earlier ones were counted as they were retried); after a
+            # fallback answered, the primary's and the fallback's: _fallback_ended
+            if inv.attempts and out.served_by is None:
                 count_attempt(1)
                 if outcome == "circuit_open" and inv.key is not None:
                     metrics.key_child(metrics.breaker_rejected, inv.key)(1)
@@ -128,6 +147,11 @@ class Telemetry:
                 if exemplars.due(elapsed, ended):
                     exemplar = {"trace_id": format(span.get_span_context().trace_id, "032x")}
             histogram.observe(elapsed, exemplar)
+            genai = self.genai.histogram
+            if genai is None and ended >= self.genai.next_check:
+                genai = self.genai.check(ended)
+            if genai is not None:
+                genai.record(elapsed, tool_attributes(tool, outcome))
             if outcome == "timeout" and inv.deadline != float("inf"):
                 metrics.overrun.observe(max(0.0, anyio.current_time() - inv.deadline))
             return out
@@ -152,10 +176,53 @@ class Telemetry:
             self.metrics.attempt_child(tool, event.error_type)(1)
         elif isinstance(event, FaultInjected):
             self.metrics.faults.labels(self.label(inv.name), event.fault).inc()
+        elif isinstance(event, ConcurrencyLimitUpdated):
+            self.metrics.concurrency_limit.labels(event.breaker_key).set(event.limit)
+            self.metrics.concurrency_in_flight.labels(event.breaker_key).set(event.in_flight)
+        elif isinstance(event, HedgeEnded):
+            self.metrics.hedges.labels(event.breaker_key, event.result).inc()
+        elif isinstance(event, RetryBudgetExhausted):
+            self.metrics.budget_exhausted.labels(event.breaker_key, event.kind).inc()
+        elif isinstance(event, FallbackEnded):
+            self._fallback_ended(inv, event)
+        elif isinstance(event, WorkerKilled):
+            self.metrics.key_child(self.metrics.processes_killed, event.breaker_key)(1)
         if self._tracing:
             span = trace.get_current_span()
             if span.is_recording():
                 add_event(span, event)
+
+    def _fallback_ended(self, inv: Invocation, event: FallbackEnded) -> None:
+        """``toolrelay_fallbacks_total``; the fallback's last attempt (its call has no span
+        or call count of its own) and, when it answered, the primary's; on the span, an
+        event per fallback tried and ``toolrelay.fallback.served_by``."""
+        metrics = self.metrics
+        tool = self.label(inv.name)
+        fallback = self.label(event.fallback)
+        metrics.fallbacks.labels(tool, fallback, event.result).inc()
+        ended = [(fallback, event.breaker_key, event.result, event.attempts)]
+        if event.served:
+            ended.append((tool, inv.key, event.primary, inv.attempts))
+        for name, key, result, attempts in ended:
+            if not attempts:
+                continue
+            metrics.attempt_child(name, result)(1)
+            if key is not None and result == "circuit_open":
+                metrics.key_child(metrics.breaker_rejected, key)(1)
+            elif key is not None and result == "overloaded":
+                metrics.key_child(metrics.bulkhead_rejected, key)(1)
+        if self._tracing:
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.add_event(
+                    "toolrelay.fallback",
+                    {
+                        "toolrelay.fallback.tool": fallback,
+                        "toolrelay.fallback.result": event.result,
+                    },
+                )
+                if event.served:
+                    span.set_attribute("toolrelay.fallback.served_by", fallback)
 
     def breaker_transition(self, key: str, old: str, new: str) -> None:
         self.metrics.transitions.labels(key, old, new).inc()

@@ -276,6 +276,11 @@ class Metrics:
             ("breaker_key",),
             "livesum",
         )
+        self.processes_killed = counter(
+            "worker_processes_killed",
+            'Worker processes (isolation="process") killed at a deadline or a cancellation.',
+            ("breaker_key",),
+        )
         self.overrun = Histogram(
             "deadline_overrun_seconds",
             "For timeouts: answer time minus the call's deadline.",
@@ -301,6 +306,33 @@ class Metrics:
             "livemin",
         )
         self.storage_up.set(1)
+        self.hedges = counter(
+            "hedges",
+            "Hedged attempts: won (its answer was used), lost, or skipped (not started).",
+            ("breaker_key", "hedge"),
+        )
+        self.budget_exhausted = counter(
+            "retry_budget_exhausted",
+            "Retries or hedges not made because the key's retry budget was spent.",
+            ("breaker_key", "kind"),
+        )
+        self.fallbacks = counter(
+            "fallbacks",
+            "Fallback tools tried for a call, by their answer (ok or the error_type).",
+            ("tool", "fallback", "result"),
+        )
+        self.concurrency_limit = gauge(
+            "concurrency_limit",
+            "The adaptive concurrency limit of a key (max_concurrent = \"adaptive\").",
+            ("breaker_key",),
+            "livesum",
+        )
+        self.concurrency_in_flight = gauge(
+            "concurrency_in_flight",
+            "The most calls in flight on an adaptive key during its latest window.",
+            ("breaker_key",),
+            "livesum",
+        )
         self._watched: weakref.WeakSet[Breakers] = weakref.WeakSet()
         self._watch_lock = threading.Lock()
         self._refresh_lock = threading.Lock()

@@ -10,10 +10,14 @@ from opentelemetry.trace import Span, Status, StatusCode
 from ..events import (
     AttemptEnded,
     BreakerTransition,
+    ConcurrencyLimited,
     Event,
     FaultInjected,
+    HedgeEnded,
+    RetryBudgetExhausted,
     RetryScheduled,
     WorkerAbandoned,
+    WorkerKilled,
 )
 
 OPERATION = "gen_ai.operation.name"
@@ -95,7 +99,23 @@ def add_event(span: Span, event: Event) -> None:
         span.add_event("toolrelay.fault", {"toolrelay.fault": event.fault})
     elif isinstance(event, WorkerAbandoned):
         span.add_event("toolrelay.worker.abandoned", {BREAKER_KEY: event.breaker_key})
+    elif isinstance(event, WorkerKilled):
+        span.add_event("toolrelay.worker.killed", {BREAKER_KEY: event.breaker_key})
+    elif isinstance(event, ConcurrencyLimited):
+        span.set_attribute("toolrelay.concurrency.limit", event.limit)
+        span.set_attribute("toolrelay.concurrency.in_flight", event.in_flight)
     elif isinstance(event, AttemptEnded) and event.number > 1:
         span.add_event(
             "toolrelay.attempt", {"toolrelay.attempt": event.number, OUTCOME: event.result}
+        )
+    elif isinstance(event, HedgeEnded):
+        span.add_event(
+            "toolrelay.hedge",
+            {"toolrelay.attempt": event.attempt, "toolrelay.hedge.result": event.result,
+             "toolrelay.hedge.winner": event.winner},
+        )  # fmt: skip
+    elif isinstance(event, RetryBudgetExhausted):
+        span.add_event(
+            "toolrelay.retry_budget.exhausted",
+            {BREAKER_KEY: event.breaker_key, "toolrelay.retry_budget.kind": event.kind},
         )

@@ -1,0 +1,135 @@
+"""Retry budgets: retries and hedges of a breaker key at most a share of its recent calls.
+
+A budget counts, over a sliding window of :data:`WINDOW_S` seconds (one-second buckets),
+the key's *calls* (one per dispatched call, whatever its tool) and its *extras* (retries
+and hedges made). An extra is allowed while::
+
+    extras + 1 ≤ max(ratio × calls, min_per_s × WINDOW_S)
+
+so a busy key that fails everything makes at most ``ratio`` extra requests per call, and a
+quiet one may still retry ``min_per_s`` times a second (the floor is a minimum, not an
+addition: it does not lift a busy key's share). The idea is Finagle's and
+tower's retry budget (a deposit per call, a withdrawal per retry, deposits expiring after
+a TTL) and Envoy's retry budget (retries a share of the active requests).
+
+With shared breaker storage, each replica publishes its window's counts with its breaker
+counts (:mod:`toolrelay.storage`) and adds the other replicas' latest counts to its own,
+so the budget holds for the whole fleet; the check itself never waits on Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .breakers import BreakerConfig
+
+__all__ = ["OTHERS_TTL_S", "WINDOW_S", "KeyBudget", "RetryBudgets"]
+
+WINDOW_S = 10
+"""The budget's sliding window, in seconds."""
+OTHERS_TTL_S = 2.0
+"""How long other replicas' counts are believed without a fresh reading."""
+
+Clock = Callable[[], float]
+
+
+class KeyBudget:
+    """One key's budget. :meth:`deposit` per call; :meth:`try_spend` before a retry or hedge."""
+
+    __slots__ = ("_buckets", "_clock", "_others", "min_per_s", "ratio", "window_s")
+
+    def __init__(
+        self,
+        ratio: float,
+        min_per_s: float = 1.0,
+        *,
+        window_s: int = WINDOW_S,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if ratio < 0 or min_per_s < 0 or window_s < 1:
+            raise ValueError("a retry budget needs ratio ≥ 0, min_per_s ≥ 0 and window_s ≥ 1")
+        self.ratio = ratio
+        self.min_per_s = min_per_s
+        self.window_s = window_s
+        self._clock = clock
+        self._buckets = [[-1, 0, 0] for _ in range(window_s)]  # second, calls, extras
+        self._others = (0, 0, float("-inf"))  # calls, extras, believed until
+
+    def _bucket(self) -> list[int]:
+        second = int(self._clock())
+        bucket = self._buckets[second % self.window_s]
+        if bucket[0] != second:
+            bucket[0], bucket[1], bucket[2] = second, 0, 0
+        return bucket
+
+    def deposit(self) -> None:
+        """Count one call."""
+        self._bucket()[1] += 1
+
+    def counts(self) -> tuple[int, int]:
+        """This replica's (calls, extras) in the window. Read-only: safe from another thread."""
+        first = int(self._clock()) - self.window_s + 1
+        calls = extras = 0
+        for second, c, e in list(self._buckets):
+            if second >= first:
+                calls += c
+                extras += e
+        return calls, extras
+
+    def share(self, calls: int, extras: int) -> None:
+        """The other replicas' latest counts (from the storage's thread)."""
+        self._others = (calls, extras, self._clock() + OTHERS_TTL_S)
+
+    def totals(self) -> tuple[int, int]:
+        """(calls, extras) in the window, other replicas' included while fresh."""
+        calls, extras = self.counts()
+        others_calls, others_extras, until = self._others
+        if self._clock() <= until:
+            calls += others_calls
+            extras += others_extras
+        return calls, extras
+
+    def allows(self) -> bool:
+        """Would one more extra fit? (Spends nothing.)"""
+        calls, extras = self.totals()
+        return extras + 1 <= max(self.ratio * calls, self.min_per_s * self.window_s)
+
+    def try_spend(self) -> bool:
+        """Spend one extra if it fits; ``False`` (and nothing spent) when the budget is spent."""
+        if not self.allows():
+            return False
+        self._bucket()[2] += 1
+        return True
+
+
+class RetryBudgets:
+    """The budgets of every key whose :class:`BreakerConfig` sets ``retry_budget``."""
+
+    __slots__ = ("_budgets", "_clock", "_config_for")
+
+    def __init__(
+        self, config_for: Callable[[str], BreakerConfig], clock: Clock = time.monotonic
+    ) -> None:
+        self._config_for = config_for
+        self._clock = clock
+        self._budgets: dict[str, KeyBudget | None] = {}
+
+    def get(self, key: str) -> KeyBudget | None:
+        """``key``'s budget, or ``None`` when it has none (retries limited only by attempts)."""
+        try:
+            return self._budgets[key]
+        except KeyError:
+            config = self._config_for(key)
+            ratio = config.retry_budget
+            budget = (
+                None
+                if ratio is None
+                else KeyBudget(ratio, config.retry_budget_min_per_s, clock=self._clock)
+            )
+            self._budgets[key] = budget
+            return budget
+
+    def known(self, key: str) -> KeyBudget | None:
+        """``key``'s budget if one was made already (never creates one; any thread)."""
+        return self._budgets.get(key)

@@ -1,0 +1,118 @@
+"""Stage 2a: a tool that cannot answer now hands the call to its first healthy fallback.
+
+A declaration may name fallbacks (``ToolDeclaration.fallback``). When the primary answers
+``circuit_open`` or ``overloaded`` (it never ran: safe for any tool), or — for idempotent
+tools only — ``timeout`` while time is left before its deadline, the call re-enters the
+chain below this stage for each fallback in turn, with the same raw arguments, the same
+caller (profile, context, slot) and the *primary's* deadline as its outer bound:
+
+- a fallback the caller's profile does not allow, that is unknown, whose breaker is open,
+  whose schema the arguments do not fit, or that needs an approval it does not get is
+  skipped (it never ran);
+- a fallback that answers ``overloaded`` (or, if idempotent, ``timeout`` with time left)
+  is skipped too;
+- the first other answer is the call's answer, with ``served_by`` naming the fallback —
+  a failure included: the fallback ran, and what it did (``effect_unknown``…) is news.
+
+No fallback answered → the primary's own answer. A fallback's own fallbacks are never
+followed (the re-entry chain has no fallback stage), so there are no cycles and no
+chains. A cancellation propagates, never an answer. See ``docs/fallbacks.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable
+
+import anyio
+
+from ..contract import ErrorType, ToolDeclaration
+from ..events import FallbackEnded
+from ..outcome import Outcome
+from . import Invocation, Next
+
+__all__ = ["Fallback", "budget_end", "may_fall_back"]
+
+SKIPPED = frozenset(
+    {
+        ErrorType.UNKNOWN_TOOL,
+        ErrorType.TOOL_POLICY,
+        ErrorType.CIRCUIT_OPEN,
+        ErrorType.INVALID_ARGUMENTS,
+        ErrorType.VALIDATION_ERROR,
+        ErrorType.NEEDS_APPROVAL,
+        ErrorType.DENIED,
+        ErrorType.INTERNAL_ERROR,
+    }
+)
+"""A fallback answering one of these never ran: the next one is tried."""
+
+
+def may_fall_back(out: Outcome, decl: ToolDeclaration, left_s: float) -> bool:
+    """May a call that answered ``out`` go to a fallback with ``left_s`` seconds left?
+
+    ``circuit_open`` and ``overloaded`` (the tool never ran) always may; ``timeout`` only
+    for an idempotent tool (the effect may have happened otherwise); never with no time
+    left, never when the effect is unknown, never for any other answer."""
+    if out.ok or out.effect_unknown or left_s <= 0:
+        return False
+    kind = out.error_type
+    if kind is ErrorType.CIRCUIT_OPEN or kind is ErrorType.OVERLOADED:
+        return True
+    return kind is ErrorType.TIMEOUT and decl.is_idempotent
+
+
+def budget_end(inv: Invocation, now: float) -> float:
+    """The primary's deadline: set by the deadline stage, or — for a call answered before
+    it (a fast-fail) — what it would have been from ``now``."""
+    if inv.deadline != float("inf"):
+        return inv.deadline
+    assert inv.tool is not None
+    end = now + inv.tool.decl.timeout_s
+    slot = inv.slot
+    return end if slot is None or slot.deadline >= end else slot.deadline
+
+
+class Fallback:
+    """Placed right after resolve (the primary's policy is checked first: a caller may not
+    reach a fallback through a tool it may not call). ``reenter`` is the chain a fallback
+    call runs through: every stage but this one (set by the dispatcher)."""
+
+    __slots__ = ("reenter",)
+
+    def __init__(self, reenter: Next | None = None) -> None:
+        self.reenter = reenter
+
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
+        assert inv.tool is not None
+        if not inv.tool.decl.fallback:
+            return call_next(inv)  # the common case: no coroutine frame of its own
+        return self._run(call_next, inv)
+
+    async def _run(self, call_next: Next, inv: Invocation) -> Outcome:
+        out = await call_next(inv)
+        if out.ok:
+            return out
+        assert inv.tool is not None and self.reenter is not None
+        end = budget_end(inv, anyio.current_time())
+        if not may_fall_back(out, inv.tool.decl, end - anyio.current_time()):
+            return out
+        primary = str(out.error_type)
+        for name in inv.tool.decl.fallback:
+            if end - anyio.current_time() <= 0:
+                break
+            sub = Invocation(
+                name, inv.raw_args, inv.ctx, inv.profile, inv.call_id, inv.slot, inv.observers
+            )
+            sub.deadline = end
+            answer = await self.reenter(sub)
+            result = "ok" if answer.ok else str(answer.error_type)
+            passed = answer.error_type in SKIPPED or (
+                sub.tool is not None
+                and may_fall_back(answer, sub.tool.decl, end - anyio.current_time())
+            )
+            if inv.observers:
+                inv.emit(FallbackEnded(name, sub.key, result, not passed, primary, sub.attempts))
+            if not passed:
+                return dataclasses.replace(answer, served_by=name)
+        return out

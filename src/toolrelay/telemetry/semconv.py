@@ -1,0 +1,117 @@
+"""Histograms after the OpenTelemetry GenAI and MCP semantic conventions (metrics API only).
+
+``gen_ai.execute_tool.duration`` (every dispatch) and ``mcp.server.operation.duration``
+(``toolrelay serve``) are recorded through ``opentelemetry.metrics``, beside the Prometheus
+metrics, for backends that read the conventions' names. toolrelay never configures the
+SDK: the host does (a global ``MeterProvider``, or one passed in). Until one is configured
+nothing is recorded, and finding that out costs a comparison per call: the provider is
+looked at again at most once a second (it can be set later, once).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from opentelemetry import metrics
+from opentelemetry.util.types import Attributes
+
+__all__ = [
+    "MCP_SERVER_BUCKETS",
+    "TOOL_BUCKETS",
+    "LazyHistogram",
+    "execute_tool_duration",
+    "mcp_server_duration",
+    "tool_attributes",
+]
+
+TOOL_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                40.96, 81.92)  # fmt: skip
+"""The buckets the GenAI conventions advise for ``gen_ai.execute_tool.duration``."""
+
+MCP_SERVER_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+"""The buckets the MCP conventions advise for ``mcp.server.operation.duration``."""
+
+CHECK_INTERVAL_S = 1.0
+
+
+def configured(provider: metrics.MeterProvider) -> bool:
+    """Is this a provider that records (not the API's no-op, nor its proxy for a global
+    provider nobody has set yet)?"""
+    if isinstance(provider, metrics.NoOpMeterProvider):
+        return False
+    # the API's placeholder until set_meter_provider() is called (not exported)
+    return type(provider).__name__ != "_ProxyMeterProvider"
+
+
+class LazyHistogram:
+    """A histogram created once a meter provider records.
+
+    ``histogram`` is ``None`` until then; callers test it, and call :meth:`check` (with a
+    monotonic clock reading) only when ``now >= next_check``, so a process without an SDK
+    pays an attribute read and a comparison per observation.
+    """
+
+    __slots__ = ("_buckets", "_description", "_name", "histogram", "next_check", "provider")
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        buckets: Sequence[float],
+        provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        self._name = name
+        self._description = description
+        self._buckets = buckets
+        self.provider = provider
+        """The meter provider given (``None``: the global one)."""
+        self.histogram: metrics.Histogram | None = None
+        self.next_check = float("-inf")
+
+    def check(self, now: float) -> metrics.Histogram | None:
+        """The histogram if a provider records now (looked at once a ``CHECK_INTERVAL_S``)."""
+        if self.histogram is not None or now < self.next_check:
+            return self.histogram
+        self.next_check = now + CHECK_INTERVAL_S
+        provider = self.provider or metrics.get_meter_provider()
+        if not configured(provider):
+            return None
+        from .. import __version__  # not at import time: toolrelay imports this module
+
+        meter = provider.get_meter("toolrelay", __version__)
+        self.histogram = meter.create_histogram(
+            self._name,
+            unit="s",
+            description=self._description,
+            explicit_bucket_boundaries_advisory=self._buckets,
+        )
+        return self.histogram
+
+
+def execute_tool_duration(provider: metrics.MeterProvider | None = None) -> LazyHistogram:
+    """``gen_ai.execute_tool.duration``: one observation per dispatch, the span's duration."""
+    return LazyHistogram(
+        "gen_ai.execute_tool.duration", "The duration of a single tool execution.",
+        TOOL_BUCKETS, provider,
+    )  # fmt: skip
+
+
+def mcp_server_duration(provider: metrics.MeterProvider | None = None) -> LazyHistogram:
+    """``mcp.server.operation.duration``: one observation per MCP request served."""
+    return LazyHistogram(
+        "mcp.server.operation.duration",
+        "MCP request or notification duration as observed on the receiver from the time it "
+        "was received until the result or ack is sent.",
+        MCP_SERVER_BUCKETS, provider,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def tool_attributes(tool: str, outcome: str) -> Attributes:
+    """The attributes of a ``gen_ai.execute_tool.duration`` observation (``tool`` is the
+    bounded metrics label: a name nobody registered is ``_unknown``)."""
+    attributes = {"gen_ai.tool.name": tool, "gen_ai.tool.type": "function"}
+    if outcome != "ok":
+        attributes["error.type"] = outcome
+    return attributes

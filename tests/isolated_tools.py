@@ -1,0 +1,120 @@
+"""Tools for ``isolation="process"`` tests: module-level functions a worker process imports
+by name (kept light: a worker imports this module, not the test module and pytest)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from toolrelay import AuthContext, CallContext, ToolError
+
+
+def _note_pid(args: dict[str, Any]) -> None:
+    """Write this process's id where the test asked (then the test knows whom to look for)."""
+    path = args.get("pidfile")
+    if path:  # written whole, then renamed: whoever sees the file can read the id
+        Path(f"{path}.tmp").write_text(str(os.getpid()))
+        os.replace(f"{path}.tmp", path)
+
+
+def describe(args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
+    """What the worker received."""
+    call = CallContext.current()
+    return {
+        "args": args,
+        "pid": os.getpid(),
+        "user_id": ctx.user_id,
+        "tenant_id": ctx.tenant_id,
+        "roles": sorted(ctx.roles),
+        "attributes": dict(ctx.attributes),
+        "call": {
+            "tool": call.tool,
+            "call_id": call.call_id,
+            "attempt": call.attempt,
+            "breaker_key": call.breaker_key,
+            "time_left": call.time_left,
+            "deadline": call.deadline,
+        },
+    }
+
+
+def typed_sum(a: int, b: int, ctx: AuthContext, call: CallContext) -> dict[str, Any]:
+    """Add two numbers.
+
+    Args:
+        a: the first.
+        b: the second.
+    """
+    return {"sum": a + b, "user_id": ctx.user_id, "tool": call.tool, "pid": os.getpid()}
+
+
+def hang(args: dict[str, Any], ctx: AuthContext) -> None:
+    """Never answers (an hour is never, for a test)."""
+    _note_pid(args)
+    time.sleep(3600)
+
+
+def sleep_then_write(args: dict[str, Any], ctx: AuthContext) -> str:
+    """Sleep, then leave a mark: a mark proves the work was not stopped."""
+    _note_pid(args)
+    time.sleep(args["sleep_s"])
+    Path(args["mark"]).write_text("done")
+    return "done"
+
+
+def exit_abruptly(args: dict[str, Any], ctx: AuthContext) -> None:
+    """Leave the process without a word: ``os._exit`` or a signal."""
+    _note_pid(args)
+    if args.get("signal"):
+        os.kill(os.getpid(), signal.Signals[args["signal"]])
+        time.sleep(10)
+    os._exit(args.get("status", 3))
+
+
+def raise_error(args: dict[str, Any], ctx: AuthContext) -> None:
+    if args.get("precise"):
+        raise ToolError("no such city", retryable=True, retry_after_s=2.5)
+    raise ValueError(f"the password is {args.get('secret', 'hunter2')}")
+
+
+def unpicklable(args: dict[str, Any], ctx: AuthContext) -> Any:
+    """A value that cannot leave the worker process."""
+    return {"lock": threading.Lock()}
+
+
+def a_set(args: dict[str, Any], ctx: AuthContext) -> Any:
+    """A value that leaves the process but is no JSON."""
+    return {1, 2, 3}
+
+
+async def async_tool(args: dict[str, Any], ctx: AuthContext) -> str:
+    return "async"
+
+
+class Plugin:
+    """A plugin whose sync ``execute`` is a method (no module-level function to import)."""
+
+    def describe(self) -> list[Any]:
+        from toolrelay import ToolDeclaration
+
+        return [ToolDeclaration("plugin_tool", "A plugin tool.", isolation="process")]
+
+    def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> str:
+        return "from the plugin"
+
+
+class HandlerPlugin(Plugin):
+    """A plugin that offers a module-level function per tool."""
+
+    def handler(self, name: str) -> Any:
+        return describe
+
+
+class Service:
+    def run(self, args: dict[str, Any], ctx: AuthContext) -> str:
+        """A bound method: its instance cannot be found by name."""
+        return "service"
