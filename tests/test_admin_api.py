@@ -101,6 +101,7 @@ AUTHED = [
     ("DELETE", "/faults"),
     ("DELETE", "/faults/1"),
     ("GET", "/tools"),
+    ("POST", "/reload"),
     ("GET", "/openapi.json"),
 ]
 

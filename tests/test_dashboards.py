@@ -86,6 +86,9 @@ CONTRACT: dict[str, Metric] = {
     "toolrelay_breaker_storage_up": Metric("gauge"),
     "toolrelay_hedges_total": Metric("counter", ("breaker_key", "hedge")),
     "toolrelay_retry_budget_exhausted_total": Metric("counter", ("breaker_key", "kind")),
+    "toolrelay_concurrency_limit": Metric("gauge", ("breaker_key",)),
+    "toolrelay_concurrency_in_flight": Metric("gauge", ("breaker_key",)),
+    "toolrelay_concurrency_limit_min": Metric("gauge", ("breaker_key",)),
     # computed at scrape time from the breakers (rates: count and time windows only)
     "toolrelay_breaker_failure_rate": Metric("gauge", ("breaker_key",)),
     "toolrelay_breaker_slow_call_rate": Metric("gauge", ("breaker_key",)),
@@ -624,6 +627,10 @@ def sample_exposition() -> bytes:
     async def slow(args: dict[str, Any], ctx: Any) -> Any:
         await anyio.sleep(0.05)  # past hedge_after_s, with no budget for a hedge
 
+    @registry.tool(name="adaptive", parameters={"type": "object"}, breaker_key="adaptive-svc")
+    async def adaptive(args: dict[str, Any], ctx: Any) -> Any:
+        await anyio.sleep(0.006)  # 10 answers outlast the first window (50 ms)
+
     metrics = CollectorRegistry()
     dispatcher = Dispatcher(
         registry,
@@ -636,6 +643,7 @@ def sample_exposition() -> bytes:
                                         reset_timeout_max_s=300, max_attempts=1),
             "hedged": BreakerConfig(hedge_after_s=0.01, retry_budget=0.5,
                                     retry_budget_min_per_s=0.0),
+            "adaptive-svc": BreakerConfig(max_concurrent="adaptive"),
         },
         faults=[Fault(kind="latency", tool="get_weather", latency_s=0.001)],
     )  # fmt: skip
@@ -655,6 +663,8 @@ def sample_exposition() -> bytes:
         await dispatcher.dispatch("search", '{"fail": true}')
         await dispatcher.dispatch("search", "{}")  # failure rate 0.5 (window not full)
         await dispatcher.dispatch("slow", "{}")  # its hedge skipped: the budget is spent
+        for _ in range(10):  # the adaptive limit's first window ends
+            await dispatcher.dispatch("adaptive", "{}")
         await dispatcher.dispatch("describe", "{}")
         await dispatcher.dispatch("hung", "{}")  # its worker process killed
         await dispatcher.aclose()  # and the warm one's

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -138,6 +140,21 @@ def stdio_server(tmp_path: Path) -> Iterator[TestServer]:
     srv = TestServer("stdio", tmp_path)
     yield srv
     srv.log.close()
+
+
+def flaky_command(server: TestServer, down: Path) -> list[str]:
+    """The test server over stdio, exiting at once while ``down`` exists."""
+    script = (
+        "import os, runpy, sys\n"
+        f"if os.path.exists({str(down)!r}): sys.exit(1)\n"
+        f"sys.argv = [{str(TEST_SERVER)!r}, '--record', {str(server.record)!r}]\n"
+        f"runpy.run_path({str(TEST_SERVER)!r}, run_name='__main__')\n"
+    )
+    return [sys.executable, "-c", script]
+
+
+def state(source: McpSource) -> str:
+    return source.connection_state  # a call: mypy does not narrow it from one read to the next
 
 
 def tool_names(dispatcher: Dispatcher, profile: str | None = None) -> set[str]:
@@ -334,14 +351,8 @@ async def test_backoff_doubles_per_failed_reconnect_up_to_its_maximum(
     """The wait before a reconnect doubles with every failed attempt in a row, up to
     ``backoff_max_s``, and starts again from ``backoff_initial_s`` after a success."""
     down = tmp_path / "down"  # while it exists, the server exits at once
-    script = (
-        "import os, runpy, sys\n"
-        f"if os.path.exists({str(down)!r}): sys.exit(1)\n"
-        f"sys.argv = [{str(TEST_SERVER)!r}, '--record', {str(stdio_server.record)!r}]\n"
-        f"runpy.run_path({str(TEST_SERVER)!r}, run_name='__main__')\n"
-    )
     source = McpSource.stdio(
-        [sys.executable, "-c", script],
+        flaky_command(stdio_server, down),
         breaker_key="test",
         errlog=stdio_server.log,
         backoff_initial_s=0.2,
@@ -436,6 +447,104 @@ async def test_unreachable_http_server_opens_the_breaker(tmp_path: Path) -> None
     finally:
         srv.stop()
         srv.log.close()
+
+
+# -- health: what the gateway's /readyz, metrics and pings read ------------------------------
+async def test_connection_failures_are_counted_where_they_happen(
+    stdio_server: TestServer, tmp_path: Path
+) -> None:
+    """A connection lost in a call, a reconnect that fails inside a call and one that fails
+    inside a ping are each counted once, with when and why; a ping reconnects."""
+    down = tmp_path / "down"  # while it exists, the server exits at once
+    source = McpSource.stdio(
+        flaky_command(stdio_server, down),
+        breaker_key="test",
+        errlog=stdio_server.log,
+        backoff_initial_s=0.1,
+        backoff_max_s=0.1,
+    )
+    ctx = AuthContext()
+    async with source:
+        assert state(source) == "connected"
+        assert (source.connection_failures, source.last_error) == (0, None)
+        assert await source.ping(5) is True
+
+        down.touch()
+        started = time.time()
+        with pytest.raises(ToolError, match="not reachable"):
+            await source.execute("crash", {}, ctx)  # the connection is lost in this call
+        assert state(source) == "down" and source.connection_failures == 1
+        assert source.last_error is not None
+        lost_at, reason = source.last_error
+        assert started <= lost_at <= time.time() and reason
+
+        await anyio.sleep(0.15)
+        with pytest.raises(ToolError, match="not reachable"):
+            await source.execute("text", {"message": "x"}, ctx)  # its reconnect fails
+        assert state(source) == "down" and source.connection_failures == 2
+        assert source.last_error is not None and source.last_error[0] >= lost_at
+
+        await anyio.sleep(0.15)
+        assert await source.ping(5) is False  # the ping's reconnect fails
+        assert source.connection_failures == 3
+        assert await source.ping(5) is False  # within the back-off: no attempt, no count
+        assert source.connection_failures == 3
+
+        down.unlink()
+        await anyio.sleep(0.15)
+        answered: list[bool] = []
+
+        async def ping() -> None:
+            answered.append(await source.ping(10))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ping)  # reconnects: a new process
+            await wait_until(lambda: state(source) != "down")
+            assert state(source) == "reconnecting"
+        assert answered == [True] and state(source) == "connected"
+        assert source.connects == 2 and source.connection_failures == 3
+    # closing is not a failure; a closed source answers no ping and connects no more
+    assert state(source) == "down"
+    assert await source.ping(1) is False and source.connection_failures == 3
+
+
+async def test_idle_s_counts_from_the_last_answer(stdio_server: TestServer) -> None:
+    async with stdio_server.source() as source:
+        first = source.idle_s
+        await anyio.sleep(0.05)
+        idle = source.idle_s
+        assert 0 <= first < idle
+        await source.execute("text", {"message": "hi"}, AuthContext())
+        assert source.idle_s < idle
+        await anyio.sleep(0.05)
+        idle = source.idle_s
+        assert await source.ping(5) is True
+        assert source.idle_s < idle
+        await anyio.sleep(0.05)
+        idle = source.idle_s
+        with pytest.raises(ToolError):  # an isError answer is an answer too
+            await source.execute("fail", {}, AuthContext())
+        assert source.idle_s < idle
+
+
+async def test_an_unanswered_ping_loses_the_connection(stdio_server: TestServer) -> None:
+    """A server that holds its pipes and answers nothing: the ping times out, the connection
+    is counted lost and its process stopped; the next ping starts a new one."""
+    async with stdio_server.source(backoff_initial_s=0.1, close_timeout_s=0.5) as source:
+        hung = (await source.execute("pid", {}, AuthContext()))["pid"]
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            assert await source.ping(0.3) is False
+            assert state(source) == "down" and source.connection_failures == 1
+            assert source.last_error is not None
+            assert source.last_error[1] == "no answer to ping within 0.3 s"
+            await wait_until(lambda: not alive(hung), limit_s=15)
+        finally:
+            if alive(hung):
+                os.kill(hung, signal.SIGKILL)
+        await anyio.sleep(0.15)
+        assert await source.ping(10) is True
+        assert source.connects == 2 and source.connection_failures == 1
 
 
 async def test_concurrent_calls_share_one_reconnect(stdio_server: TestServer) -> None:

@@ -6,21 +6,24 @@ Every answer is asserted as the model reads it (``result.to_model()``), faults i
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from email.utils import formatdate
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import anyio
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from toolrelay import BreakerConfig, Dispatcher, ErrorType, ToolRegistry
 from toolrelay.chaos.upstream import Upstream
 from toolrelay_plugins._http import HttpPlugin, clean_text, retry_after_seconds, safe_url
-from toolrelay_plugins.feeds import FeedsPlugin, parse_feed
+from toolrelay_plugins.feeds import FeedsPlugin, FeedsSettings, parse_feed
 from toolrelay_plugins.weather import WMO_CODES, WeatherPlugin, wmo_meaning
 from toolrelay_plugins.websearch import WebSearchPlugin
 
@@ -704,7 +707,7 @@ def test_lenient_parsing_is_refused() -> None:
         (WebSearchPlugin, {"base_url": "http://s", "safesearch": 3}, "'safesearch'"),
         (WebSearchPlugin, {"base_url": "http://s", "language": "en;drop"}, "'language'"),
         (FeedsPlugin, {}, "'feeds' must map at least one feed"),
-        (FeedsPlugin, {"feeds": {"News!": "http://x"}}, "feed name 'News!'"),
+        (FeedsPlugin, {"feeds": {"News!": "http://x"}}, "'feeds.News!' is not a feed name"),
         (FeedsPlugin, {"feeds": {"etc": "file:///etc/passwd"}}, "'feeds.etc'"),
         (FeedsPlugin, {"feeds": {"a": "http://x"}, "summary_chars": 5}, "'summary_chars'"),
     ],
@@ -713,6 +716,56 @@ def test_bad_settings_fail_loudly(make: Any, config: dict[str, Any], needle: str
     with pytest.raises(ValueError) as caught:  # noqa: PT011 - checked below, literally
         make(config)
     assert needle in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "config", "message"),
+    [
+        (WeatherPlugin, {"timeout_s": True},
+         "weather: 'timeout_s' must be a number from 0.01 to 600"),
+        (WeatherPlugin, {"read_timeout_s": math.inf},
+         "weather: 'read_timeout_s' must be a number from 0.01 to 600"),
+        (WeatherPlugin, {"max_response_bytes": 2048.0},
+         "weather: 'max_response_bytes' must be an integer from 1024 to 67108864"),
+        (WeatherPlugin, {"trust_env": 1}, "weather: 'trust_env' must be true or false"),
+        (WeatherPlugin, {"geocoding_url": "https://g?x=1"},
+         "weather: 'geocoding_url' must be an http(s) URL without a query"),
+        (WeatherPlugin, ["base_url"], "weather: the configuration must be a mapping"),
+        (WebSearchPlugin, {"base_ur": "http://s"}, "websearch: unknown setting 'base_ur'"),
+        (WebSearchPlugin, {"base_url": "http://s", "tool": "web search"},
+         "websearch: 'tool' must be a tool name such as 'web_search_backup'"),
+        (FeedsPlugin, {"feeds": {}}, "feeds: 'feeds' must map at least one feed name to its URL"),
+        (FeedsPlugin, {"feeds": ["http://x"]},
+         "feeds: 'feeds' must map at least one feed name to its URL"),
+        (FeedsPlugin, {"feeds": {"a": 3}},
+         "feeds: 'feeds.a' must be an http(s) URL without a query"),
+    ],
+)  # fmt: skip
+def test_settings_errors_are_one_line_naming_the_setting(
+    make: Any, config: Any, message: str
+) -> None:
+    """Unknown keys are named before the missing ones they explain; ``X | None`` settings
+    are explained like the others; nothing of pydantic's report leaks."""
+    with pytest.raises(ValueError) as caught:  # noqa: PT011 - checked below, literally
+        make(config)
+    assert str(caught.value) == message
+
+
+def test_settings_are_models_with_their_defaults() -> None:
+    config = MappingProxyType({"base_url": "https://searx.example/", "language": "de-CH"})
+    settings = WebSearchPlugin(config).settings
+    assert settings.base_url == "https://searx.example"  # no trailing slash
+    assert (settings.language, settings.safesearch, settings.tool) == ("de-CH", 1, "web_search")
+    assert (settings.timeout_s, settings.max_response_bytes, settings.trust_env) == (
+        10.0, 2 * 1024 * 1024, True)  # fmt: skip
+    with pytest.raises(ValidationError):
+        settings.timeout_s = 1.0  # frozen
+    assert WeatherPlugin({}).settings.geocoding_url == "https://geocoding-api.open-meteo.com"
+    schema = FeedsSettings.model_json_schema()  # the settings' JSON Schema, from the model
+    assert schema["required"] == ["feeds"] and schema["additionalProperties"] is False
+    assert schema["properties"]["timeout_s"] == {
+        "default": 10.0, "maximum": 600, "minimum": 0.01, "title": "Timeout S", "type": "number"
+    }  # fmt: skip
 
 
 async def test_declarations_are_tight_and_honest(upstream: Upstream) -> None:

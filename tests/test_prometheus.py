@@ -116,7 +116,11 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
     # A third target: the MCP gateway, whose own metrics (sessions) are on its admin API.
     stack = contextlib.ExitStack()
     upstream = stack.enter_context(Upstream().run_in_thread())
-    gateway = start_http_server(tmp, upstream.url)
+    # with an upstream MCP server, for the upstream panels
+    mcp_server = [sys.executable, str(ROOT / "tests" / "servers" / "mcp_test_server.py")]
+    mcp_server += ["--record", str(tmp / "mcp-calls.jsonl")]
+    upstreams = f'[serve.upstreams.test]\ncommand = {json.dumps(mcp_server)}\nbreaker_key = "mcp"\n'
+    gateway = start_http_server(tmp, upstream.url, extra=upstreams)
     stack.callback(stop_http_server, gateway)
     admin = urllib.parse.urlsplit(gateway.admin.url)
     config = tmp / "prometheus.yml"

@@ -66,6 +66,12 @@ async def tail(args: dict[str, Any], ctx: AuthContext) -> Any:
     return "done"
 
 
+@registry.tool(name="adaptive", parameters=OBJ, breaker_key="adaptive-svc", timeout_s=1)
+async def adaptive(args: dict[str, Any], ctx: AuthContext) -> Any:
+    await anyio.sleep(0.01)  # max_concurrent = "adaptive": the limit's gauges
+    return "done"
+
+
 async def main(port: int, seconds: float) -> None:
     dispatcher = Dispatcher(
         registry,
@@ -75,6 +81,7 @@ async def main(port: int, seconds: float) -> None:
             "steady-svc": BreakerConfig(max_concurrent=2),
             "tail-svc": BreakerConfig(hedge_after_s=0.05, retry_budget=0.1,
                                       retry_budget_min_per_s=0.0),
+            "adaptive-svc": BreakerConfig(max_concurrent="adaptive"),
         },
         faults=[Fault(kind="latency", tool="steady", latency_s=0.01, rate=0.3)],
         fault_seed=1,
@@ -94,6 +101,8 @@ async def main(port: int, seconds: float) -> None:
                 ToolCall("steady", '{"n": "x"}'),
                 ToolCall("nope", "{}"),
                 ToolCall("tail", "{}"),
+                ToolCall("adaptive", "{}"),
+                ToolCall("adaptive", "{}"),
             ]
             if rounds % 5 == 0:  # a kill costs a fork: a few a second is enough
                 calls.append(ToolCall("hung", "{}"))

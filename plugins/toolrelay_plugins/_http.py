@@ -48,22 +48,33 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol, Self, get_args
 from urllib.parse import urlsplit
 
 import anyio.to_thread
 import httpcore
 import httpx
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    WithJsonSchema,
+)
+from pydantic_core import ErrorDetails
 
 from toolrelay.contract import ErrorType, ToolDeclaration, ToolError
 
 __all__ = [
-    "HTTP_KEYS",
     "MAX_JSON_ITEMS",
     "MAX_REDIRECTS",
     "HttpPlugin",
     "HttpSettings",
+    "Must",
     "Registrar",
+    "Seconds",
     "ServiceClient",
     "check_redirect",
     "clean_text",
@@ -74,6 +85,7 @@ __all__ = [
     "safe_url",
     "status_error",
     "transport_error",
+    "Url",
 ]
 
 USER_AGENT = "toolrelay-plugins/0.1"
@@ -90,10 +102,6 @@ TEXT_WINDOW_FACTOR = 8
 TEXT_WINDOW_SLACK = 1024
 """:func:`clean_text` reads at most ``TEXT_WINDOW_FACTOR * limit + TEXT_WINDOW_SLACK``
 characters of its input."""
-HTTP_KEYS = frozenset(
-    {"timeout_s", "connect_timeout_s", "read_timeout_s", "max_response_bytes", "trust_env"}
-)
-"""Settings every first-party plugin accepts besides its own."""
 
 
 class Registrar(Protocol):
@@ -103,83 +111,74 @@ class Registrar(Protocol):
 
 
 # -- settings ------------------------------------------------------------------------------
-def check_keys(plugin: str, config: Mapping[str, Any], allowed: Iterable[str]) -> None:
-    """Refuse unknown settings: a misspelt key should fail loudly, not be ignored."""
-    if not isinstance(config, Mapping):
-        raise ValueError(f"{plugin}: the configuration must be a mapping")
-    unknown = sorted(set(config) - set(allowed))
-    if unknown:
-        raise ValueError(f"{plugin}: unknown setting {unknown[0]!r}")
+@dataclass(frozen=True, slots=True)
+class Must:
+    """What a setting must be, as a verb phrase ("be a number from 1 to 9"): the message of
+    every error of the field but a validator's own (``ValueError("must …")``)."""
+
+    text: str
 
 
-def number_setting(
-    plugin: str, config: Mapping[str, Any], key: str, default: float, low: float, high: float
-) -> float:
-    value = config.get(key, default)
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or not low <= value <= high
-    ):
-        raise ValueError(f"{plugin}: {key!r} must be a number from {low:g} to {high:g}")
-    return float(value)
+Seconds = Annotated[float, Strict(), Field(ge=0.01, le=600), Must("be a number from 0.01 to 600")]
 
 
-def int_setting(
-    plugin: str, config: Mapping[str, Any], key: str, default: int, low: int, high: int
-) -> int:
-    value = config.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ValueError(f"{plugin}: {key!r} must be an integer from {low} to {high}")
-    return value
+def _http_url(value: Any) -> str:
+    parts = urlsplit(value) if isinstance(value, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        raise ValueError("must be an http(s) URL without a query")
+    return str(value).rstrip("/")
 
 
-def url_setting(plugin: str, key: str, value: Any) -> str:
-    """An http(s) base URL, without a trailing slash."""
-    if not isinstance(value, str):
-        raise ValueError(f"{plugin}: {key!r} must be an http(s) URL")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
-        raise ValueError(f"{plugin}: {key!r} must be an http(s) URL without a query")
-    return value.rstrip("/")
+Url = Annotated[
+    str, BeforeValidator(_http_url), WithJsonSchema({"type": "string", "pattern": "^https?://"})
+]
+"""An http(s) base URL without a query, kept without its trailing slash."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HttpSettings:
-    """A plugin's deadline and HTTP limits.
+class HttpSettings(BaseModel):
+    """A plugin's deadline and HTTP limits; each plugin's settings model extends it.
 
     ``timeout_s`` is the tools' deadline in toolrelay; ``read_timeout_s`` (default: the
     same) bounds each read from the service, as a backstop: the deadline usually fires
-    first, because it started earlier.
+    first, because it started earlier. :meth:`parse` reads a plugin's config table.
     """
 
-    timeout_s: float = 10.0
-    connect_timeout_s: float = 3.0
-    read_timeout_s: float | None = None
-    max_response_bytes: int = DEFAULT_MAX_BYTES
-    trust_env: bool = True
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    timeout_s: Seconds = 10.0
+    connect_timeout_s: Seconds = 3.0
+    read_timeout_s: Seconds | None = None
+    max_response_bytes: Annotated[
+        int, Strict(), Field(ge=1024, le=64 << 20), Must("be an integer from 1024 to 67108864")
+    ] = DEFAULT_MAX_BYTES
+    trust_env: Annotated[bool, Strict(), Must("be true or false")] = True
 
     @classmethod
-    def from_config(cls, plugin: str, config: Mapping[str, Any]) -> HttpSettings:
-        timeout = number_setting(plugin, config, "timeout_s", 10.0, 0.01, 600.0)
-        read = config.get("read_timeout_s")
-        trust_env = config.get("trust_env", True)
-        if not isinstance(trust_env, bool):
-            raise ValueError(f"{plugin}: 'trust_env' must be true or false")
-        return cls(
-            timeout_s=timeout,
-            connect_timeout_s=number_setting(plugin, config, "connect_timeout_s", 3.0, 0.01, 600),
-            read_timeout_s=(
-                None
-                if read is None
-                else number_setting(plugin, config, "read_timeout_s", 0.0, 0.01, 600.0)
-            ),
-            max_response_bytes=int_setting(
-                plugin, config, "max_response_bytes", DEFAULT_MAX_BYTES, 1024, 64 * 1024 * 1024
-            ),
-            trust_env=trust_env,
-        )
+    def parse(cls, plugin: str, config: Mapping[str, Any]) -> Self:
+        """``config`` checked, or a ``ValueError`` of one line: ``"weather: 'timeout_s' must
+        be a number from 0.01 to 600"`` (an unknown key first: it explains a missing one)."""
+        try:
+            return cls.model_validate(dict(config) if isinstance(config, Mapping) else config)
+        except ValidationError as exc:
+            first = min(exc.errors(), key=lambda error: error["type"] != "extra_forbidden")
+            raise ValueError(f"{plugin}: {cls._complaint(first)}") from None
+
+    @classmethod
+    def _complaint(cls, error: ErrorDetails) -> str:
+        path = [str(part) for part in error["loc"] if part != "[key]"]
+        key = ".".join(path)
+        if not path:
+            return "the configuration must be a mapping"
+        if error["type"] == "extra_forbidden":
+            return f"unknown setting {key!r}"
+        if error["type"] == "value_error":
+            return f"{key!r} {error['ctx']['error']}"
+        field = cls.model_fields[path[0]]
+        if error["type"] == "missing" and field.description:
+            return f"{key!r} ({field.description}) is required"
+        inner = (m for arg in get_args(field.annotation) for m in getattr(arg, "__metadata__", ()))
+        must = next((m for m in (*field.metadata, *inner) if isinstance(m, Must)), None)
+        return f"{key!r}: {error['msg']}" if must is None else f"{key!r} must {must.text}"
 
     def httpx_timeout(self) -> httpx.Timeout:
         read = self.timeout_s if self.read_timeout_s is None else self.read_timeout_s

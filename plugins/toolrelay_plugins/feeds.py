@@ -27,28 +27,27 @@ import io
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.to_thread
 import feedparser  # type: ignore[import-untyped]
+from pydantic import BeforeValidator, Field, Strict
 
 from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
 
 from ._http import (
-    HTTP_KEYS,
     HttpPlugin,
     HttpSettings,
+    Must,
     Registrar,
     ServiceClient,
-    check_keys,
+    Url,
     clean_text,
-    int_setting,
     malformed,
     safe_url,
-    url_setting,
 )
 
-__all__ = ["FeedsPlugin", "parse_feed", "register"]
+__all__ = ["FeedsPlugin", "FeedsSettings", "parse_feed", "register"]
 
 BREAKER_KEY = "feeds"
 DEFAULT_LIMIT = 5
@@ -58,22 +57,31 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _HARMLESS = (feedparser.CharacterEncodingOverride, feedparser.NonXMLContentType)
 
 
+def _feed_name(name: Any) -> Any:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"is not a feed name: it must match {_NAME.pattern}")
+    return name
+
+
+class FeedsSettings(HttpSettings):
+    """``[plugins.feeds]``."""
+
+    feeds: Annotated[
+        dict[Annotated[str, BeforeValidator(_feed_name)], Url],
+        Field(min_length=1),
+        Must("map at least one feed name to its URL"),
+    ]
+    summary_chars: Annotated[
+        int, Strict(), Field(ge=20, le=5000), Must("be an integer from 20 to 5000")
+    ] = 280
+
+
 class FeedsPlugin(HttpPlugin):
     """``feed_latest`` over the operator's feeds."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        check_keys("feeds", config, {"feeds", "summary_chars", *HTTP_KEYS})
-        feeds = config.get("feeds")
-        if not isinstance(feeds, Mapping) or not feeds:
-            raise ValueError("feeds: 'feeds' must map at least one feed name to its URL")
-        self.feeds: dict[str, str] = {}
-        for name, url in feeds.items():
-            if not isinstance(name, str) or not _NAME.match(name):
-                raise ValueError(f"feeds: feed name {name!r} must match {_NAME.pattern}")
-            self.feeds[name] = url_setting("feeds", f"feeds.{name}", url)
-        self.summary_chars = int_setting("feeds", config, "summary_chars", 280, 20, 5000)
-        settings = HttpSettings.from_config("feeds", config)
-        names = sorted(self.feeds)
+        self.settings = settings = FeedsSettings.parse("feeds", config)
+        names = sorted(settings.feeds)
         parameters = {
             "type": "object",
             "properties": {
@@ -103,7 +111,7 @@ class FeedsPlugin(HttpPlugin):
         if name != "feed_latest":
             raise ToolError(f"feeds has no tool named {name!r}")
         feed = args["feed"]
-        url = self.feeds.get(feed)
+        url = self.settings.feeds.get(feed)
         if url is None:
             raise ToolError(f"there is no feed named {feed!r}")
         service = f"feed {feed!r}"
@@ -125,7 +133,7 @@ class FeedsPlugin(HttpPlugin):
             "title": clean_text(entry.get("title"), TITLE_CHARS),
             "link": safe_url(entry.get("link")),
             "published": _utc(entry.get("published_parsed") or entry.get("updated_parsed")),
-            "summary": clean_text(entry.get("summary"), self.summary_chars),
+            "summary": clean_text(entry.get("summary"), self.settings.summary_chars),
         }
 
 

@@ -20,19 +20,9 @@ from typing import Any
 
 from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
 
-from ._http import (
-    HTTP_KEYS,
-    HttpPlugin,
-    HttpSettings,
-    Registrar,
-    ServiceClient,
-    check_keys,
-    clean_text,
-    malformed,
-    url_setting,
-)
+from ._http import HttpPlugin, HttpSettings, Registrar, ServiceClient, Url, clean_text, malformed
 
-__all__ = ["WMO_CODES", "WeatherPlugin", "register", "wmo_meaning"]
+__all__ = ["WMO_CODES", "WeatherPlugin", "WeatherSettings", "register", "wmo_meaning"]
 
 SERVICE = "open-meteo"
 DEFAULT_BASE_URL = "https://api.open-meteo.com"
@@ -130,16 +120,18 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _ZONE = re.compile(r"^[A-Za-z0-9_+\-/]{1,64}$")
 
 
+class WeatherSettings(HttpSettings):
+    """``[plugins.weather]``."""
+
+    base_url: Url = DEFAULT_BASE_URL
+    geocoding_url: Url = DEFAULT_GEOCODING_URL
+
+
 class WeatherPlugin(HttpPlugin):
     """``weather_current`` and ``weather_forecast`` on Open-Meteo."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        check_keys("weather", config, {"base_url", "geocoding_url", *HTTP_KEYS})
-        self.base_url = url_setting("weather", "base_url", config.get("base_url", DEFAULT_BASE_URL))
-        self.geocoding_url = url_setting(
-            "weather", "geocoding_url", config.get("geocoding_url", DEFAULT_GEOCODING_URL)
-        )
-        settings = HttpSettings.from_config("weather", config)
+        self.settings = settings = WeatherSettings.parse("weather", config)
         common: dict[str, Any] = {
             "risk": "read",
             "timeout_s": settings.timeout_s,
@@ -172,6 +164,7 @@ class WeatherPlugin(HttpPlugin):
         if name not in ("weather_current", "weather_forecast"):
             raise ToolError(f"weather has no tool named {name!r}")
         place = await self._place(args)
+        forecast = f"{self.settings.base_url}/v1/forecast"
         query: dict[str, str | int | float] = {
             "latitude": place["latitude"],
             "longitude": place["longitude"],
@@ -180,12 +173,14 @@ class WeatherPlugin(HttpPlugin):
         }
         if name == "weather_current":
             query["current"] = ",".join([*CURRENT, "weather_code"])
-            data = await self.client.get_json(SERVICE, f"{self.base_url}/v1/forecast", query)
+            data = await self.client.get_json(
+                SERVICE, f"{self.settings.base_url}/v1/forecast", query
+            )
             return {"place": place, **_current(data)}
         days = int(args.get("days", DEFAULT_DAYS))
         query["daily"] = ",".join([*DAILY, "weather_code"])
         query["forecast_days"] = days
-        data = await self.client.get_json(SERVICE, f"{self.base_url}/v1/forecast", query)
+        data = await self.client.get_json(SERVICE, forecast, query)
         return {"place": place, **_daily(data, days)}
 
     async def _place(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,7 +193,9 @@ class WeatherPlugin(HttpPlugin):
                 "longitude": args["longitude"],
             }
         query = {"name": city.strip(), "count": 1, "language": "en", "format": "json"}
-        data = await self.client.get_json(SERVICE, f"{self.geocoding_url}/v1/search", query)
+        data = await self.client.get_json(
+            SERVICE, f"{self.settings.geocoding_url}/v1/search", query
+        )
         if not isinstance(data, dict):
             raise malformed(SERVICE)
         results = data.get("results", [])

@@ -16,25 +16,25 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, Strict
 
 from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
 
 from ._http import (
-    HTTP_KEYS,
     HttpPlugin,
     HttpSettings,
+    Must,
     Registrar,
     ServiceClient,
-    check_keys,
+    Url,
     clean_text,
-    int_setting,
     malformed,
     safe_url,
-    url_setting,
 )
 
-__all__ = ["WebSearchPlugin", "register"]
+__all__ = ["WebSearchPlugin", "WebSearchSettings", "register"]
 
 SERVICE = "searxng"
 DEFAULT_RESULTS = 5
@@ -43,8 +43,6 @@ SNIPPET_CHARS = 300
 MAX_SCANNED = 100
 """Raw results looked at, at most: a body of 50,000 junk results costs no more than 100."""
 _ENGINE = re.compile(r"^[a-z0-9][a-z0-9 ._-]{0,39}$")
-_TOOL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_LANGUAGE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})?$|^all$|^auto$")
 
 PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -62,24 +60,34 @@ PARAMETERS: dict[str, Any] = {
 }
 
 
+class WebSearchSettings(HttpSettings):
+    """``[plugins.websearch]``."""
+
+    base_url: Url = Field(description="the SearXNG instance")
+    safesearch: Annotated[int, Strict(), Field(ge=0, le=2), Must("be an integer from 0 to 2")] = 1
+    language: (
+        Annotated[
+            str,
+            Strict(),
+            Field(pattern=r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})?$|^all$|^auto$"),
+            Must("be a language code such as 'en'"),
+        ]
+        | None
+    ) = None
+    tool: Annotated[
+        str,
+        Strict(),
+        Field(pattern=r"^[A-Za-z0-9_-]{1,64}$"),
+        Must("be a tool name such as 'web_search_backup'"),
+    ] = "web_search"
+
+
 class WebSearchPlugin(HttpPlugin):
     """``web_search`` on SearXNG."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        check_keys("websearch", config, {"base_url", "safesearch", "language", "tool", *HTTP_KEYS})
-        if "base_url" not in config:
-            raise ValueError("websearch: 'base_url' (the SearXNG instance) is required")
-        self.base_url = url_setting("websearch", "base_url", config["base_url"])
-        self.safesearch = int_setting("websearch", config, "safesearch", 1, 0, 2)
-        language = config.get("language")
-        if language is not None and not (isinstance(language, str) and _LANGUAGE.match(language)):
-            raise ValueError("websearch: 'language' must be a language code such as 'en'")
-        self.language: str | None = language
-        tool = config.get("tool", "web_search")
-        if not (isinstance(tool, str) and _TOOL.match(tool)):
-            raise ValueError("websearch: 'tool' must be a tool name such as 'web_search_backup'")
-        self.tool = tool
-        settings = HttpSettings.from_config("websearch", config)
+        self.settings = settings = WebSearchSettings.parse("websearch", config)
+        tool = settings.tool
         declaration = ToolDeclaration(
             tool,
             "Search the web. Returns up to max_results results, each with title, url, a short "
@@ -93,16 +101,17 @@ class WebSearchPlugin(HttpPlugin):
         super().__init__([declaration], ServiceClient(settings, accept="application/json"))
 
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
-        if name != self.tool:
+        settings = self.settings
+        if name != settings.tool:
             raise ToolError(f"websearch has no tool named {name!r}")
         query: dict[str, str | int | float] = {
             "q": args["query"],
             "format": "json",
-            "safesearch": self.safesearch,
+            "safesearch": settings.safesearch,
         }
-        if self.language is not None:
-            query["language"] = self.language
-        data = await self.client.get_json(SERVICE, f"{self.base_url}/search", query)
+        if settings.language is not None:
+            query["language"] = settings.language
+        data = await self.client.get_json(SERVICE, f"{settings.base_url}/search", query)
         if not isinstance(data, dict) or not isinstance(data.get("results"), list):
             raise malformed(SERVICE)
         results = _results(data["results"], int(args.get("max_results", DEFAULT_RESULTS)))

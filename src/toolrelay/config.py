@@ -123,6 +123,7 @@ class TelemetrySettings(BaseModel):
     metrics_port: Annotated[int, Strict(), Field(ge=0, le=65535)] = 0
     metrics_host: Annotated[str, Strict()] = "127.0.0.1"
     otlp_endpoint: Annotated[str, Strict()] | None = None
+    otlp_metrics_endpoint: Annotated[str, Strict()] | None = None
 
 
 class Settings(BaseModel):

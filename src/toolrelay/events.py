@@ -106,12 +106,13 @@ class ConcurrencyLimited:
 
 @dataclass(frozen=True, slots=True)
 class ConcurrencyLimitUpdated:
-    """A window of the key's adaptive limit ended: the ``limit`` now, and the most calls
-    in flight during the window (``in_flight``)."""
+    """A window of the key's adaptive limit ended: the ``limit`` now, the most calls
+    in flight during the window (``in_flight``), and the key's ``adaptive_min``."""
 
     breaker_key: str
     limit: int
     in_flight: int
+    min_limit: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,6 +235,12 @@ async def call_tool(
         arguments=args,
         protocol=ctx.protocol_version,
         x_test=None if headers is None else headers.get("x-test"),
+        # the trace context the caller passed on (test_gateway_traces), when there is one
+        **(
+            {"trace": {k: v for k, v in ctx.meta.items() if k in ("traceparent", "tracestate")}}
+            if ctx.meta and "traceparent" in ctx.meta
+            else {}
+        ),
     )
     if name not in TOOLS:
         raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {name}")

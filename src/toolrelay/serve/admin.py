@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Security
@@ -34,6 +34,8 @@ from ..dispatcher import Dispatcher
 from ..pipeline.decode import too_big
 from . import admin_models as m
 from .auth import token_matches
+from .health import UpstreamHealth
+from .reload import ReloadRefused, ReloadReport
 from .ui import status_ui
 
 __all__ = ["MAX_BODY_BYTES", "MAX_FAULTS", "AdminState", "ApiError", "admin_app", "authorized"]
@@ -55,6 +57,10 @@ class AdminState:
     token: str = field(repr=False)
     ready: bool = False
     reason: str = "starting"
+    upstreams: UpstreamHealth | None = None
+    reload: Callable[[], Awaitable[ReloadReport]] | None = None
+    """Re-read and apply the config file (``POST /reload``); ``None``: not offered."""
+    """The upstream MCP servers: the gateway is ready only when the required ones are up."""
 
     def set_ready(self, ready: bool, reason: str = "") -> None:
         """Readiness as ``/readyz`` reports it."""
@@ -260,16 +266,24 @@ async def healthz() -> m.Health:
 
 @authed.get(
     "/readyz",
-    summary="Readiness: plugins and upstream MCP servers are loaded and the MCP transport "
-    "is serving.",
+    summary="Readiness: plugins are loaded, the MCP transport is serving and every "
+    "upstream MCP server that is not optional is connected.",
     responses={503: {"model": m.Readiness, "description": "Not ready yet (or shutting down)."}},
     response_model_exclude_none=True,
 )
 async def readyz(state: State, response: Response) -> m.Readiness:
+    health = state.upstreams
+    statuses = [] if health is None else health.statuses()
+    upstreams = [m.Upstream.model_validate(asdict(s)) for s in statuses] or None
     if not state.ready:
         response.status_code = 503
-        return m.Readiness(ready=False, reason=state.reason or "not ready")
-    return m.Readiness(ready=True, tools=len(state.dispatcher.registry))
+        reason = state.reason or "not ready"
+        return m.Readiness(ready=False, reason=reason, upstreams=upstreams)
+    down = None if health is None else health.not_ready()
+    if down is not None:
+        response.status_code = 503
+        return m.Readiness(ready=False, reason=down, upstreams=upstreams)
+    return m.Readiness(ready=True, tools=len(state.dispatcher.registry), upstreams=upstreams)
 
 
 @authed.get(
@@ -406,6 +420,30 @@ async def tools(state: State, profile: str | None = None) -> m.Tools:
             )
         )
     return m.Tools(tools=listed)
+
+
+@authed.post(
+    "/reload",
+    summary="Re-read the config file and apply it without dropping a session (all or "
+    "nothing: on an error the old config keeps serving).",
+    responses={
+        400: {
+            **_ERROR,
+            "description": "Not applied: a change needs a restart, or applying "
+            "it failed (an upstream cannot be reached, a plugin does not load).",
+        },
+        409: {**_ERROR, "description": "The gateway was started without a config file."},
+        422: {**_ERROR, "description": "The config file cannot be used; the message says why."},
+    },
+)
+async def reload(state: State) -> m.Reloaded:
+    if state.reload is None:
+        raise ApiError(409, "no_config_file", "this gateway has no config file to reload")
+    try:
+        report = await state.reload()
+    except ReloadRefused as refused:
+        raise ApiError(refused.status, refused.error, refused.message) from None
+    return m.Reloaded.model_validate(asdict(report))
 
 
 @authed.get("/openapi.json", summary="This document.", response_model=dict[str, Any])

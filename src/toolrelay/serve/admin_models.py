@@ -1,13 +1,14 @@
 """The admin API's request and response bodies, as pydantic models.
 
-FastAPI validates requests with them and generates the OpenAPI document from them. A fault
-is checked twice over: the model's types and bounds (what the document shows), then
-:class:`~toolrelay.pipeline.faults.Fault`'s own rules (one target, the size of ``output``).
+FastAPI validates requests with them and generates the OpenAPI document from them. A
+fault's fields are :class:`~toolrelay.pipeline.faults.Fault`'s own (``FaultSpec`` is made
+from them, so the API and ``[[faults]]`` cannot drift apart), and the body is then built
+into a ``Fault``, whose rules (one target, the size of ``output``) apply.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -17,11 +18,11 @@ from pydantic import (
     Field,
     Tag,
     WithJsonSchema,
+    create_model,
     model_validator,
 )
 
-from ..contract import ErrorType
-from ..pipeline.faults import Fault, FaultKind
+from ..pipeline.faults import Fault
 
 __all__ = [
     "MAX_FAULTS",
@@ -36,9 +37,11 @@ __all__ = [
     "FaultsBody",
     "Health",
     "Readiness",
+    "Reloaded",
     "Removed",
     "ToolInfo",
     "Tools",
+    "Upstream",
 ]
 
 MAX_FAULTS = 100
@@ -70,10 +73,26 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class Upstream(BaseModel):
+    name: str
+    state: Literal["connected", "reconnecting", "down"]
+    optional: bool = Field(description="Whether the gateway is ready without it.")
+    failures: int = Field(
+        ge=0, description="Connection attempts that failed and connections lost so far."
+    )
+    last_error: str | None = Field(default=None, description="The last failure, in short.")
+    last_error_at: float | None = Field(
+        default=None, description="When the last failure happened (seconds since the epoch)."
+    )
+
+
 class Readiness(BaseModel):
     ready: bool
     tools: int | None = Field(default=None, ge=0, description="Tools registered (when ready).")
     reason: str | None = Field(default=None, description="Why not (when not ready).")
+    upstreams: list[Upstream] | None = Field(
+        default=None, description="Every upstream MCP server's state (when there are any)."
+    )
 
 
 class Breaker(BaseModel):
@@ -97,25 +116,15 @@ class Breakers(BaseModel):
     breakers: dict[str, Breaker]
 
 
-class FaultSpec(BaseModel):
-    """One fault to put in force: the ``[[faults]]`` entry of ``toolrelay.toml``."""
+class _FaultBody(BaseModel):
+    """What :data:`FaultSpec` adds to :class:`~toolrelay.pipeline.faults.Fault`'s fields:
+    ``null`` is refused (leave a key out instead), and ``Fault``'s own rules apply."""
 
     model_config = ConfigDict(
         extra="forbid",
-        strict=True,
+        allow_inf_nan=False,
         json_schema_extra={"oneOf": [{"required": ["tool"]}, {"required": ["breaker_key"]}]},
     )
-
-    kind: FaultKind
-    tool: _Target = None
-    breaker_key: _Target = None
-    rate: _Share = 1.0
-    latency_s: _Seconds = 0.0
-    jitter_s: _Seconds = 0.0
-    error_type: ErrorType = Field(default=ErrorType.TOOL_ERROR, strict=False)
-    message: str = Field(default="injected fault", max_length=240)
-    retryable: bool = True
-    output: Any = None
 
     @model_validator(mode="after")
     def _is_a_fault(self) -> Self:
@@ -124,6 +133,30 @@ class FaultSpec(BaseModel):
 
     def fault(self) -> Fault:
         return Fault(**self.model_dump(mode="json", exclude_unset=True, exclude={"id"}))
+
+
+def _fault_fields() -> dict[str, Any]:
+    """``Fault``'s fields, with a tool name or breaker key that is a string when given."""
+    return {
+        key: (_Target, None) if key in ("tool", "breaker_key") else (info.annotation, info)
+        for key, info in Fault.__pydantic_fields__.items()  # type: ignore[attr-defined]
+    }
+
+
+if TYPE_CHECKING:
+    FaultSpec: TypeAlias = _FaultBody
+    FaultInForce: TypeAlias = _FaultBody
+else:
+    FaultSpec = create_model(
+        "FaultSpec",
+        __base__=_FaultBody,
+        __doc__="One fault to put in force: the ``[[faults]]`` entry of ``toolrelay.toml``.",
+        __module__=__name__,
+        **_fault_fields(),
+    )
+    FaultInForce = create_model(
+        "FaultInForce", __base__=FaultSpec, __module__=__name__, id=(int, Field(ge=1))
+    )
 
 
 def _shape(body: Any) -> str | None:
@@ -142,10 +175,6 @@ FaultsBody = Annotated[
 """The body of ``PUT /faults``: one fault, or a list of faults (all or none)."""
 
 
-class FaultInForce(FaultSpec):
-    id: int = Field(ge=1)
-
-
 class Faults(BaseModel):
     faults: list[FaultInForce]
 
@@ -156,6 +185,17 @@ class FaultsAdded(Faults):
 
 class Removed(BaseModel):
     removed: int = Field(ge=0, description="How many faults were removed.")
+
+
+class Reloaded(BaseModel):
+    changed: list[str] = Field(
+        description="The changed settings, as dotted keys (breakers.search.fail_max)."
+    )
+    breakers: list[str] = Field(description="Breaker keys whose settings changed (state kept).")
+    profiles: list[str | None] = Field(
+        description="Profiles whose tool list changed (null: callers without a profile); "
+        "their MCP clients were sent tools/list_changed."
+    )
 
 
 class ToolInfo(BaseModel):

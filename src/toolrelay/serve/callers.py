@@ -34,6 +34,10 @@ class Callers:
     """Maps the current request to its :class:`Caller`."""
 
     def __init__(self, profile: str | None, clients: Sequence[ClientSettings] = ()) -> None:
+        self.update(profile, clients)
+
+    def update(self, profile: str | None, clients: Sequence[ClientSettings] = ()) -> None:
+        """Take on new settings (hot reload): requests handled from now on see them."""
         self.default = (
             Caller("default", profile, AuthContext())
             if not clients
@@ -62,3 +66,7 @@ class Callers:
     def all(self) -> list[Caller]:
         """The default (or unauthenticated) caller and every configured client."""
         return [self.default, *self._clients.values()]
+
+    def profiles(self) -> dict[str, str | None]:
+        """Every caller's name and profile."""
+        return {caller.name: caller.profile for caller in self.all()}

@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import anyio
 import mcp.types as types
+from mcp.server._otel import OpenTelemetryMiddleware  # the SDK's, replaced by ours
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import (
     AuthenticatedUser,
@@ -42,6 +43,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from opentelemetry import metrics, trace
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
@@ -56,9 +58,11 @@ from ..registry import CompiledTool
 from .answers import answer
 from .auth import is_loopback
 from .callers import Callers
+from .client_limits import ClientLimits
 from .limits import BodyLimit, bounded_stdin
 from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics, RefusalReason
 from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_S
+from .tracing import McpServerTelemetry
 from .watch import ToolListWatcher
 
 __all__ = ["Gateway", "transport_security"]
@@ -285,11 +289,21 @@ class _PeerTracker:
             and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         ):
             key = _peer_key(ctx)
-            self._watcher.add_peer(key, ctx.session, self._callers.current().profile)
+            caller = self._callers.current()
+            self._watcher.add_peer(key, ctx.session, caller.profile, caller.name)
             connection = _connection_of(ctx)
             if connection is not None:
                 connection.exit_stack.callback(self._watcher.remove_peer, key)
         return result
+
+
+def _server_telemetry(dispatcher: Dispatcher) -> McpServerTelemetry:
+    """Spans and durations for the requests served, on the dispatcher's providers (none
+    with its telemetry off: the client's trace context is still passed on upstream)."""
+    telemetry = dispatcher.telemetry
+    if telemetry is None:
+        return McpServerTelemetry(trace.NoOpTracerProvider(), metrics.NoOpMeterProvider())
+    return McpServerTelemetry(telemetry.provider, telemetry.genai.provider)
 
 
 def transport_security(host: str) -> TransportSecuritySettings:
@@ -316,11 +330,14 @@ class Gateway:
         metrics: GatewayMetrics,
         *,
         name: str = "toolrelay",
+        limits: ClientLimits | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.callers = callers
         self.watcher = watcher
         self.metrics = metrics
+        self.limits = limits or ClientLimits()
+        """Per-client limits (default: none), applied to ``tools/call`` and ``tools/list``."""
         self.server = _GatewayServer(
             name,
             version=__version__,
@@ -329,13 +346,22 @@ class Gateway:
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self._listen,
         )
-        self.server.middleware.append(_PeerTracker(watcher, callers))
+        # our spans and durations stand for the SDK's (which see only the global provider)
+        self.server.middleware[:] = [
+            _server_telemetry(dispatcher),
+            *(m for m in self.server.middleware if not isinstance(m, OpenTelemetryMiddleware)),
+            _PeerTracker(watcher, callers),
+        ]
 
     # -- handlers -----------------------------------------------------------------------------
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        specs = self.dispatcher.specs(self.callers.current().profile, format="mcp")
+        caller = self.callers.current()
+        refusal = self.limits.check(caller.name)
+        if refusal is not None:
+            raise refusal.error()
+        specs = self.dispatcher.specs(caller.profile, format="mcp")
         return types.ListToolsResult(tools=[types.Tool.model_validate(spec) for spec in specs])
 
     async def _call_tool(
@@ -345,6 +371,12 @@ class Gateway:
         name = params.name
         label = name if self.dispatcher.registry.owns(name) else UNKNOWN_TOOL
         call_id = None if ctx.request_id is None else str(ctx.request_id)
+        limits = self.limits  # the same object admits and releases, across a reload
+        refusal = limits.enter(caller.name)
+        if refusal is not None:
+            refused = answer(refusal.result(name, call_id), self._tool(name))
+            self.metrics.call(label, refused.outcome)
+            return refused.result
         try:
             result = await self.dispatcher.dispatch(
                 name, params.arguments or {}, caller.ctx, profile=caller.profile, call_id=call_id
@@ -352,6 +384,8 @@ class Gateway:
         except anyio.get_cancelled_exc_class():
             self.metrics.call(label, CANCELLED)
             raise
+        finally:
+            limits.leave(caller.name)
         answered = answer(result, self._tool(name))
         self.metrics.call(label, answered.outcome)
         return answered.result

@@ -10,21 +10,29 @@ Streamable HTTP sessions: ``toolrelay_mcp_sessions_open`` is how many are open,
 session (``reason`` is ``client_limit``: the client has ``max_sessions_per_client`` open, 429;
 or ``full``: ``max_sessions`` are open and none is idle, 503), and
 ``toolrelay_mcp_sessions_reaped_total`` counts idle sessions closed early to admit a new one.
+
+Clients (see :mod:`.client_limits`): ``toolrelay_mcp_client_rejected_total{client, reason}``
+counts requests refused for a client's limits (``reason`` is ``rate`` or ``concurrency``),
+``toolrelay_mcp_client_inflight{client}`` is each client's ``tools/call`` requests in flight.
+``client`` is a configured client's name, ``default`` (no clients configured) or
+``unauthenticated``: never more values than the config has clients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from ..telemetry.metrics import UNKNOWN_TOOL
 
-__all__ = ["CANCELLED", "GatewayMetrics", "RefusalReason", "UNKNOWN_TOOL"]
+__all__ = ["CANCELLED", "UNKNOWN_TOOL", "ClientRejection", "GatewayMetrics", "RefusalReason"]
 
 CANCELLED = "cancelled"
 RefusalReason = Literal["client_limit", "full"]
+ClientRejection = Literal["rate", "concurrency"]
 
 
 class GatewayMetrics:
@@ -67,6 +75,32 @@ class GatewayMetrics:
             namespace="toolrelay",
             registry=registry,
         )
+
+        self.client_rejections = Counter(
+            "mcp_client_rejected",
+            "Requests refused for their client's limits, by client and reason (rate, concurrency).",
+            ("client", "reason"),
+            namespace="toolrelay",
+            registry=registry,
+        )
+        self.client_inflight = Gauge(
+            "mcp_client_inflight",
+            "MCP tools/call requests in flight, by client.",
+            ("client",),
+            namespace="toolrelay",
+            registry=registry,
+        )
+
+    def track_clients(self, names: Sequence[str], in_flight: Callable[[str], int]) -> None:
+        """Create every client's series; its in-flight gauge reads ``in_flight(name)``."""
+        for name in names:
+            for reason in ("rate", "concurrency"):
+                self.client_rejections.labels(name, reason)
+            self.client_inflight.labels(name).set_function(partial(in_flight, name))
+
+    def client_rejected(self, client: str, reason: ClientRejection) -> None:
+        """Count one request refused for ``client``'s limits."""
+        self.client_rejections.labels(client, reason).inc()
 
     def count_sessions(self, count: Callable[[], int]) -> None:
         """Read the open-session gauge from ``count`` at scrape time."""

@@ -1,9 +1,11 @@
 """The ``[telemetry]`` settings of ``toolrelay.toml`` as ``toolrelay serve`` applies them.
 
 ``otlp_endpoint`` sends every call's span over OTLP/HTTP (extra ``otlp``), as service
-``toolrelay-serve``; ``metrics_port`` (non-zero) also serves the Prometheus registry on a
-plain ``/metrics`` endpoint without a token, for scrapers that cannot send one (the admin
-API's ``/metrics`` has the same content behind the admin token).
+``toolrelay-serve``, and ``otlp_metrics_endpoint`` the OpenTelemetry histograms
+(``gen_ai.execute_tool.duration``, ``mcp.server.operation.duration``); ``metrics_port``
+(non-zero) also serves the Prometheus registry on a plain ``/metrics`` endpoint without a
+token, for scrapers that cannot send one (the admin API's ``/metrics`` has the same content
+behind the admin token).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ..telemetry import serve_metrics
 from .auth import check_bind
 from .errors import ServeError
 
-__all__ = ["metrics_endpoint", "tracer_provider"]
+__all__ = ["meter_provider", "metrics_endpoint", "tracer_provider"]
 
 
 def tracer_provider(telemetry: Mapping[str, Any]) -> Any:
@@ -31,6 +33,20 @@ def tracer_provider(telemetry: Mapping[str, Any]) -> Any:
         return otlp_tracer_provider(str(endpoint), "toolrelay-serve")
     except OtlpUnavailable as exc:
         raise ServeError(f"telemetry.otlp_endpoint: {exc}") from None
+
+
+def meter_provider(telemetry: Mapping[str, Any]) -> Any:
+    """An OpenTelemetry SDK meter provider exporting to ``otlp_metrics_endpoint``, or
+    ``None`` (then only a global one the host set up records the histograms)."""
+    endpoint = telemetry.get("otlp_metrics_endpoint")
+    if not endpoint:
+        return None
+    from ..telemetry.otlp import OtlpUnavailable, otlp_meter_provider
+
+    try:
+        return otlp_meter_provider(str(endpoint), "toolrelay-serve")
+    except OtlpUnavailable as exc:
+        raise ServeError(f"telemetry.otlp_metrics_endpoint: {exc}") from None
 
 
 def metrics_endpoint(

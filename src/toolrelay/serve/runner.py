@@ -1,5 +1,8 @@
 """``toolrelay serve``: put the pieces together and run them until told to stop.
 
+SIGHUP (and ``POST /reload``, and ``reload_watch_s``) reloads the config file without a
+restart: see :mod:`toolrelay.serve.reload`.
+
 Order of start: the dispatcher (plugins loaded), the admin API (``/healthz`` answers,
 ``/readyz`` says 503 until ready), the upstream MCP servers, the tool-list watcher, the MCP
 transport; then ready. Stop: stdin closing (stdio), or SIGINT/SIGTERM; everything is closed
@@ -9,13 +12,13 @@ reader blocked in a thread cannot be interrupted otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Mapping
-from contextlib import AsyncExitStack
 from typing import Any, TextIO
 
 import anyio
@@ -24,17 +27,22 @@ from prometheus_client import CollectorRegistry
 
 from ..config import Config
 from ..dispatcher import Dispatcher
+from ..registry import ToolRegistry
 from .admin import AdminState, admin_app
+from .approvals import ElicitingApprover
 from .auth import StaticTokenVerifier, check_bind, is_loopback, resolve_secret
 from .callers import Callers
+from .client_limits import ClientLimits, configured_limits
 from .errors import ServeError
 from .gateway import Gateway
+from .health import UpstreamHealth
 from .http import HttpService
 from .metrics import GatewayMetrics
-from .observability import metrics_endpoint, tracer_provider
+from .observability import meter_provider, metrics_endpoint, tracer_provider
+from .reload import ReloadableVerifier, Reloader, ReloadRefused, load_plugins_by_name
 from .settings import ServeSettings, load
 from .tuning import settle_heap
-from .upstreams import open_upstreams
+from .upstreams import Upstreams
 from .watch import ToolListWatcher
 
 __all__ = ["Service", "main"]
@@ -62,7 +70,9 @@ class Service:
         environ: Mapping[str, str] | None = None,
         out: TextIO | None = None,
         handle_signals: bool = True,
+        overrides: Mapping[str, Any] | None = None,
     ) -> None:
+        self.config = config
         self.settings = settings
         self.handle_signals = handle_signals
         self.environ = os.environ if environ is None else environ
@@ -81,12 +91,31 @@ class Service:
             )
         )
         clients = settings.clients if http else ()
-        self.verifier = StaticTokenVerifier(clients, self.environ) if clients else None
+        self.verifier = (
+            ReloadableVerifier(StaticTokenVerifier(clients, self.environ)) if clients else None
+        )
         self.telemetry = dict(config.telemetry)
         self.tracer_provider = tracer_provider(self.telemetry)
+        self.meter_provider = meter_provider(self.telemetry)
         self.metrics_registry = CollectorRegistry()
+        self.approvals = (
+            ElicitingApprover(timeout_s=settings.approval_timeout_s)
+            if settings.approvals == "elicit"
+            else None
+        )
+        reserved = config.dispatcher.reserved_properties
+        registry = (
+            ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
+        )
+        self.plugins = load_plugins_by_name(registry, config)
+        """The plugin objects of each ``[plugins.NAME]`` (a reload replaces them by name)."""
         self.dispatcher = Dispatcher.from_config(
-            config, metrics_registry=self.metrics_registry, tracer_provider=self.tracer_provider
+            config.model_copy(update={"plugins": {}, "tools": {}}),  # loaded just above
+            registry=registry,
+            metrics_registry=self.metrics_registry,
+            tracer_provider=self.tracer_provider,
+            meter_provider=self.meter_provider,
+            approver=self.approvals,
         )
         self.metrics = GatewayMetrics(self.metrics_registry)
         self.callers = Callers(settings.profile, clients)
@@ -96,12 +125,31 @@ class Service:
             self.metrics,
             interval_s=settings.watch_interval_s,
         )
-        self.gateway = Gateway(self.dispatcher, self.callers, self.watcher, self.metrics)
+        self.limits = ClientLimits(
+            *configured_limits(settings),
+            names=[caller.name for caller in self.callers.all()],
+            metrics=self.metrics,
+        )
+        self.gateway = Gateway(
+            self.dispatcher, self.callers, self.watcher, self.metrics, limits=self.limits
+        )
+        if self.approvals is not None:  # asks the client of the tools/call being served
+            self.approvals.redact = self.dispatcher.redact
+            self.gateway.server.middleware.append(self.approvals.middleware)
+        self.health = UpstreamHealth(
+            self.metrics_registry, ping_interval_s=settings.ping_interval_s
+        )
         self.admin_state = (
             None
             if self.admin_token is None
-            else AdminState(self.dispatcher, self.metrics_registry, self.admin_token)
+            else AdminState(
+                self.dispatcher, self.metrics_registry, self.admin_token, upstreams=self.health
+            )
         )
+        self.upstreams = Upstreams(self.dispatcher.registry, self.environ, self.health)
+        self.reloader = Reloader(self, overrides)
+        if self.admin_state is not None:
+            self.admin_state.reload = self.reloader.reload
         self._stop: anyio.Event | None = None
 
     def _say(self, line: str) -> None:
@@ -122,17 +170,15 @@ class Service:
         )
         try:
             async with anyio.create_task_group() as tg:
+                self.reloader.attach(tg)
                 if self.handle_signals:
                     tg.start_soon(self._signals)
+                    tg.start_soon(self._reload_signals)
+                tg.start_soon(self.reloader.watch)
                 admin = await self._start_admin(tg)
                 try:
-                    async with AsyncExitStack() as upstreams:
-                        names = await open_upstreams(
-                            upstreams,
-                            self.dispatcher.registry,
-                            self.settings.upstreams,
-                            self.environ,
-                        )
+                    async with self.upstreams as upstreams:
+                        names = await upstreams.start(self.settings.upstreams)
                         if names:
                             self._say(f"upstream MCP servers: {', '.join(names)}")
                         await self._serve_mcp()
@@ -150,6 +196,8 @@ class Service:
                 metrics.shutdown()
             if self.tracer_provider is not None:
                 self.tracer_provider.shutdown()
+            if self.meter_provider is not None:
+                self.meter_provider.shutdown()
 
     async def _start_admin(self, tg: anyio.abc.TaskGroup) -> HttpService | None:
         state = self.admin_state
@@ -164,6 +212,7 @@ class Service:
         assert self._stop is not None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.watcher.run)
+            tg.start_soon(self.health.run)
             if self.settings.transport == "stdio":
                 tg.start_soon(self._run_stdio)
                 self._ready("MCP over stdio")
@@ -223,6 +272,15 @@ class Service:
                 self.stop()
                 _exit_later(EXIT_GRACE_S)
 
+    async def _reload_signals(self) -> None:
+        """SIGHUP: reload the config file (a refusal is logged; the old config serves)."""
+        if not hasattr(signal, "SIGHUP"):  # pragma: no cover - Windows
+            return
+        with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                with contextlib.suppress(ReloadRefused):  # logged; the old config serves
+                    await self.reloader.reload()
+
 
 def _exit_later(delay_s: float) -> None:
     """Make sure the process ends even if a stdio reader thread never returns."""
@@ -248,7 +306,7 @@ def main(
     """
     config, settings = load(config_path, defaults)
     settings = settings.override(**overrides)
-    service = Service(config, settings)
+    service = Service(config, settings, overrides=overrides)
     _configure_logging()
     try:
         anyio.run(service.run, backend="asyncio")

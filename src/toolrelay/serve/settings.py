@@ -44,6 +44,9 @@ UNAUTHENTICATED_PROFILE = "toolrelay:unauthenticated"
 a name :meth:`ServeSettings.check` refuses to see defined, so the dispatcher maps it to
 ``NOTHING`` (no tool listed or run)."""
 Transport = Literal["stdio", "http"]
+ApprovalMode = Literal["elicit", "none"]
+"""``[serve] approvals``: ask the calling MCP client (``elicit``) or nobody (``none``)."""
+DEFAULT_APPROVAL_TIMEOUT_S = 60.0
 
 Text = Annotated[str, Strict()]
 Label = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
@@ -51,6 +54,8 @@ EnvName = Annotated[str, Strict(), Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 Secret = Annotated[str, Strict(), Field(min_length=1)]
 Port = Annotated[int, Strict(), Field(ge=0, le=65535)]
 Sessions = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
+PerSecond = Annotated[float, Strict(), Field(gt=0, le=1_000_000)]
+Burst = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
 TableName = SkipJsonSchema[str]
 """The table's own name (``[….NAME]``), not a key of it."""
 
@@ -66,6 +71,12 @@ class ClientSettings:
     token: Secret | None = field(default=None, repr=False)
     profile: Label | None = None
     tenant: Label | None = None
+    rate_per_s: PerSecond | None = None
+    """This client's requests per second (``[serve.http] rate_per_s`` when unset)."""
+    burst: Burst | None = None
+    """Requests this client may make at once above its rate (``[serve.http] burst``)."""
+    max_concurrent_calls: Burst | None = None
+    """This client's ``tools/call`` requests in flight at most (``[serve.http]``'s)."""
 
     @model_validator(mode="after")
     def _one_token(self) -> ClientSettings:
@@ -99,6 +110,10 @@ class UpstreamSettings:
     """A floor for the risk of every tool of the upstream (its hints cannot lower it)."""
     tool_risk: dict[str, Risk] = field(default_factory=dict)
     """Floors per tool, by the tool's MCP name or its toolrelay name."""
+    risk_override: Risk | None = None
+    """The risk of every tool of the upstream, whatever its hints and floors (may lower it)."""
+    tool_risk_override: dict[str, Risk] = field(default_factory=dict)
+    """Overrides per tool (MCP or toolrelay name), above ``risk_override``."""
     max_message_bytes: Annotated[int, Strict(), Field(ge=1024)] | None = None
     """The largest message read from the upstream (``McpSource`` default: 4 MiB)."""
     max_message_values: Annotated[int, Strict(), Field(ge=100)] | None = None
@@ -135,6 +150,9 @@ class HttpSection(BaseModel):
     session_idle_s: Annotated[float, Strict(), Field(ge=1, le=7 * 86400)] | None = None
     json_response: Flag | None = None
     stateless: Flag | None = None
+    rate_per_s: PerSecond | None = None
+    burst: Burst | None = None
+    max_concurrent_calls: Burst | None = None
 
 
 class AdminSection(BaseModel):
@@ -158,6 +176,10 @@ class ServeSection(BaseModel):
     allow_remote: Flag | None = None
     watch_interval_s: Annotated[float, Strict(), Field(ge=0.05, le=3600)] | None = None
     max_request_bytes: Annotated[int, Strict(), Field(ge=1024, le=1 << 30)] | None = None
+    ping_interval_s: Annotated[float, Strict(), Field(ge=0.05, le=86400)] | None = None
+    reload_watch_s: Annotated[float, Strict(), Field(ge=0.1, le=3600)] | None = None
+    approvals: ApprovalMode | None = None
+    approval_timeout_s: Annotated[float, Strict(), Field(ge=0.01, le=86400)] | None = None
     http: HttpSection = HttpSection()
     admin: AdminSection = AdminSection()
     upstreams: dict[str, UpstreamSettings] = {}
@@ -215,6 +237,24 @@ class ServeSettings:
     stateless: bool = False
     """Serve every HTTP request on its own, with no ``Mcp-Session-Id`` session (no
     ``tools/list_changed`` notifications; the session limits do not apply)."""
+    rate_per_s: float | None = None
+    """Requests per second per HTTP client (``tools/call`` and ``tools/list``; a token
+    bucket); ``None``: no limit. A client's own ``rate_per_s`` overrides it."""
+    burst: int | None = None
+    """Requests a client may make at once above its rate; ``None``: one second's worth."""
+    max_concurrent_calls: int | None = None
+    """``tools/call`` requests in flight per HTTP client at most; ``None``: no limit."""
+    ping_interval_s: float = 30.0
+    """An upstream MCP server that said nothing for this long is pinged."""
+    reload_watch_s: float | None = None
+    """Check the config file this often and reload it when it changed (its modification
+    time and content); ``None``: reload on SIGHUP or ``POST /reload`` only."""
+    approvals: ApprovalMode = "elicit"
+    """Who approves risky calls: the human behind the calling MCP client, asked through
+    elicitation when the client can be asked (``elicit``), or nobody (``none``): such calls
+    answer ``needs_approval``. See :mod:`toolrelay.serve.approvals`."""
+    approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
+    """The longest wait for the human's answer; then the call is ``denied``."""
 
     @property
     def client_session_cap(self) -> int:

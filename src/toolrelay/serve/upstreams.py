@@ -4,6 +4,8 @@ Each upstream is entered (connected, its tools listed) and registered in the dis
 registry before the gateway serves, so its tools run through the whole pipeline (their own
 breaker key, deadline, retries, faults) like any other. ``optional = true`` lets the gateway
 start without an upstream that cannot be reached (logged); otherwise that is an error.
+Every upstream is reported to the gateway's :class:`~toolrelay.serve.health.UpstreamHealth`
+(which pings it and tells ``/readyz``), a skipped optional one as down.
 """
 
 from __future__ import annotations
@@ -11,18 +13,21 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Mapping, Sequence
-from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
 
 from ..registry import ToolRegistry
 from .auth import resolve_secret
 from .errors import ServeError
+from .health import UpstreamHealth
 from .settings import UpstreamSettings
 
 if TYPE_CHECKING:
     from ..sources.mcp import McpSource
 
-__all__ = ["build_source", "open_upstreams"]
+__all__ = ["Upstreams", "build_source"]
 
 log = logging.getLogger("toolrelay.serve")
 
@@ -35,13 +40,14 @@ def _options(upstream: UpstreamSettings) -> dict[str, Any]:
         "timeout_s",
         "connect_timeout_s",
         "risk",
+        "risk_override",
         "max_message_bytes",
         "max_message_values",
     ):
         value = getattr(upstream, name)
         if value is not None:
             options[name] = value
-    for name in ("tool_timeouts", "tool_risk"):
+    for name in ("tool_timeouts", "tool_risk", "tool_risk_override"):
         if getattr(upstream, name):
             options[name] = dict(getattr(upstream, name))
     if upstream.count_errors is not False:
@@ -80,33 +86,105 @@ def build_source(upstream: UpstreamSettings, environ: Mapping[str, str]) -> McpS
         raise ServeError(f"upstream {upstream.name!r}: {exc}") from None
 
 
-async def open_upstreams(
-    stack: AsyncExitStack,
-    registry: ToolRegistry,
-    upstreams: Sequence[UpstreamSettings],
-    environ: Mapping[str, str],
-) -> list[str]:
-    """Connect every upstream (closed with ``stack``) and register it; returns their names."""
-    if not upstreams:
-        return []
-    from ..registry import RegistrationError
-    from ..sources.mcp import McpConnectError
+class Upstreams:
+    """The upstream MCP servers of a running gateway, each held open by a task of its own,
+    so one can be added, replaced or removed while the gateway serves (hot reload).
 
-    opened = []
-    for upstream in upstreams:
-        source = build_source(upstream, environ)
+    Use as ``async with Upstreams(...) as upstreams:``; leaving closes every upstream.
+    :meth:`start` connects and registers the configured ones; :meth:`connect` only
+    connects (a reload registers once everything it needs is ready); :meth:`close`
+    closes one (:mod:`toolrelay.serve.reload` first waits for its calls in flight).
+    """
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        environ: Mapping[str, str],
+        health: UpstreamHealth | None = None,
+    ) -> None:
+        self.registry = registry
+        self.environ = environ
+        self.health = health
+        self.open: dict[str, tuple[UpstreamSettings, McpSource]] = {}
+        """The registered upstreams by name: their settings and their source."""
+        self._stops: dict[int, anyio.Event] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> Upstreams:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        for stop in self._stops.values():
+            stop.set()
+        assert self._tg is not None
+        return await self._tg.__aexit__(*exc_info)
+
+    async def start(self, upstreams: Sequence[UpstreamSettings]) -> list[str]:
+        """Connect and register every upstream; returns the names of those opened."""
+        for upstream in upstreams:
+            source = await self.connect(upstream)
+            if source is not None:
+                self.register(upstream, source)
+        return list(self.open)
+
+    async def connect(self, upstream: UpstreamSettings) -> McpSource | None:
+        """Connect one upstream (not yet registered); ``None`` when it is optional and
+        cannot be reached (logged, reported to ``health``). Raises :class:`ServeError`."""
+        from ..sources.mcp import McpConnectError
+
+        assert self._tg is not None, "use Upstreams as an async context manager"
+        source = build_source(upstream, self.environ)
+        stop = anyio.Event()
         try:
-            await stack.enter_async_context(source)
+            await self._tg.start(self._hold, source, stop)
         except McpConnectError as exc:
             if upstream.optional:
                 log.warning(
                     "toolrelay serve: skipping optional upstream %s: %s", upstream.name, exc
                 )
-                continue
+                if self.health is not None:
+                    self.health.skipped(upstream.name, str(exc))
+                return None
             raise ServeError(f"upstream {upstream.name!r}: {exc}") from None
+        self._stops[id(source)] = stop
+        return source
+
+    async def _hold(
+        self,
+        source: McpSource,
+        stop: anyio.Event,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with source:  # entered and left in this task, whoever asks for it
+            task_status.started()
+            await stop.wait()
+
+    def register(self, upstream: UpstreamSettings, source: McpSource) -> None:
+        """Put a connected upstream's tools in the registry (raises :class:`ServeError`)."""
+        from ..registry import RegistrationError
+
         try:
-            registry.register(source)
+            self.registry.register(source)
         except RegistrationError as exc:
             raise ServeError(f"upstream {upstream.name!r}: {exc}") from None
-        opened.append(upstream.name)
-    return opened
+        self.open[upstream.name] = (upstream, source)
+        if self.health is not None:
+            self.health.add(upstream.name, source, optional=upstream.optional)
+
+    def unregister(self, name: str) -> McpSource | None:
+        """Take an upstream's tools out of the registry (still connected: see :meth:`retire`)."""
+        if self.health is not None:
+            self.health.remove(name)
+        _, source = self.open.pop(name, (None, None))
+        if source is not None:
+            self.registry.unregister(source)
+        return source
+
+    def close(self, source: McpSource) -> None:
+        """Close a connected source now (its calls still in flight answer as failures)."""
+        stop = self._stops.pop(id(source), None)
+        if stop is not None:
+            stop.set()

@@ -21,7 +21,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import anyio
@@ -47,6 +47,7 @@ NOTIFY_TIMEOUT_S = 2.0
 class _Peer:
     session: ServerSession
     profile: str | None
+    client: str | None = None
 
 
 class ToolListWatcher:
@@ -83,14 +84,17 @@ class ToolListWatcher:
         """The ``subscriptions/listen`` handler of one profile's clients."""
         return self._listeners[profile]
 
-    def add_peer(self, key: str, session: ServerSession, profile: str | None) -> None:
-        """Remember a handshake-era connection (``key`` names it) to notify of changes.
+    def add_peer(
+        self, key: str, session: ServerSession, profile: str | None, client: str | None = None
+    ) -> None:
+        """Remember a handshake-era connection (``key`` names it) of ``client`` to notify of
+        changes.
 
         At most :data:`MAX_PEERS` are kept, the least recently added dropped first (a
         safety net: connections are forgotten when they close, see :meth:`remove_peer`).
         """
         self._peers.pop(key, None)
-        self._peers[key] = _Peer(session, profile)
+        self._peers[key] = _Peer(session, profile, client)
         while len(self._peers) > MAX_PEERS:
             del self._peers[next(iter(self._peers))]
 
@@ -153,14 +157,64 @@ class ToolListWatcher:
         log.info("toolrelay serve: the tool list of profile %r changed", profile)
         await self._buses[profile].publish(ToolsListChanged())
         for key, peer in list(self._peers.items()):
-            if peer.profile != profile:
+            if peer.profile == profile:
+                await self._notify(key, peer)
+
+    async def _notify(self, key: str, peer: _Peer) -> None:
+        delivered = False
+        with anyio.move_on_after(NOTIFY_TIMEOUT_S):
+            try:
+                await peer.session.send_tool_list_changed()
+                delivered = True
+            except Exception:
+                log.debug("toolrelay serve: client %s is gone", key, exc_info=True)
+        if not delivered:
+            self._peers.pop(key, None)
+
+    # -- hot reload --------------------------------------------------------------------------
+    async def reconfigure(
+        self, before: Mapping[str, str | None], after: Mapping[str, str | None]
+    ) -> list[str | None]:
+        """After a reload (the dispatcher and callers already changed): ``before`` and
+        ``after`` map every client name (``default`` and ``unauthenticated`` included) to
+        its profile. New profiles get their subscription bus; connections of clients that
+        are gone are forgotten (not notified any more); every connection whose tool list
+        differs from the one it had is told. Returns the profiles whose list changed.
+
+        A 2026-era ``subscriptions/listen`` stream stays on the bus of the profile it was
+        opened with: when a client moves to another profile, that bus is told too (its
+        other listeners re-list for nothing)."""
+        listed = dict(self._fingerprints)  # each profile's list under the old settings
+        for profile in {*after.values()} - self._buses.keys():
+            bus = self._buses[profile] = InMemorySubscriptionBus()
+            self._listeners[profile] = ListenHandler(bus)
+        moved: dict[str, str | None] = {}  # connection → the profile it had
+        for key, peer in list(self._peers.items()):
+            if peer.client is None:
                 continue
-            delivered = False
-            with anyio.move_on_after(NOTIFY_TIMEOUT_S):
-                try:
-                    await peer.session.send_tool_list_changed()
-                    delivered = True
-                except Exception:
-                    log.debug("toolrelay serve: client %s is gone", key, exc_info=True)
-            if not delivered:
-                self._peers.pop(key, None)
+            if peer.client not in after:
+                del self._peers[key]
+            elif after[peer.client] != peer.profile:
+                self._peers[key] = _Peer(peer.session, after[peer.client], peer.client)
+                moved[key] = peer.profile
+        for profile in self._buses:
+            try:
+                self._fingerprints[profile] = self.fingerprint(profile)
+            except Exception:
+                log.exception("toolrelay serve: could not list the tools of profile %r", profile)
+        changed = [p for p in self._buses if self._fingerprints.get(p) != listed.get(p)]
+        for profile in changed:
+            await self.announce(profile)
+        for key, had in moved.items():
+            now = self._peers.get(key)
+            if (
+                now is not None
+                and now.profile not in changed
+                and listed.get(had) != self._fingerprints.get(now.profile)
+            ):
+                await self._notify(key, now)
+        left = {before[c] for c in before if c in after and after[c] != before[c]}
+        for profile in left - {*changed}:
+            if profile in self._buses:
+                await self._buses[profile].publish(ToolsListChanged())
+        return changed

@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TextIO, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TextIO, TypedDict
 
 from ..contract import AuthContext, ErrorType, Risk, ToolDeclaration, ToolError
 from ..registry import DEFAULT_RESERVED
@@ -98,6 +98,8 @@ class McpSourceOptions(TypedDict, total=False):
     count_errors: bool | str
     risk: Risk | None
     tool_risk: Mapping[str, Risk] | None
+    risk_override: Risk | None
+    tool_risk_override: Mapping[str, Risk] | None
     max_message_bytes: int
     max_message_values: int
 
@@ -150,6 +152,12 @@ class McpSource:
             higher of what its hints say and this (``read`` < ``write`` < ``dangerous``).
         tool_risk: Floors per tool, by its MCP name (as the server names it) or its
             toolrelay name, e.g. ``{"delete_repo": "dangerous"}``; combined with ``risk``.
+        risk_override: The risk of every tool of the source, whatever its hints and the
+            floors say: the operator's word, which may also lower it (e.g. ``"read"`` for a
+            server whose read-only tools carry no annotations).
+        tool_risk_override: Overrides per tool (MCP or toolrelay name); they win over
+            ``risk_override``. Precedence: a tool's override, the source's override, then
+            the higher of the floors and the hints.
         max_message_bytes: The largest message read from the server (default 4 MiB),
             bounded while it is read (see :mod:`toolrelay.sources.transport`; used by the
             :meth:`stdio` and :meth:`http` transports). A larger answer is refused: the call
@@ -179,6 +187,8 @@ class McpSource:
         count_errors: bool | str = False,
         risk: Risk | None = None,
         tool_risk: Mapping[str, Risk] | None = None,
+        risk_override: Risk | None = None,
+        tool_risk_override: Mapping[str, Risk] | None = None,
         max_message_bytes: int = _MAX_BYTES,
         max_message_values: int = _MAX_VALUES,
     ) -> None:
@@ -223,6 +233,13 @@ class McpSource:
         self.tool_risk = {
             str(tool): check_risk(f"tool_risk[{tool!r}]", value)
             for tool, value in (tool_risk or {}).items()
+        }
+        self.risk_override = (
+            None if risk_override is None else check_risk("risk_override", risk_override)
+        )
+        self.tool_risk_override = {
+            str(tool): check_risk(f"tool_risk_override[{tool!r}]", value)
+            for tool, value in (tool_risk_override or {}).items()
         }
         self._outage: re.Pattern[str] | bool
         if isinstance(count_errors, str):
@@ -303,6 +320,36 @@ class McpSource:
         """The MCP protocol version of the live connection (``None`` when not connected)."""
         return self._link.protocol_version
 
+    # -- health (the gateway's /readyz, metrics and pings read these) ---------------------
+    @property
+    def connection_state(self) -> Literal["connected", "reconnecting", "down"]:
+        """``connected``, ``reconnecting`` (a connection attempt under way) or ``down``
+        (none: the next comes after the back-off, on a call or a :meth:`ping`)."""
+        return self._link.state
+
+    @property
+    def connection_failures(self) -> int:
+        """Connection attempts that failed and connections lost so far, however noticed
+        (by a call, a ping, or the connection itself)."""
+        return self._link.failures
+
+    @property
+    def last_error(self) -> tuple[float, str] | None:
+        """When (seconds since the epoch) and why the connection last failed, if ever."""
+        return self._link.last_error
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since the server last answered (a call, a listing or a ping)."""
+        return self._link.idle_s
+
+    async def ping(self, timeout_s: float) -> bool:
+        """MCP ``ping`` within ``timeout_s``, connecting first when not connected and the
+        back-off allows. A failed or unanswered ping loses the connection (counted, like a
+        failed call; the next call or ping reconnects). Whether the server answered; never
+        raises but cancellation."""
+        return await self._link.ping(timeout_s)
+
     # -- the plugin -----------------------------------------------------------------------
     def describe(self) -> Sequence[ToolDeclaration]:
         """The server's tools as last listed (kept while the server is unreachable)."""
@@ -353,6 +400,7 @@ class McpSource:
             raise self._unreachable(self._link.backoff.remaining()) from None
         except ValidationError:
             raise self._not_a_result() from None
+        self._link.answered()
         if result.is_error:
             text = cap(error_text(result)) or f"{name} reported an error"
             outage = self._outage

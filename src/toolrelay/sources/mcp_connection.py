@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.abc
@@ -170,6 +171,11 @@ class Connector:
         self.conn: Connection | None = None
         self.closed = False
         self.connects = 0
+        self.failures = 0
+        """Connection attempts that failed, and connections lost (however noticed)."""
+        self.last_error: tuple[float, str] | None = None
+        """When (seconds since the epoch) and why the last one happened."""
+        self._last_seen = time.monotonic()
         self._tg: anyio.abc.TaskGroup | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -213,6 +219,55 @@ class Connector:
                 return None
             raise
 
+    # -- health ---------------------------------------------------------------------------
+    @property
+    def state(self) -> Literal["connected", "reconnecting", "down"]:
+        conn = self.conn
+        if conn is None or conn.state in _DEAD:
+            return "down"
+        return "connected" if conn.state == State.READY else "reconnecting"
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since the server last answered."""
+        return time.monotonic() - self._last_seen
+
+    def answered(self) -> None:
+        """The server answered something (a call, a listing, a ping)."""
+        self._last_seen = time.monotonic()
+
+    def _failed(self, reason: str) -> None:
+        self.failures += 1
+        self.last_error = (time.time(), reason)
+
+    async def ping(self, timeout_s: float) -> bool:
+        """Connect if needed (and the back-off allows), then MCP ``ping`` within
+        ``timeout_s``; a ping that fails or goes unanswered loses the connection, like a
+        failed call. Never raises but cancellation."""
+        try:
+            conn = await self.acquire()
+        except Unreachable:
+            return False
+        assert conn.client is not None
+        try:
+            with anyio.fail_after(timeout_s):
+                # the session's, not the client's (deprecated: 2026-era servers dropped
+                # ping, but they still answer it, if only with an error, which is an answer)
+                await conn.client.session.send_ping()
+        except TimeoutError:
+            self.lost(conn, f"no answer to ping within {timeout_s:g} s")
+            return False
+        except MCPError as exc:
+            if is_disconnect(exc):
+                self.lost(conn, exc.message)
+                return False
+            # any other error is still an answer: the server is there
+        except Exception as exc:  # the transport's own: the connection is gone
+            self.lost(conn, why(exc))
+            return False
+        self.answered()
+        return True
+
     @property
     def protocol_version(self) -> str | None:
         conn = self.conn
@@ -233,7 +288,7 @@ class Connector:
             if isinstance(exc, MCPError) and is_disconnect(exc):
                 self.lost(conn, exc.message)
             raise McpConnectError(f"{self.name}: tools/list failed ({why(exc)})") from exc
-        self._install(tools)
+        self._listed(tools)
 
     # -- connections ----------------------------------------------------------------------
     def _start(self) -> Connection:
@@ -263,9 +318,11 @@ class Connector:
             # lost or closed between connecting and now: decide again
 
     def lost(self, conn: Connection, reason: str) -> None:
-        """A call (or the listener) found the connection dead: close it, back off."""
+        """A call (or a ping, or the listener) found the connection dead: close it, back
+        off."""
         if conn.state == State.READY and not conn.closing.is_set():
             conn.state = State.LOST
+            self._failed(cap(reason, 120))
             wait = self.backoff.failed()
             log.warning(
                 "toolrelay: MCP server %s is not reachable (%s); "
@@ -313,7 +370,7 @@ class Connector:
                     modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
                     if modern and changes is not None and changes.list_changed:
                         tg.start_soon(self._listen, conn, client)
-                    offered = self._install(await list_tools(client))
+                    offered = self._listed(await list_tools(client))
                     tg.start_soon(self._refresher, conn, client)
                     scope.deadline = math.inf
                     conn.client = client
@@ -344,6 +401,7 @@ class Connector:
                 conn.state = State.FAILED
                 wait = self.backoff.failed()
                 if not self.closed:
+                    self._failed(why(conn.error))
                     log.warning(
                         "toolrelay: could not connect to MCP server %s (%s); next attempt "
                         "on a call after %.1f s",
@@ -412,4 +470,8 @@ class Connector:
                     type(exc).__name__,
                 )
                 continue
-            self._install(tools)
+            self._listed(tools)
+
+    def _listed(self, tools: Sequence[mcp_types.Tool]) -> int:
+        self.answered()
+        return self._install(tools)

@@ -9,7 +9,9 @@ How tools are mapped
     Annotations give the risk: ``destructiveHint: true`` → ``dangerous`` (even beside
     ``readOnlyHint``: contradictory hints resolve to the riskier), otherwise
     ``readOnlyHint`` → ``read``, anything else (no hints at all included) → ``write``;
-    the source's ``risk`` and ``tool_risk`` floors then raise it (never lower it);
+    the source's ``risk`` and ``tool_risk`` floors then raise it (never lower it); an
+    operator's override (``tool_risk_override`` for the tool, else ``risk_override``) replaces
+    all of that, lowering included;
     ``idempotentHint`` → ``idempotent`` (absent: toolrelay's default, ``risk == "read"``).
     (The spec's own default for an absent ``destructiveHint`` is ``true``; toolrelay asks for
     approval of ``write`` tools by default too. Hints come from the server: trust them only
@@ -251,6 +253,9 @@ class ToolMap:
         risk = _riskier(risk, self.source.tool_risk.get(tool.name))
         if name != tool.name:
             risk = _riskier(risk, self.source.tool_risk.get(name))
+        overrides = self.source.tool_risk_override  # the operator's word: above all of that
+        override = overrides.get(tool.name) or overrides.get(name) or self.source.risk_override
+        risk = risk if override is None else override
         annotation_title = tool.annotations.title if tool.annotations is not None else None
         decl = ToolDeclaration(
             name=name,

@@ -2,9 +2,9 @@
 
 :class:`Telemetry` is the outermost stage of the pipeline (it opens the span, so the
 handler's own spans are its children, and counts the answer), an observer of stage events
-(retries, breaker transitions, faults, abandoned threads,
-killed worker processes) and a listener of breakers,
-worker pools, model slots and the shared breaker storage. Stages hold no telemetry code.
+(retries, breaker transitions, faults, abandoned threads, killed worker processes) and a
+listener of breakers, worker pools, model slots and the shared breaker storage. Stages hold
+no telemetry code.
 """
 
 from __future__ import annotations
@@ -179,6 +179,7 @@ class Telemetry:
         elif isinstance(event, ConcurrencyLimitUpdated):
             self.metrics.concurrency_limit.labels(event.breaker_key).set(event.limit)
             self.metrics.concurrency_in_flight.labels(event.breaker_key).set(event.in_flight)
+            self.metrics.concurrency_limit_min.labels(event.breaker_key).set(event.min_limit)
         elif isinstance(event, HedgeEnded):
             self.metrics.hedges.labels(event.breaker_key, event.result).inc()
         elif isinstance(event, RetryBudgetExhausted):

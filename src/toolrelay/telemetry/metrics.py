@@ -333,6 +333,12 @@ class Metrics:
             ("breaker_key",),
             "livesum",
         )
+        self.concurrency_limit_min = gauge(
+            "concurrency_limit_min",
+            "The lowest the adaptive concurrency limit of a key may go (adaptive_min).",
+            ("breaker_key",),
+            "livesum",
+        )
         self._watched: weakref.WeakSet[Breakers] = weakref.WeakSet()
         self._watch_lock = threading.Lock()
         self._refresh_lock = threading.Lock()

@@ -1,0 +1,127 @@
+"""Approvals at the gateway: the human behind the calling MCP client decides.
+
+A ``write``/``dangerous`` call that its profile says needs an approval is put to the client
+that made the ``tools/call``, as a form-mode ``elicitation/create`` request on that call
+(``related_request_id``: over streamable HTTP it rides the call's own response stream). The
+message names the tool, its risk and its arguments (redacted, length-capped); the form has
+no fields, so *accept* approves and *decline*, *cancel*, an error or no answer within
+``timeout_s`` (or before an enclosing deadline) deny. The audit line's ``approver`` says who
+decided: ``elicitation:<client>`` (the client's name from its bearer token), or
+``elicitation`` without tokens.
+
+The client is asked only when it can be: it declared the ``elicitation`` capability (form
+mode), the transport can carry a request to it mid-call (not in ``json_response`` or
+``stateless`` HTTP mode), and it speaks a 2025-era protocol (2026-era ``tools/call``
+elicits through ``InputRequiredResult`` round trips instead, not served yet). Otherwise
+the approver returns :data:`~toolrelay.pipeline.approve.UNASKED`: ``needs_approval``, as
+without an approver.
+
+The gateway's server middleware (:meth:`ElicitingApprover.middleware`) remembers which
+request a dispatch belongs to; the dispatcher's approval stage calls the approver in the
+same task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from contextvars import ContextVar
+from typing import Any, Final
+
+import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from ..contract import AuthContext, ToolDeclaration
+from ..pipeline.approve import UNASKED, Approval, Decision
+from ..redact import Redactor
+from ..result import ToolCall
+from .settings import DEFAULT_APPROVAL_TIMEOUT_S
+
+__all__ = ["ElicitingApprover"]
+
+log = logging.getLogger("toolrelay.serve")
+
+MAX_ARGUMENTS_CHARS: Final = 1000
+"""The arguments shown to the human are cut to this many characters."""
+
+_FORM: Final[dict[str, Any]] = {"type": "object", "properties": {}}
+_REQUEST: ContextVar[ServerRequestContext[Any, Any] | None] = ContextVar(
+    "toolrelay_mcp_request", default=None
+)
+
+
+class ElicitingApprover:
+    """An approver for ``Dispatcher(approver=...)`` that asks the calling MCP client.
+
+    ``timeout_s`` bounds the wait for the human (and so does any enclosing deadline, and
+    the model slot's budget when the host holds one); ``redact`` is the dispatcher's
+    :class:`~toolrelay.redact.Redactor` (default: the default patterns).
+    """
+
+    __slots__ = ("redact", "timeout_s")
+
+    def __init__(
+        self, *, timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S, redact: Redactor | None = None
+    ) -> None:
+        if not (timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ValueError("approval timeout_s must be a positive number of seconds")
+        self.timeout_s = timeout_s
+        self.redact = Redactor() if redact is None else redact
+
+    async def middleware(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        """Server middleware: a ``tools/call`` runs knowing its request (to ask its client)."""
+        if ctx.method != "tools/call":
+            return await call_next(ctx)
+        token = _REQUEST.set(ctx)
+        try:
+            return await call_next(ctx)
+        finally:
+            _REQUEST.reset(token)
+
+    async def __call__(self, call: ToolCall, decl: ToolDeclaration, auth: AuthContext) -> Decision:
+        request = _REQUEST.get()
+        if request is None or not _can_elicit(request):
+            return UNASKED
+        by = "elicitation" if auth.user_id is None else f"elicitation:{auth.user_id}"
+        left = anyio.current_effective_deadline() - anyio.current_time()
+        limit = max(0.0, min(self.timeout_s, left))
+        with anyio.move_on_after(limit) as scope:
+            try:
+                result = await request.session.elicit_form(
+                    self._message(call, decl), _FORM, related_request_id=request.request_id
+                )
+            except (MCPError, ValidationError) as exc:
+                log.warning(
+                    "toolrelay serve: asking the client to approve %s failed: %s",
+                    decl.name,
+                    type(exc).__name__,
+                )
+                return Approval(False, by, "the client could not ask for approval")
+        if scope.cancelled_caught:
+            return Approval(False, by, f"no answer within {limit:.3g} s")
+        if result.action == "accept":
+            return Approval(True, by)
+        return Approval(False, by, "declined" if result.action == "decline" else "cancelled")
+
+    def _message(self, call: ToolCall, decl: ToolDeclaration) -> str:
+        shown = json.dumps(self.redact.value(call.arguments), ensure_ascii=False, default=str)
+        if len(shown) > MAX_ARGUMENTS_CHARS:
+            shown = shown[:MAX_ARGUMENTS_CHARS] + "…"
+        return f"Allow the {decl.risk} action {decl.name!r} with arguments {shown}?"
+
+
+def _can_elicit(request: ServerRequestContext[Any, Any]) -> bool:
+    """Whether this request's client can be asked now (see the module's docstring)."""
+    session = request.session
+    if request.protocol_version in MODERN_PROTOCOL_VERSIONS or not session.can_send_request:
+        return False
+    capabilities = session.client_capabilities
+    elicitation = None if capabilities is None else capabilities.elicitation
+    # A bare ``elicitation: {}`` (before modes existed) means form mode; url-only does not.
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)

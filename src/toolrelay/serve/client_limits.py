@@ -1,0 +1,271 @@
+"""Per-client limits of the gateway: requests per second and calls in flight.
+
+Each client (an HTTP bearer token's client name; ``default`` without configured clients;
+``unauthenticated`` for a request without a valid token) has its own token bucket
+(``rate_per_s`` tokens a second, at most ``burst`` saved up) and its own cap on
+``tools/call`` requests in flight (``max_concurrent_calls``). One client flooding the gateway
+is refused while every other client is served as usual.
+
+* ``tools/call`` over a limit is answered at once, before the dispatcher sees it, with the
+  usual envelope: ``overloaded``, ``retryable: true``, and ``retry_after_s`` when over the
+  rate (when the next token is due). A call refused for concurrency has no ``retry_after_s``:
+  a place frees when one of the client's own calls ends. Refused calls never reach a
+  breaker, so they are never counted against one.
+* ``tools/list`` takes a token too; over the rate it is a JSON-RPC error
+  (:data:`RATE_LIMITED`, ``data: {"error_type": "overloaded", "retry_after_s": …}``).
+* ``initialize``, ``ping``, notifications (cancellations among them) and
+  ``subscriptions/listen`` are never limited.
+
+A refused call of either kind costs no token, and a call refused for its rate holds no
+place. Refusals are counted in ``toolrelay_mcp_client_rejected_total{client, reason}``
+(``reason``: ``rate`` or ``concurrency``), calls in flight in
+``toolrelay_mcp_client_inflight{client}``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from mcp.shared.exceptions import MCPError
+
+from ..contract import ErrorType
+from ..result import ToolResult
+from .metrics import GatewayMetrics
+from .settings import ServeSettings
+
+__all__ = [
+    "RATE_LIMITED",
+    "ClientLimit",
+    "ClientLimits",
+    "Refusal",
+    "TokenBucket",
+    "configured_limits",
+]
+
+RATE_LIMITED = -32000
+"""The JSON-RPC error code of a ``tools/list`` over its client's rate (an
+implementation-defined server error)."""
+
+Reason = Literal["rate", "concurrency"]
+Clock = Callable[[], float]
+
+
+class TokenBucket:
+    """``rate_per_s`` tokens a second, at most ``burst`` of them saved (full at first)."""
+
+    __slots__ = ("_clock", "_last", "_tokens", "burst", "rate_per_s")
+
+    def __init__(self, rate_per_s: float, burst: int, clock: Clock = time.monotonic) -> None:
+        if not rate_per_s > 0 or math.isinf(rate_per_s):
+            raise ValueError("rate_per_s must be a positive number")
+        if burst < 1:
+            raise ValueError("burst must be at least 1")
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._last = clock()
+
+    def take(self) -> float:
+        """Take one token: ``0.0`` when there was one, else the seconds until there is
+        one (nothing is taken then)."""
+        now = self._clock()
+        tokens = min(self.burst, self._tokens + (now - self._last) * self.rate_per_s)
+        self._last = now
+        if tokens >= 1.0:
+            self._tokens = tokens - 1.0
+            return 0.0
+        self._tokens = tokens
+        return (1.0 - tokens) / self.rate_per_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientLimit:
+    """One client's limits; ``None`` is no limit.
+
+    ``burst`` defaults to one second's worth of ``rate_per_s`` (at least 1)."""
+
+    rate_per_s: float | None = None
+    burst: int | None = None
+    max_concurrent_calls: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rate_per_s is not None and not 0 < self.rate_per_s < math.inf:
+            raise ValueError("rate_per_s must be a positive number")
+        if self.burst is not None and self.burst < 1:
+            raise ValueError("burst must be at least 1")
+        if self.max_concurrent_calls is not None and self.max_concurrent_calls < 1:
+            raise ValueError("max_concurrent_calls must be at least 1")
+
+    def over(self, other: ClientLimit) -> ClientLimit:
+        """These limits, with ``other``'s where these are unset."""
+        return ClientLimit(
+            rate_per_s=other.rate_per_s if self.rate_per_s is None else self.rate_per_s,
+            burst=other.burst if self.burst is None else self.burst,
+            max_concurrent_calls=(
+                other.max_concurrent_calls
+                if self.max_concurrent_calls is None
+                else self.max_concurrent_calls
+            ),
+        )
+
+    def bucket(self, clock: Clock) -> TokenBucket | None:
+        if self.rate_per_s is None:
+            return None
+        burst = self.burst if self.burst is not None else max(1, math.ceil(self.rate_per_s))
+        return TokenBucket(self.rate_per_s, burst, clock)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a client's request is refused, and when asking again can help."""
+
+    client: str
+    reason: Reason
+    retry_after_s: float | None
+
+    def result(self, tool: str, call_id: str | None) -> ToolResult:
+        """The ``overloaded`` answer to a refused ``tools/call``."""
+        if self.reason == "rate":
+            message = f"too many requests from this client: retry {tool} in a moment"
+        else:
+            message = f"too many calls of this client in flight: retry {tool} when one ends"
+        return ToolResult(
+            ok=False,
+            tool=tool,
+            call_id=call_id,
+            error_type=ErrorType.OVERLOADED,
+            message=message,
+            retryable=True,
+            retry_after_s=self.retry_after_s,
+        )
+
+    def error(self) -> MCPError:
+        """The JSON-RPC error for a refused request other than ``tools/call``."""
+        assert self.retry_after_s is not None
+        return MCPError(
+            RATE_LIMITED,
+            f"too many requests from this client: retry after {self.retry_after_s:.3f} s",
+            {"error_type": str(ErrorType.OVERLOADED), "retry_after_s": self.retry_after_s},
+        )
+
+
+class _Client:
+    __slots__ = ("bucket", "in_flight", "limit", "max_in_flight")
+
+    def __init__(self, limit: ClientLimit, clock: Clock) -> None:
+        self.limit = limit
+        self.bucket = limit.bucket(clock)
+        self.max_in_flight = limit.max_concurrent_calls
+        self.in_flight = 0
+
+
+class ClientLimits:
+    """The limits of every client the gateway knows, by caller name.
+
+    ``clients`` maps a client's name to its own limits, over ``default`` (which every
+    other caller — ``default``, ``unauthenticated`` — has as it is). ``names`` are the
+    callers whose series are created up front. Only touched from the event loop."""
+
+    def __init__(
+        self,
+        default: ClientLimit = ClientLimit(),
+        clients: Mapping[str, ClientLimit] | None = None,
+        *,
+        names: Iterable[str] = (),
+        metrics: GatewayMetrics | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._metrics = metrics
+        self._clients: dict[str, _Client] = {}
+        self.update(default, clients)
+        names = {*names, *self._limits}
+        if metrics is not None:
+            metrics.track_clients(sorted(names), self._in_flight)
+        for name in names:
+            self._client(name)
+
+    def update(
+        self, default: ClientLimit, clients: Mapping[str, ClientLimit] | None = None
+    ) -> None:
+        """New limits (a reload): a client whose limits changed gets a full bucket; calls in
+        flight stay counted."""
+        self._default = default
+        self._limits = {name: limit.over(default) for name, limit in (clients or {}).items()}
+        for name, client in self._clients.items():
+            limit = self.limit(name)
+            if limit != client.limit:
+                fresh = _Client(limit, self._clock)
+                fresh.in_flight = client.in_flight
+                self._clients[name] = fresh
+
+    def limit(self, name: str) -> ClientLimit:
+        """The limits of the caller ``name``."""
+        return self._limits.get(name, self._default)
+
+    def _client(self, name: str) -> _Client:
+        client = self._clients.get(name)
+        if client is None:
+            client = self._clients[name] = _Client(self.limit(name), self._clock)
+        return client
+
+    def _in_flight(self, name: str) -> int:
+        client = self._clients.get(name)
+        return 0 if client is None else client.in_flight
+
+    def _refuse(self, name: str, reason: Reason, retry_after_s: float | None) -> Refusal:
+        if self._metrics is not None:
+            self._metrics.client_rejected(name, reason)
+        return Refusal(name, reason, retry_after_s)
+
+    def check(self, name: str) -> Refusal | None:
+        """Take one of ``name``'s tokens for a request that is not a call (``None``: go)."""
+        client = self._client(name)
+        if client.bucket is None:
+            return None
+        wait = client.bucket.take()
+        return None if wait == 0.0 else self._refuse(name, "rate", wait)
+
+    def enter(self, name: str) -> Refusal | None:
+        """Admit one ``tools/call`` of ``name`` (``None``: go, and :meth:`leave` when it
+        ends) or refuse it."""
+        client = self._client(name)
+        if client.max_in_flight is not None and client.in_flight >= client.max_in_flight:
+            return self._refuse(name, "concurrency", None)
+        if client.bucket is not None:
+            wait = client.bucket.take()
+            if wait > 0.0:
+                return self._refuse(name, "rate", wait)
+        client.in_flight += 1
+        return None
+
+    def leave(self, name: str) -> None:
+        """One admitted call of ``name`` ended (answered, failed or cancelled)."""
+        self._clients[name].in_flight -= 1
+
+
+def configured_limits(settings: ServeSettings) -> tuple[ClientLimit, dict[str, ClientLimit]]:
+    """The default and per-client limits ``settings`` set (``[serve.http]`` and its
+    clients), for :class:`ClientLimits` or its :meth:`~ClientLimits.update`. HTTP only: a
+    stdio gateway has one client, the process that started it, and no limits."""
+    if settings.transport != "http":
+        return ClientLimit(), {}
+    default = ClientLimit(
+        rate_per_s=settings.rate_per_s,
+        burst=settings.burst,
+        max_concurrent_calls=settings.max_concurrent_calls,
+    )
+    clients = {
+        client.name: ClientLimit(
+            rate_per_s=client.rate_per_s,
+            burst=client.burst,
+            max_concurrent_calls=client.max_concurrent_calls,
+        )
+        for client in settings.clients
+    }
+    return default, clients

@@ -1,0 +1,403 @@
+"""Hot reload of ``toolrelay serve``: SIGHUP, ``POST /reload`` or a changed file.
+
+A reload reads the config file again and applies it **all or nothing**, without dropping a
+session: what can fail (reading and checking the file, resolving client tokens, connecting
+new upstreams, loading plugins, registering their tools) is done first, and any failure
+leaves the old config serving, with one log line. What changed is known from
+:meth:`toolrelay.config.Settings.diff` (the core sections) and the ``[serve]`` settings
+compared field by field.
+
+Live: ``[profiles]``, ``[breakers]`` (state kept, see
+:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`), ``faults`` (they replace the faults in
+force, admin-added ones included), ``[plugins]``, ``[serve.upstreams]``,
+``[serve.http.clients]`` tokens, profiles and tenants, and ``serve.profile``,
+``watch_interval_s``, ``reload_watch_s``. Everything else needs a restart and is refused with
+the keys named — as are bulkhead and retry-budget settings (``max_concurrent*``,
+``bulkhead_wait_s``, ``adaptive_*``, ``retry_budget*``) of a breaker key already in use,
+client limits, and turning client tokens on or off.
+
+A call in flight finishes under the config it started with (its profile, its tool and
+plugin); a removed or replaced upstream or plugin is closed once its breaker keys have no
+call in flight, or after the longest deadline of its tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from mcp.server.auth.provider import AccessToken
+
+from ..breakers import BreakerConfig
+from ..config import Settings, load_configured_plugins
+from ..loading import PluginLoadError
+from ..registry import RegistrationError, ToolRegistry
+from ..settings import ConfigError, diff
+from .auth import StaticTokenVerifier
+from .errors import ServeError
+from .settings import ClientSettings, ServeSettings, UpstreamSettings, load
+
+if TYPE_CHECKING:
+    from .runner import Service
+
+__all__ = [
+    "LIVE_CORE",
+    "LIVE_SERVE",
+    "ReloadRefused",
+    "ReloadReport",
+    "Reloader",
+    "ReloadableVerifier",
+    "load_plugins_by_name",
+]
+
+log = logging.getLogger("toolrelay.serve")
+
+LIVE_CORE = ("profiles", "breakers", "faults", "plugins")
+"""Top-level sections of ``toolrelay.toml`` a reload applies live."""
+LIVE_SERVE = ("profile", "clients", "upstreams", "watch_interval_s", "reload_watch_s")
+"""``[serve]`` settings a reload applies live."""
+_KEY_BOUND = ("max_concurrent", "bulkhead_wait_s", "adaptive_", "retry_budget")
+"""Breaker settings a key's bulkhead and retry budget keep from its first call."""
+_CLIENT_LIMITS = ("rate_per_s", "burst", "max_concurrent_calls")
+CLOSE_GRACE_S = 1.0
+"""Added to the longest deadline of a retired plugin's or upstream's tools."""
+
+
+class ReloadRefused(Exception):
+    """A reload that was not applied; the old config keeps serving.
+
+    ``status`` and ``error`` are the admin API's answer (422 ``invalid_config``: the file
+    cannot be used; 400 ``restart_required`` and ``reload_failed``; 409 ``no_config_file``)."""
+
+    def __init__(self, status: int, error: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.error, self.message = status, error, message
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadReport:
+    """What a reload changed."""
+
+    changed: list[str] = field(default_factory=list)
+    """Dotted keys (``breakers.search.fail_max``, ``serve.upstreams.time``)."""
+    breakers: list[str] = field(default_factory=list)
+    """Breaker keys whose settings changed (their state was kept)."""
+    profiles: list[str | None] = field(default_factory=list)
+    """Profiles whose tool list changed (their clients were told)."""
+
+
+class ReloadableVerifier:
+    """The gateway's ``TokenVerifier``: the client tokens in force, replaced by a reload."""
+
+    def __init__(self, verifier: StaticTokenVerifier) -> None:
+        self.verifier = verifier
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        return await self.verifier.verify_token(token)
+
+
+def load_plugins_by_name(registry: ToolRegistry, config: Settings) -> dict[str, list[Any]]:
+    """Load the enabled ``[plugins.NAME]`` of ``config`` and apply its ``[tools]``
+    overrides, as :func:`~toolrelay.config.load_configured_plugins` does; returns the
+    plugin objects each table registered (a reload replaces them by name)."""
+    owned = {}
+    for name, table in config.plugins.items():
+        if table.enabled:
+            owned[name] = _load_plugin(registry, name, table)
+    load_configured_plugins(registry, config.model_copy(update={"plugins": {}}))
+    return owned
+
+
+def _load_plugin(registry: ToolRegistry, name: str, table: Any) -> list[Any]:
+    before = {id(plugin) for plugin in registry.plugins()}
+    load_configured_plugins(registry, Settings(plugins={name: table}))
+    return [plugin for plugin in registry.plugins() if id(plugin) not in before]
+
+
+def _named(items: Iterable[Any]) -> dict[str, Any]:
+    return {item.name: item for item in items}
+
+
+def _limits(client: ClientSettings | None) -> tuple[Any, ...]:
+    """A client's own limits (all ``None`` for a client that is not there)."""
+    return tuple(getattr(client, name, None) for name in _CLIENT_LIMITS)
+
+
+class _Undo:
+    """Steps of a commit, undone in reverse if a later one fails."""
+
+    def __init__(self) -> None:
+        self.steps: list[Callable[[], object]] = []
+
+    def __call__(self, step: Callable[[], object]) -> None:
+        self.steps.append(step)
+
+    def run(self) -> None:
+        for step in reversed(self.steps):
+            try:
+                step()
+            except Exception:  # keep undoing: the rest of the old config matters more
+                log.exception("toolrelay serve: could not undo a step of a failed reload")
+
+
+class Reloader:
+    """Re-reads and applies a running :class:`~toolrelay.serve.runner.Service`'s config.
+
+    :meth:`reload` is serialized (one at a time) and runs on the service's event loop;
+    :meth:`watch` polls the file every ``reload_watch_s``.
+    """
+
+    def __init__(self, service: Service, overrides: Mapping[str, Any] | None = None) -> None:
+        self.service = service
+        self.overrides = dict(overrides or {})
+        self._lock = anyio.Lock()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._loaded = _digest(service.config.path)
+        self._refused: str | None = None
+
+    def attach(self, tg: anyio.abc.TaskGroup) -> None:
+        """The task group retired plugins are closed in (the service's)."""
+        self._tg = tg
+
+    async def reload(self) -> ReloadReport:
+        """Apply the config file as it is now; raises :class:`ReloadRefused` (logged)."""
+        async with self._lock:
+            try:
+                report = await self._reload()
+            except ReloadRefused as refused:
+                log.error(
+                    "toolrelay serve: reload refused, the old config keeps serving: %s",
+                    refused.message,
+                )
+                raise
+            log.info(
+                "toolrelay serve: reloaded %s: %s",
+                self.service.config.path,
+                ", ".join(report.changed) or "nothing changed",
+            )
+            return report
+
+    async def watch(self) -> None:
+        """Reload whenever the file's content changes (checked every ``reload_watch_s``;
+        a refused version is not tried again until it changes). Runs until cancelled."""
+        while True:
+            interval = self.service.settings.reload_watch_s
+            await anyio.sleep(1.0 if interval is None else interval)
+            if interval is None:
+                continue
+            digest = _digest(self.service.config.path)
+            if digest is None or digest in (self._loaded, self._refused):
+                continue
+            try:
+                await self.reload()
+            except ReloadRefused:
+                self._refused = digest
+
+    # -- the reload ---------------------------------------------------------------------------
+    async def _reload(self) -> ReloadReport:
+        service = self.service
+        path = service.config.path
+        if path is None:
+            raise ReloadRefused(409, "no_config_file", "this gateway has no config file to reload")
+        digest = _digest(path)
+        try:
+            config, settings = load(path)
+            settings = settings.override(**self.overrides)
+            settings.check(config)
+        except ConfigError as exc:
+            raise ReloadRefused(422, "invalid_config", str(exc)) from None
+        changed = self._changes(config, settings)
+        self._check_live(config, settings, changed)
+        clients = settings.clients if settings.transport == "http" else ()
+        verifier = None
+        if clients and "serve.http.clients" in {k.rpartition(".")[0] for k in changed}:
+            try:
+                verifier = StaticTokenVerifier(clients, service.environ)
+            except ServeError as exc:
+                raise ReloadRefused(400, "reload_failed", str(exc)) from None
+        connected = await self._connect(settings, changed)
+        undo = _Undo()
+        try:
+            retired = self._commit(config, settings, changed, connected, undo)
+        except (ServeError, ConfigError, PluginLoadError, RegistrationError) as exc:
+            undo.run()
+            for source in connected.values():
+                service.upstreams.close(source)
+            raise ReloadRefused(400, "reload_failed", str(exc)) from None
+        before = service.callers.profiles()
+        breakers = service.dispatcher.reconfigure(
+            profiles=config.profiles,
+            breakers={k: v for k, v in config.breakers.items() if k != "default"},
+            default_breaker=config.default_breaker or BreakerConfig(),
+            faults=config.faults if "faults" in changed else None,
+        )
+        service.callers.update(settings.profile, clients)
+        if verifier is not None and isinstance(service.verifier, ReloadableVerifier):
+            service.verifier.verifier = verifier
+        service.watcher.interval_s = settings.watch_interval_s
+        service.config, service.settings = config, settings
+        self._loaded, self._refused = digest, None
+        for closer, keys, grace_s in retired:
+            self._retire(closer, keys, grace_s)
+        profiles = await service.watcher.reconfigure(before, service.callers.profiles())
+        return ReloadReport(sorted(changed), breakers, profiles)
+
+    def _changes(self, config: Settings, settings: ServeSettings) -> list[str]:
+        """Every changed key: the core sections by :meth:`Settings.diff`, ``[serve]`` as
+        in force (command-line overrides applied), clients and upstreams by name."""
+        service = self.service
+        changed = [k for k in service.config.diff(config) if not k.startswith("serve")]
+        old = service.settings
+        for key in diff(old, settings):
+            if key not in ("clients", "upstreams"):
+                changed.append(f"serve.{key}")
+                continue
+            prefix = "serve.http.clients" if key == "clients" else "serve.upstreams"
+            was, now = _named(getattr(old, key)), _named(getattr(settings, key))
+            changed += [
+                f"{prefix}.{name}" for name in {*was, *now} if was.get(name) != now.get(name)
+            ]
+        return changed
+
+    def _check_live(self, config: Settings, settings: ServeSettings, changed: list[str]) -> None:
+        """Refuse (400 ``restart_required``) what cannot change while serving."""
+        service = self.service
+        fixed = [
+            key
+            for key in changed
+            if not (
+                key.partition(".")[0] in LIVE_CORE
+                or (key.startswith("serve.") and key.split(".")[1] in LIVE_SERVE)
+                or key.startswith("serve.http.clients.")
+            )
+        ]
+        old = service.settings
+        if bool(old.clients) != bool(settings.clients):
+            fixed.append("serve.http.clients (turning client tokens on or off)")
+        was, now = _named(old.clients), _named(settings.clients)
+        fixed += [  # a new client's limits would need ClientLimits rebuilt
+            f"serve.http.clients.{name} ({'/'.join(_CLIENT_LIMITS)})"
+            for name, client in now.items()
+            if _limits(was.get(name)) != _limits(client)
+        ]
+        default = config.default_breaker or BreakerConfig()
+        dispatcher = service.dispatcher
+        for key in dispatcher.breakers.keys():  # noqa: SIM118 - not a dict
+            before, after = dispatcher.breaker_config(key), config.breakers.get(key, default)
+            fixed += [
+                f"breakers.{key}.{f.name} (the key is in use)"
+                for f in fields(BreakerConfig)
+                if f.name.startswith(_KEY_BOUND)
+                and getattr(before, f.name) != getattr(after, f.name)
+            ]
+        if fixed:
+            shown = ", ".join(fixed[:8]) + (", …" if len(fixed) > 8 else "")
+            raise ReloadRefused(400, "restart_required", f"these change only at restart: {shown}")
+
+    async def _connect(self, settings: ServeSettings, changed: list[str]) -> dict[str, Any]:
+        """Connect the added and changed upstreams (not registered yet)."""
+        service = self.service
+        connected: dict[str, Any] = {}
+        try:
+            for upstream in settings.upstreams:
+                if f"serve.upstreams.{upstream.name}" in changed:
+                    source = await service.upstreams.connect(upstream)
+                    if source is not None:
+                        connected[upstream.name] = source
+        except ServeError as exc:
+            for source in connected.values():
+                service.upstreams.close(source)
+            raise ReloadRefused(400, "reload_failed", str(exc)) from None
+        return connected
+
+    def _commit(
+        self,
+        config: Settings,
+        settings: ServeSettings,
+        changed: list[str],
+        connected: Mapping[str, Any],
+        undo: _Undo,
+    ) -> list[tuple[Callable[[], Any], set[str], float]]:
+        """Swap plugins and upstreams in the registry (no await: no call sees half of it);
+        returns what to close once drained."""
+        service = self.service
+        registry = service.dispatcher.registry
+        retired: list[tuple[Callable[[], Any], set[str], float]] = []
+        names = {key.split(".")[1] for key in changed if key.startswith("plugins.")}
+        for name in sorted(names):
+            old = service.plugins.pop(name, [])
+            undo(partial(service.plugins.__setitem__, name, old))
+            for plugin in old:
+                keys, grace_s = self._drain_terms(plugin)
+                registry.unregister(plugin)
+                undo(partial(registry.register, plugin))
+                closer = getattr(plugin, "aclose", None)
+                if closer is not None:
+                    retired.append((closer, keys, grace_s))
+            table = config.plugins.get(name)
+            if table is not None and table.enabled:
+                new = _load_plugin(registry, name, table)
+                for plugin in new:
+                    undo(partial(registry.unregister, plugin))
+                service.plugins[name] = new
+        upstreams = service.upstreams
+        wanted: dict[str, UpstreamSettings] = _named(settings.upstreams)
+        for name in sorted({k.split(".")[2] for k in changed if k.startswith("serve.upstreams.")}):
+            entry = upstreams.open.get(name)
+            if entry is not None:
+                old_settings, old_source = entry
+                keys, grace_s = self._drain_terms(old_source)
+                upstreams.unregister(name)
+                undo(partial(upstreams.register, old_settings, old_source))
+                retired.append((partial(upstreams.close, old_source), keys, grace_s))
+            if name in connected:
+                upstreams.register(wanted[name], connected[name])
+                undo(partial(upstreams.unregister, name))
+        return retired
+
+    def _drain_terms(self, plugin: Any) -> tuple[set[str], float]:
+        """A plugin's breaker keys and the longest deadline of its tools, as declared now."""
+        registry = self.service.dispatcher.registry
+        keys, longest = set(), 0.0
+        for decl in plugin.describe():
+            try:
+                tool = registry.resolve(decl.name)
+            except RegistrationError:
+                tool = None
+            if tool is not None:
+                keys.add(tool.decl.key)
+                longest = max(longest, tool.decl.timeout_s)
+        return keys, longest + CLOSE_GRACE_S
+
+    def _retire(self, close: Callable[[], Any], keys: set[str], grace_s: float) -> None:
+        assert self._tg is not None, "Reloader.attach() first"
+        self._tg.start_soon(self._drain, close, keys, grace_s)
+
+    async def _drain(self, close: Callable[[], Any], keys: set[str], grace_s: float) -> None:
+        in_flight = self.service.dispatcher.bulkhead.in_flight
+        with anyio.move_on_after(grace_s):
+            while any(in_flight().get(key, 0) for key in keys):  # noqa: ASYNC110 - counts
+                await anyio.sleep(0.05)
+        try:
+            result = close()
+            if result is not None and hasattr(result, "__await__"):
+                await result
+        except Exception:
+            log.exception("toolrelay serve: closing a retired plugin failed")
+
+
+def _digest(path: Path | None) -> str | None:
+    """The content hash of the config file (``None``: no file, or unreadable now)."""
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None

@@ -1,0 +1,182 @@
+"""Server spans and ``mcp.server.operation.duration`` after the OTel MCP conventions.
+
+:class:`McpServerTelemetry` is server middleware (it replaces the MCP SDK's own
+``OpenTelemetryMiddleware``, which uses only the global tracer provider and leaves out the
+session and transport). Every request the gateway serves gets a span named
+``{mcp.method.name} {target}`` (``tools/call get_weather``; the method alone without a
+target), kind ``SERVER``, whose parent is the context the client sent in
+``params._meta`` (``traceparent``/``tracestate``, read with the *global* propagator, as the
+SDK's client writes it): the dispatcher's ``execute_tool`` span is its child, and the
+upstream MCP servers get the trace in their own ``_meta`` (the SDK's client injects the
+current context into every request it sends). A client context is continued even when no
+tracer provider records: the upstream then sees the client's own ``traceparent``.
+
+Errors: a JSON-RPC error sets ``error.type`` and ``rpc.response.status_code`` to its code; a
+``tools/call`` answered with ``isError`` sets ``error.type=tool_error`` (the dispatcher's
+span says which ``error_type``). Both set the span status to ``ERROR``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from opentelemetry import context, propagate, trace
+from opentelemetry.metrics import MeterProvider
+from pydantic import ValidationError
+
+from .. import __version__
+from ..telemetry.semconv import mcp_server_duration
+
+__all__ = ["McpServerTelemetry"]
+
+_TARGETS = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
+_MAX_TARGET = 128
+
+
+class McpServerTelemetry:
+    """Server middleware: a ``SERVER`` span and a duration observation per request.
+
+    ``tracer_provider`` and ``meter_provider`` default to the global ones (the dispatcher's
+    tracer provider is what ``toolrelay serve`` passes).
+    """
+
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        self.tracer = trace.get_tracer("toolrelay.serve", __version__, tracer_provider)
+        self.durations = mcp_server_duration(meter_provider)
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        started = time.perf_counter()
+        method = ctx.method
+        attributes = _attributes(ctx)
+        name = ctx.params.get("name") if ctx.params and method in _TARGETS else None
+        target = name[:_MAX_TARGET] if isinstance(name, str) else None
+        if target is not None:
+            attributes[_TARGETS[method]] = target
+        parent = _client_context(ctx.meta)
+        span = self.tracer.start_span(
+            f"{method} {target}" if target else method,
+            context=parent,
+            kind=trace.SpanKind.SERVER,
+            attributes=attributes,
+            links=None if parent is None else _ambient_link(),
+        )
+        token = context.attach(trace.set_span_in_context(span))
+        # (error.type, the JSON-RPC error code if one is answered, the status description)
+        error: tuple[str, str | None, str | None] | None = None
+        try:
+            result = await call_next(ctx)
+        except MCPError as exc:
+            code = str(exc.error.code)
+            error = (code, code, exc.error.message)
+            raise
+        except ValidationError:  # answered as invalid params; its text carries client input
+            code = str(INVALID_PARAMS)
+            error = (code, code, "Invalid request parameters")
+            raise
+        except Exception as exc:  # the SDK answers it as an internal error
+            error = (type(exc).__qualname__, None, None)
+            raise
+        else:
+            if method == "tools/call" and isinstance(result, dict) and result.get("isError"):
+                error = ("tool_error", None, None)
+            elif method == "initialize" and isinstance(result, dict):
+                version = result.get("protocolVersion")  # negotiated just now
+                if isinstance(version, str):
+                    attributes["mcp.protocol.version"] = version
+                    span.set_attribute("mcp.protocol.version", version)
+            return result
+        finally:
+            context.detach(token)
+            # cancellation (the client's notifications/cancelled) is not an error
+            if error is not None:
+                error_type, rpc_code, message = error
+                attributes["error.type"] = error_type
+                span.set_attribute("error.type", error_type)
+                if rpc_code is not None:
+                    attributes["rpc.response.status_code"] = rpc_code
+                    span.set_attribute("rpc.response.status_code", rpc_code)
+                span.set_status(trace.StatusCode.ERROR, message)
+            span.end()
+            ended = time.perf_counter()
+            durations = self.durations
+            histogram = durations.histogram
+            if histogram is None and ended >= durations.next_check:
+                histogram = durations.check(ended)
+            if histogram is not None:
+                histogram.record(ended - started, _metric_attributes(attributes))
+
+
+def _attributes(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:
+    """The request's attributes known before it is served."""
+    attributes: dict[str, Any] = {
+        "mcp.method.name": ctx.method,
+        "mcp.protocol.version": ctx.protocol_version,
+    }
+    if ctx.request_id is not None:
+        attributes["jsonrpc.request.id"] = str(ctx.request_id)
+    if ctx.method == "tools/call":
+        attributes["gen_ai.operation.name"] = "execute_tool"
+    request = ctx.request  # the HTTP request on streamable HTTP; None on stdio
+    scope = getattr(request, "scope", None)
+    if not isinstance(scope, dict):
+        attributes["network.transport"] = "pipe"
+        return attributes
+    attributes["network.transport"] = "tcp"
+    attributes["network.protocol.name"] = "http"
+    if isinstance(scope.get("http_version"), str):
+        attributes["network.protocol.version"] = scope["http_version"]
+    client = scope.get("client")
+    if client:
+        attributes["client.address"] = str(client[0])
+        attributes["client.port"] = int(client[1])
+    # a session exists only in the 2025-era handshake (2026-era requests stand alone)
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        headers = getattr(request, "headers", None)
+        session_id = None if headers is None else headers.get("mcp-session-id")
+        if session_id:
+            attributes["mcp.session.id"] = str(session_id)
+    return attributes
+
+
+_METRIC_KEYS = (
+    "mcp.method.name", "mcp.protocol.version", "error.type", "gen_ai.tool.name",
+    "gen_ai.prompt.name", "gen_ai.operation.name", "rpc.response.status_code",
+    "network.transport", "network.protocol.name", "network.protocol.version",
+)  # fmt: skip
+"""What ``mcp.server.operation.duration`` carries (no ids, addresses or ports)."""
+
+
+def _metric_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {key: attributes[key] for key in _METRIC_KEYS if key in attributes}
+
+
+def _client_context(meta: Any) -> context.Context | None:
+    """The client's context from ``params._meta``, or ``None`` (then the span's parent is
+    the current context) when it sent none or an invalid one."""
+    if not isinstance(meta, dict) or "traceparent" not in meta:
+        return None
+    try:
+        extracted = propagate.extract(meta)
+    except (TypeError, ValueError):
+        return None
+    if not trace.get_current_span(extracted).get_span_context().is_valid:
+        return None
+    return extracted
+
+
+def _ambient_link() -> list[trace.Link] | None:
+    """A link to the transport's span (an instrumented HTTP server's), when there is one:
+    the conventions parent the server span on the client's MCP context and link this one."""
+    ambient = trace.get_current_span().get_span_context()
+    return [trace.Link(ambient)] if ambient.is_valid else None

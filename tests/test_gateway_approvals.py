@@ -1,0 +1,417 @@
+"""Approvals at the gateway: the human behind the MCP client approves risky calls.
+
+``toolrelay serve`` runs as its own process in front of ``servers/mcp_test_server.py`` (over
+stdio) and is called with the MCP Python SDK's ``ClientSession`` over stdio and streamable
+HTTP; the client's ``elicitation_callback`` plays the human. The upstream's record file says
+whether a call reached it, and the server's stderr carries the audit lines.
+
+The upstream's ``careful`` tool is a write (its hints say so), ``wipe`` is destructive,
+``text`` is read-only and ``dotted.name`` has no annotations at all (a write, per the spec).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import httpx2
+import mcp.types as types
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.session import ClientRequestContext, ElicitationFnT
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from prometheus_client import CollectorRegistry
+
+from helpers import OBJ, MutablePlugin
+from toolrelay import AuthContext, Dispatcher, ToolDeclaration, ToolRegistry
+from toolrelay.pipeline.approve import UNASKED, Approval
+from toolrelay.result import ToolCall
+from toolrelay.serve.settings import parse_serve_section
+from toolrelay.settings import ConfigError
+
+pytestmark = pytest.mark.anyio
+
+SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
+TOKEN = "support-token-for-approvals-0123456789"
+ENV = {**os.environ, "SUPPORT_TOKEN": TOKEN}
+MCP_URL = re.compile(r"MCP on (http://[0-9.:]+/mcp)")
+SECRET = "hunter2-0123456789"
+
+
+class Human:
+    """An elicitation callback: answers ``action`` (``None``: never answers)."""
+
+    def __init__(self, action: str | None) -> None:
+        self.action = action
+        self.asked: list[types.ElicitRequestParams] = []
+
+    async def __call__(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        self.asked.append(params)
+        if self.action is None:
+            await anyio.sleep_forever()
+        return types.ElicitResult(action=self.action)  # type: ignore[arg-type]
+
+
+class Gateway:
+    """A ``toolrelay.toml`` with the test server behind the gateway, and its logs."""
+
+    def __init__(
+        self, tmp: Path, transport: str, *, serve: str = "", http: str = "", upstream: str = ""
+    ) -> None:
+        tmp.mkdir(exist_ok=True)
+        self.record = tmp / "upstream.rec"
+        self.errlog = tmp / "serve.err"
+        command = [sys.executable, str(SERVER), "--record", str(self.record)]
+        self.config = tmp / "toolrelay.toml"
+        self.config.write_text(f"""
+[serve]
+transport = "{transport}"
+{serve}
+[serve.http]
+port = 0
+{http}
+[serve.http.clients.support]
+token_env = "SUPPORT_TOKEN"
+[serve.upstreams.test]
+command = {json.dumps(command)}
+breaker_key = "mcp-test"
+prefix = "up"
+{upstream}
+""")
+        self.command = [sys.executable, "-m", "toolrelay", "serve", "--config", str(self.config)]
+
+    def upstream_calls(self) -> list[str]:
+        """The tools the upstream was asked to run."""
+        if not self.record.exists():
+            return []
+        events = [json.loads(line) for line in self.record.read_text().splitlines() if line]
+        return [event["tool"] for event in events if event["event"] == "call"]
+
+    def audit(self) -> list[dict[str, Any]]:
+        """The audit lines the gateway wrote (JSON on stderr)."""
+        lines = []
+        for line in self.errlog.read_text().splitlines():
+            if line.startswith("{") and '"decision"' in line:
+                lines.append(json.loads(line))
+        return lines
+
+    async def audit_line(self, tool: str) -> dict[str, Any]:
+        """The (eventually written) audit line of the one call of ``tool``."""
+        with anyio.fail_after(10):
+            while True:
+                found = [line for line in self.audit() if line["tool"] == tool]
+                if found:
+                    assert len(found) == 1, found
+                    return found[0]
+                await anyio.sleep(0.05)
+
+    @asynccontextmanager
+    async def stdio(self, human: ElicitationFnT | None) -> AsyncIterator[ClientSession]:
+        params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=ENV)
+        with self.errlog.open("a") as err:
+            async with (
+                stdio_client(params, errlog=err) as (read, write),
+                ClientSession(read, write, elicitation_callback=human) as session,
+            ):
+                await session.initialize()
+                yield session
+        assert "Traceback" not in self.errlog.read_text()
+
+    @asynccontextmanager
+    async def http(self, human: ElicitationFnT | None) -> AsyncIterator[ClientSession]:
+        proc = self._spawn()
+        try:
+            url = await anyio.to_thread.run_sync(self._announced, proc)
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0)) as http,
+                streamable_http_client(url, http_client=http) as (read, write),
+                ClientSession(read, write, elicitation_callback=human) as session,
+            ):
+                await session.initialize()
+                yield session
+        finally:
+            await anyio.to_thread.run_sync(_stop, proc)
+        assert "Traceback" not in self.errlog.read_text()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with self.errlog.open("a") as err:
+            return subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=ENV,
+            )
+
+    def _announced(self, proc: subprocess.Popen[bytes]) -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = MCP_URL.search(self.errlog.read_text())
+            if found:
+                return found.group(1)
+            time.sleep(0.05)
+        raise AssertionError(f"the gateway did not start:\n{self.errlog.read_text()}")
+
+    def session(self, transport: str, human: ElicitationFnT | None) -> Any:
+        return self.stdio(human) if transport == "stdio" else self.http(human)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a hung gateway
+        proc.kill()
+        proc.wait(5)
+
+
+def envelope(result: types.CallToolResult) -> dict[str, Any]:
+    assert isinstance(result.content[0], types.TextContent), result
+    parsed: dict[str, Any] = json.loads(result.content[0].text)
+    return parsed
+
+
+TRANSPORTS = pytest.mark.parametrize("transport", ["stdio", "http"])
+WHO = {"stdio": "elicitation", "http": "elicitation:support"}
+
+
+# -- the human decides ------------------------------------------------------------------------
+@TRANSPORTS
+async def test_an_approved_call_runs_and_the_audit_line_names_the_approver(
+    tmp_path: Path, transport: str
+) -> None:
+    # ``text`` is read-only by its hints: the floor makes it a write that needs approval
+    gateway = Gateway(tmp_path, transport, upstream='tool_risk = { text = "write" }')
+    human = Human("accept")
+    async with gateway.session(transport, human) as session:
+        result = await session.call_tool("up__text", {"message": f"hi password={SECRET}"})
+        assert result.is_error is not True, result
+        assert isinstance(result.content[0], types.TextContent)
+        assert result.content[0].text == f"echo: hi password={SECRET}"  # the tool got it all
+    assert gateway.upstream_calls() == ["text"]
+    [asked] = human.asked
+    assert isinstance(asked, types.ElicitRequestFormParams)
+    assert "'up__text'" in asked.message and "write" in asked.message
+    assert SECRET not in asked.message and '"message": "hi password=***"' in asked.message
+    line = await gateway.audit_line("up__text")
+    assert line["decision"] == "approved" and line["outcome"] == "ok"
+    assert line["approver"] == WHO[transport]
+
+
+@TRANSPORTS
+@pytest.mark.parametrize("action", ["decline", "cancel"])
+async def test_a_declined_or_cancelled_elicitation_denies(
+    tmp_path: Path, transport: str, action: str
+) -> None:
+    gateway = Gateway(tmp_path, transport)
+    human = Human(action)
+    async with gateway.session(transport, human) as session:
+        result = await session.call_tool("up__careful", {})
+    assert result.is_error is True
+    answer = envelope(result)
+    assert answer["error_type"] == "denied" and answer["retryable"] is False
+    assert (action + "d") in answer["message"] or action in answer["message"]
+    assert len(human.asked) == 1
+    assert gateway.upstream_calls() == []
+    line = await gateway.audit_line("up__careful")
+    assert line["decision"] == "denied" and line["outcome"] == "denied"
+    assert line["approver"] == WHO[transport]
+
+
+@TRANSPORTS
+async def test_no_answer_denies_after_the_approval_timeout(tmp_path: Path, transport: str) -> None:
+    gateway = Gateway(tmp_path, transport, serve="approval_timeout_s = 0.5")
+    human = Human(None)
+    async with gateway.session(transport, human) as session:
+        with anyio.fail_after(10):
+            result = await session.call_tool("up__careful", {})
+    answer = envelope(result)
+    assert answer["error_type"] == "denied", answer
+    assert "no answer within 0.5 s" in answer["message"]
+    assert len(human.asked) == 1
+    assert gateway.upstream_calls() == []
+    assert (await gateway.audit_line("up__careful"))["decision"] == "denied"
+
+
+@TRANSPORTS
+async def test_a_call_cancelled_while_the_human_thinks_is_cancelled_not_answered(
+    tmp_path: Path, transport: str
+) -> None:
+    gateway = Gateway(tmp_path, transport)  # the default wait: 60 s
+    human = Human(None)
+    async with gateway.session(transport, human) as session:
+        with anyio.move_on_after(1.0) as scope:
+            await session.call_tool("up__careful", {})
+        assert scope.cancelled_caught
+        with anyio.fail_after(5):
+            while not human.asked:  # noqa: ASYNC110 - the other process asks
+                await anyio.sleep(0.05)
+        line = await gateway.audit_line("up__careful")
+        # the session still serves: a read-only call answers at once
+        ok = await session.call_tool("up__text", {"message": "still here"})
+        assert ok.is_error is not True, ok
+    assert line["decision"] == "pending" and line["outcome"] == "cancelled"
+    assert gateway.upstream_calls() == ["text"]
+
+
+# -- nobody to ask ----------------------------------------------------------------------------
+@TRANSPORTS
+async def test_a_client_without_elicitation_gets_needs_approval(
+    tmp_path: Path, transport: str
+) -> None:
+    gateway = Gateway(tmp_path, transport)
+    async with gateway.session(transport, None) as session:
+        result = await session.call_tool("up__careful", {})
+    assert envelope(result)["error_type"] == "needs_approval"
+    assert gateway.upstream_calls() == []
+    line = await gateway.audit_line("up__careful")
+    assert line["decision"] == "needs_approval" and "approver" not in line
+
+
+async def test_approvals_none_never_asks(tmp_path: Path) -> None:
+    gateway = Gateway(tmp_path, "stdio", serve='approvals = "none"')
+    human = Human("accept")
+    async with gateway.stdio(human) as session:
+        result = await session.call_tool("up__careful", {})
+    assert envelope(result)["error_type"] == "needs_approval"
+    assert human.asked == [] and gateway.upstream_calls() == []
+
+
+async def test_json_response_mode_cannot_ask_mid_call(tmp_path: Path) -> None:
+    gateway = Gateway(tmp_path, "http", http="json_response = true")
+    human = Human("accept")
+    async with gateway.http(human) as session:
+        result = await session.call_tool("up__careful", {})
+    assert envelope(result)["error_type"] == "needs_approval"
+    assert human.asked == [] and gateway.upstream_calls() == []
+
+
+# -- the operator's risk overrides --------------------------------------------------------------
+@TRANSPORTS
+async def test_an_override_lets_an_unannotated_tool_run_without_approval(
+    tmp_path: Path, transport: str
+) -> None:
+    gateway = Gateway(
+        tmp_path, transport, upstream='tool_risk_override = { "dotted.name" = "read" }'
+    )
+    async with gateway.session(transport, None) as session:
+        listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+        ran = await session.call_tool("up__dotted_name", {})
+        careful = await session.call_tool("up__careful", {})
+    assert ran.is_error is not True, ran
+    assert envelope(careful)["error_type"] == "needs_approval"  # only the named tool
+    assert gateway.upstream_calls() == ["dotted.name"]
+    annotations = listed["up__dotted_name"].annotations
+    assert annotations is not None and annotations.read_only_hint is True
+
+
+async def test_overrides_beat_floors_and_hints_floors_beat_hints(tmp_path: Path) -> None:
+    gateway = Gateway(
+        tmp_path,
+        "stdio",
+        upstream="""risk = "write"
+risk_override = "read"
+tool_risk = { text = "dangerous" }
+tool_risk_override = { wipe = "read" }
+""",
+    )
+    async with gateway.stdio(None) as session:
+        wiped = await session.call_tool("up__wipe", {})  # destructive hint, overridden
+        careful = await session.call_tool("up__careful", {})  # write hint, upstream override
+    assert wiped.is_error is not True and careful.is_error is not True
+    assert gateway.upstream_calls() == ["wipe", "careful"]
+
+    floors = Gateway(tmp_path / "floors", "stdio", upstream='tool_risk = { text = "write" }')
+    async with floors.stdio(None) as session:
+        text = await session.call_tool("up__text", {"message": "x"})  # readOnly hint, floor
+        wipe = await session.call_tool("up__wipe", {})  # destructive: dangerous by its hint
+    assert envelope(text)["error_type"] == "needs_approval"
+    assert envelope(wipe)["error_type"] == "needs_approval"
+    assert floors.upstream_calls() == []
+    assert (await floors.audit_line("up__wipe"))["risk"] == "dangerous"
+
+
+# -- what any approver may answer (the library, no gateway) ------------------------------------
+@pytest.mark.parametrize(
+    ("decision", "error_type", "message", "approver"),
+    [
+        (Approval(True, "alice"), None, None, "alice"),
+        (Approval(False, "bob", "too risky today"), "denied", "too risky today", "bob"),
+        (Approval(False, "bob"), "denied", "was not approved", "bob"),
+        (UNASKED, "needs_approval", "needs approval first", None),
+        (True, None, None, None),
+        ("yes", "denied", "was not approved", None),
+    ],
+)
+async def test_an_approvers_decision(
+    decision: Any, error_type: str | None, message: str | None, approver: str | None
+) -> None:
+    plugin = MutablePlugin([ToolDeclaration("send", "Sends.", OBJ, risk="write")])
+    registry = ToolRegistry()
+    registry.register(plugin)
+    records: list[dict[str, Any]] = []
+
+    async def approve(call: ToolCall, decl: ToolDeclaration, ctx: AuthContext) -> Any:
+        await anyio.lowlevel.checkpoint()
+        return decision
+
+    dispatcher = Dispatcher(
+        registry, approver=approve, audit=records.append, metrics_registry=CollectorRegistry()
+    )
+    result = (await dispatcher.dispatch("send", {}, AuthContext(user_id="u"))).to_model()
+    if error_type is None:
+        assert result["ok"] is True and len(plugin.calls) == 1
+    else:
+        assert result["error_type"] == error_type and plugin.calls == []
+        assert message is not None and message in result["message"]
+    [record] = records
+    assert record.get("approver") == approver
+    assert ("approver" in record) is (approver is not None)
+
+
+@pytest.mark.parametrize(
+    ("section", "where"),
+    [
+        ({"approvals": "ask"}, "approvals"),
+        ({"approval_timeout_s": 0}, "approval_timeout_s"),
+        (
+            {"upstreams": {"u": {"command": ["x"], "breaker_key": "k", "risk_override": "safe"}}},
+            "risk_override",
+        ),
+        (
+            {
+                "upstreams": {
+                    "u": {"command": ["x"], "breaker_key": "k", "tool_risk_override": {"t": "low"}}
+                }
+            },
+            "tool_risk_override",
+        ),
+    ],
+)
+def test_bad_approval_and_override_settings_are_one_line_errors(
+    section: dict[str, Any], where: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_serve_section(section)
+    message = str(caught.value)
+    assert where in message and "\n" not in message, message
+
+
+def test_approval_settings_defaults() -> None:
+    settings = parse_serve_section({})
+    assert settings.approvals == "elicit" and settings.approval_timeout_s == 60.0
