@@ -326,6 +326,7 @@ async def test_python_api_validates_like_admin(upstream: Upstream) -> None:
         "malformed",
         "truncated",
         "slow_tail",
+        "load",
     }
 
 
