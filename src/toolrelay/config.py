@@ -27,7 +27,7 @@ from .pipeline.faults import Fault
 from .policy import Profile
 from .registry import RegistrationError, ToolRegistry
 from .serve.settings import ServeSection
-from .settings import MODEL, ConfigError, Count, Flag, Name, Positive, TomlTable, diff
+from .settings import MODEL, ConfigError, Count, Flag, Name, Port, Positive, Text, TomlTable, diff
 
 __all__ = [
     "CONFIG_SCHEMA",
@@ -120,10 +120,10 @@ class TelemetrySettings(BaseModel):
 
     enabled: Flag = True
     capture_content: Flag = False
-    metrics_port: Annotated[int, Strict(), Field(ge=0, le=65535)] = 0
-    metrics_host: Annotated[str, Strict()] = "127.0.0.1"
-    otlp_endpoint: Annotated[str, Strict()] | None = None
-    otlp_metrics_endpoint: Annotated[str, Strict()] | None = None
+    metrics_port: Port = 0
+    metrics_host: Text = "127.0.0.1"
+    otlp_endpoint: Text | None = None
+    otlp_metrics_endpoint: Text | None = None
 
 
 class Settings(BaseModel):

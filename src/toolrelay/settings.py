@@ -25,11 +25,13 @@ __all__ = [
     "Count",
     "Flag",
     "Name",
+    "Port",
     "Positive",
     "Rate",
     "Seconds",
     "SettingsError",
     "Share",
+    "Text",
     "TomlTable",
     "diff",
     "explain",
@@ -48,7 +50,9 @@ Positive = Annotated[float, Strict(), Field(gt=0)]
 Rate = Annotated[float, Strict(), Field(gt=0, le=1)]  # a share in (0, 1]
 Share = Annotated[float, Strict(), Field(ge=0, le=1)]  # a share in [0, 1]
 Flag = Annotated[bool, Strict()]
+Text = Annotated[str, Strict()]
 Name = Annotated[str, Strict(), Field(min_length=1)]
+Port = Annotated[int, Strict(), Field(ge=0, le=65535)]
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)

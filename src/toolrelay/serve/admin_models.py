@@ -135,24 +135,19 @@ class _FaultBody(BaseModel):
         return Fault(**self.model_dump(mode="json", exclude_unset=True, exclude={"id"}))
 
 
-def _fault_fields() -> dict[str, Any]:
-    """``Fault``'s fields, with a tool name or breaker key that is a string when given."""
-    return {
-        key: (_Target, None) if key in ("tool", "breaker_key") else (info.annotation, info)
-        for key, info in Fault.__pydantic_fields__.items()  # type: ignore[attr-defined]
-    }
-
-
 if TYPE_CHECKING:
     FaultSpec: TypeAlias = _FaultBody
     FaultInForce: TypeAlias = _FaultBody
-else:
+else:  # Fault's fields, with a tool name or breaker key that is a string when given
     FaultSpec = create_model(
         "FaultSpec",
         __base__=_FaultBody,
         __doc__="One fault to put in force: the ``[[faults]]`` entry of ``toolrelay.toml``.",
         __module__=__name__,
-        **_fault_fields(),
+        **{
+            key: (_Target, None) if key in ("tool", "breaker_key") else (info.annotation, info)
+            for key, info in Fault.__pydantic_fields__.items()
+        },
     )
     FaultInForce = create_model(
         "FaultInForce", __base__=FaultSpec, __module__=__name__, id=(int, Field(ge=1))

@@ -19,7 +19,18 @@ from pydantic import dataclasses as pydantic_dataclasses
 from pydantic.json_schema import SkipJsonSchema
 
 from ..contract import Risk
-from ..settings import DATACLASS, MODEL, ConfigError, Flag, Positive, TomlTable, one_line_errors
+from ..settings import (
+    DATACLASS,
+    MODEL,
+    ConfigError,
+    Flag,
+    Name,
+    Port,
+    Positive,
+    Text,
+    TomlTable,
+    one_line_errors,
+)
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -48,11 +59,9 @@ ApprovalMode = Literal["elicit", "none"]
 """``[serve] approvals``: ask the calling MCP client (``elicit``) or nobody (``none``)."""
 DEFAULT_APPROVAL_TIMEOUT_S = 60.0
 
-Text = Annotated[str, Strict()]
 Label = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
 EnvName = Annotated[str, Strict(), Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-Secret = Annotated[str, Strict(), Field(min_length=1)]
-Port = Annotated[int, Strict(), Field(ge=0, le=65535)]
+Secret = Name
 Sessions = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
 PerSecond = Annotated[float, Strict(), Field(gt=0, le=1_000_000)]
 Burst = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
@@ -141,7 +150,7 @@ class HttpSection(BaseModel):
 
     model_config = MODEL
 
-    host: Annotated[str, Strict(), Field(min_length=1)] | None = None
+    host: Name | None = None
     port: Port | None = None
     path: Annotated[str, Strict(), Field(pattern=r"^/[A-Za-z0-9_./-]*$")] | None = None
     clients: dict[str, ClientSettings] = {}
@@ -160,7 +169,7 @@ class AdminSection(BaseModel):
 
     model_config = MODEL
 
-    host: Annotated[str, Strict(), Field(min_length=1)] | None = None
+    host: Name | None = None
     port: Port | None = None
     token_env: EnvName | None = None
     token: Secret | None = Field(default=None, repr=False)
