@@ -1,6 +1,5 @@
-"""The adaptive concurrency limit: the algorithm on a fake clock, then through the dispatcher
-on both backends (``max_concurrent = "adaptive"``), then the side-by-side experiment in its
-short form."""
+"""The adaptive concurrency limit: the algorithm on a fake clock. Through the dispatcher:
+``test_adaptive_dispatch.py``; the side-by-side experiment: ``test_adaptive_experiment.py``."""
 
 from __future__ import annotations
 

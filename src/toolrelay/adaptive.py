@@ -145,10 +145,10 @@ class AdaptiveLimit:
 
     def _probed(self, now: float) -> None:
         samples, drops = self._samples, self._drops
+        self.peak = self._peak
         self._samples, self._drops, self._peak = [], 0, 0
         if drops:  # timeouts even at the minimum: keep probing, resume lower
             self._estimate = max(float(self.min_limit), self._estimate * self.backoff)
-            self.peak = 0
             return
         samples.sort()
         self.baseline = self.last_rtt = samples[min(len(samples) - 1, int(len(samples) * 0.9))]

@@ -57,6 +57,7 @@ EXPERIMENT_SCHEMA: dict[str, Any] = {
                 "agents": {"type": "integer", "minimum": 1, "maximum": 200},
                 "slot_budget_s": {"type": "number", "exclusiveMinimum": 0},
                 "think_s": {"type": "array", "items": _SECONDS, "minItems": 2, "maxItems": 2},
+                "honour_retry_after": {"type": "boolean"},
                 "calls_per_turn": {
                     "type": "array",
                     "items": {"type": "integer", "minimum": 1},
@@ -348,8 +349,10 @@ class _Runner:
                 timeout = tool.decl.timeout_s if tool is not None else left
                 watch.answers.append((started, call.name, result, min(timeout, left)))
                 report.outcomes["ok" if result.ok else str(result.error_type)] += 1
-            asked = [r.retry_after_s for r in results if r.retry_after_s is not None]
-            await anyio.sleep(max([rng.uniform(*think), *asked]))  # an agent honours retry_after_s
+            pause = rng.uniform(*think)
+            if self.workload.get("honour_retry_after", False):  # wait as long as asked, or more
+                pause = max([pause, *(r.retry_after_s or 0.0 for r in results)])
+            await anyio.sleep(pause)
 
 
 def _fault_label(item: dict[str, Any]) -> str:

@@ -323,7 +323,7 @@ class Metrics:
         )
         self.concurrency_limit = gauge(
             "concurrency_limit",
-            "The adaptive concurrency limit of a key (max_concurrent = \"adaptive\").",
+            'The adaptive concurrency limit of a key (max_concurrent = "adaptive").',
             ("breaker_key",),
             "livesum",
         )
