@@ -631,6 +631,15 @@ def sample_exposition() -> bytes:
     async def adaptive(args: dict[str, Any], ctx: Any) -> Any:
         await anyio.sleep(0.006)  # 10 answers outlast the first window (50 ms)
 
+    @registry.tool(name="primary", parameters={"type": "object"}, breaker_key="primary-svc",
+                   fallback=["backup"])  # fmt: skip
+    async def primary(args: dict[str, Any], ctx: Any) -> Any:
+        return "primary"  # never runs: its breaker is pinned open, so the fallback answers
+
+    @registry.tool(name="backup", parameters={"type": "object"}, breaker_key="backup-svc")
+    async def backup(args: dict[str, Any], ctx: Any) -> Any:
+        return "backup"
+
     metrics = CollectorRegistry()
     dispatcher = Dispatcher(
         registry,
@@ -665,6 +674,8 @@ def sample_exposition() -> bytes:
         await dispatcher.dispatch("slow", "{}")  # its hedge skipped: the budget is spent
         for _ in range(10):  # the adaptive limit's first window ends
             await dispatcher.dispatch("adaptive", "{}")
+        dispatcher.breakers.force_open("primary-svc")
+        await dispatcher.dispatch("primary", "{}")  # served by its fallback
         await dispatcher.dispatch("describe", "{}")
         await dispatcher.dispatch("hung", "{}")  # its worker process killed
         await dispatcher.aclose()  # and the warm one's

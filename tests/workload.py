@@ -72,6 +72,16 @@ async def adaptive(args: dict[str, Any], ctx: AuthContext) -> Any:
     return "done"
 
 
+@registry.tool(name="primary", parameters=OBJ, breaker_key="primary-svc", fallback=["backup"])
+async def primary(args: dict[str, Any], ctx: AuthContext) -> Any:
+    return "primary"  # never runs: its breaker is pinned open, so the fallback answers
+
+
+@registry.tool(name="backup", parameters=OBJ, breaker_key="backup-svc")
+async def backup(args: dict[str, Any], ctx: AuthContext) -> Any:
+    return "backup"
+
+
 async def main(port: int, seconds: float) -> None:
     dispatcher = Dispatcher(
         registry,
@@ -86,6 +96,7 @@ async def main(port: int, seconds: float) -> None:
         faults=[Fault(kind="latency", tool="steady", latency_s=0.01, rate=0.3)],
         fault_seed=1,
     )  # fmt: skip
+    dispatcher.breakers.force_open("primary-svc")
     server = serve_metrics(port)
     slot = dispatcher.model_slot(budget_s=2)
     stop_at = time.monotonic() + seconds
@@ -103,6 +114,7 @@ async def main(port: int, seconds: float) -> None:
                 ToolCall("tail", "{}"),
                 ToolCall("adaptive", "{}"),
                 ToolCall("adaptive", "{}"),
+                ToolCall("primary", "{}"),
             ]
             if rounds % 5 == 0:  # a kill costs a fork: a few a second is enough
                 calls.append(ToolCall("hung", "{}"))
