@@ -58,9 +58,9 @@ class AdminState:
     ready: bool = False
     reason: str = "starting"
     upstreams: UpstreamHealth | None = None
+    """The upstream MCP servers: the gateway is ready only when the required ones are up."""
     reload: Callable[[], Awaitable[ReloadReport]] | None = None
     """Re-read and apply the config file (``POST /reload``); ``None``: not offered."""
-    """The upstream MCP servers: the gateway is ready only when the required ones are up."""
 
     def set_ready(self, ready: bool, reason: str = "") -> None:
         """Readiness as ``/readyz`` reports it."""
@@ -95,17 +95,14 @@ _BEARER = HTTPBearer(
 )
 
 
-def _admin(request: Request) -> AdminState:
+async def _state(request: Request) -> AdminState:  # async: sync dependencies run in threads
     state: AdminState = request.app.state.admin
     return state
 
 
-async def _state(request: Request) -> AdminState:  # async: sync dependencies run in threads
-    return _admin(request)
-
-
 def _check_token(request: Request, credentials: HTTPAuthorizationCredentials | None) -> None:
-    if credentials is None or not token_matches(credentials.credentials, _admin(request).token):
+    token = request.app.state.admin.token
+    if credentials is None or not token_matches(credentials.credentials, token):
         raise ApiError(
             401,
             "unauthorized",

@@ -1,20 +1,20 @@
 """The ``[serve]`` section of ``toolrelay.toml``: transport, callers, admin API, upstreams.
 
-:class:`ServeSection` is the section as written (part of :class:`toolrelay.config.Settings`
-and its generated JSON Schema); :class:`ServeSettings` is what ``toolrelay serve`` runs with,
-the section over its defaults. Every error is a :class:`~toolrelay.config.ConfigError`
-naming the key path, like the core's.
+:class:`ServeSettings` is what ``toolrelay serve`` runs with, and declares every key once;
+:class:`ServeSection`, the section as written (part of :class:`toolrelay.config.Settings`
+and its generated JSON Schema), is generated from it. Every error is a
+:class:`~toolrelay.config.ConfigError` naming the key path, like the core's.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar, get_type_hints
 
-from pydantic import BaseModel, Field, Strict, field_validator, model_validator
+from pydantic import BaseModel, Field, Strict, create_model, field_validator, model_validator
 from pydantic import dataclasses as pydantic_dataclasses
 from pydantic.json_schema import SkipJsonSchema
 
@@ -65,6 +65,7 @@ Secret = Name
 Sessions = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
 PerSecond = Annotated[float, Strict(), Field(gt=0, le=1_000_000)]
 Burst = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
+T = TypeVar("T")
 TableName = SkipJsonSchema[str]
 """The table's own name (``[….NAME]``), not a key of it."""
 
@@ -145,71 +146,16 @@ class UpstreamSettings:
         return self
 
 
-class HttpSection(BaseModel):
-    """``[serve.http]``: the streamable HTTP transport (see :class:`ServeSettings`)."""
-
-    model_config = MODEL
-
-    host: Name | None = None
-    port: Port | None = None
-    path: Annotated[str, Strict(), Field(pattern=r"^/[A-Za-z0-9_./-]*$")] | None = None
-    clients: dict[str, ClientSettings] = {}
-    max_sessions: Sessions | None = None
-    max_sessions_per_client: Sessions | None = None
-    session_idle_s: Annotated[float, Strict(), Field(ge=1, le=7 * 86400)] | None = None
-    json_response: Flag | None = None
-    stateless: Flag | None = None
-    rate_per_s: PerSecond | None = None
-    burst: Burst | None = None
-    max_concurrent_calls: Burst | None = None
-
-
-class AdminSection(BaseModel):
-    """``[serve.admin]``: the admin API (see :class:`ServeSettings`)."""
-
-    model_config = MODEL
-
-    host: Name | None = None
-    port: Port | None = None
-    token_env: EnvName | None = None
-    token: Secret | None = Field(default=None, repr=False)
-
-
-class ServeSection(BaseModel):
-    """``[serve]`` as written; unset keys keep :class:`ServeSettings`' defaults."""
-
-    model_config = MODEL
-
-    transport: Transport | None = None
-    profile: Label | None = None
-    allow_remote: Flag | None = None
-    watch_interval_s: Annotated[float, Strict(), Field(ge=0.05, le=3600)] | None = None
-    max_request_bytes: Annotated[int, Strict(), Field(ge=1024, le=1 << 30)] | None = None
-    ping_interval_s: Annotated[float, Strict(), Field(ge=0.05, le=86400)] | None = None
-    reload_watch_s: Annotated[float, Strict(), Field(ge=0.1, le=3600)] | None = None
-    approvals: ApprovalMode | None = None
-    approval_timeout_s: Annotated[float, Strict(), Field(ge=0.01, le=86400)] | None = None
-    http: HttpSection = HttpSection()
-    admin: AdminSection = AdminSection()
-    upstreams: dict[str, UpstreamSettings] = {}
-
-    def settings(self) -> ServeSettings:
-        """This section over :class:`ServeSettings`' defaults."""
-        http, admin = self.http, self.admin
-        return ServeSettings(
-            clients=tuple(replace(c, name=name) for name, c in http.clients.items()),
-            upstreams=tuple(replace(u, name=name) for name, u in self.upstreams.items()),
-            admin_token=admin.token,
-        ).override(
-            **self.model_dump(exclude={"http", "admin", "upstreams"}),
-            **http.model_dump(exclude={"clients"}),
-            **{f"admin_{key}": value for key, value in admin.model_dump().items()},
-        )
+HTTP = "[serve.http]"
+"""The mark of a :class:`ServeSettings` key written in ``[serve.http]``."""
+Http = Annotated[T, HTTP]
 
 
 @dataclass(frozen=True, slots=True)
 class ServeSettings:
-    """Everything ``toolrelay serve`` needs besides the dispatcher's own config.
+    """Everything ``toolrelay serve`` needs besides the dispatcher's own config, and the one
+    declaration of every ``[serve]`` key: those marked :data:`Http` are written in
+    ``[serve.http]``, the ``admin_`` ones in ``[serve.admin]`` (without the prefix).
 
     ``profile`` is the profile of stdio callers and of HTTP callers when no ``clients``
     are configured; with ``clients``, every HTTP request needs one of their bearer tokens
@@ -217,52 +163,58 @@ class ServeSettings:
     """
 
     transport: Transport = "stdio"
-    profile: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    path: str = "/mcp"
-    allow_remote: bool = False
+    profile: Label | None = None
+    host: Http[Name] = "127.0.0.1"
+    port: Http[Port] = 8000
+    path: Http[Annotated[str, Strict(), Field(pattern=r"^/[A-Za-z0-9_./-]*$")]] = "/mcp"
+    allow_remote: Flag = False
     clients: tuple[ClientSettings, ...] = ()
-    admin_host: str = "127.0.0.1"
-    admin_port: int | None = None
-    admin_token_env: str = DEFAULT_ADMIN_TOKEN_ENV
-    admin_token: str | None = field(default=None, repr=False)
+    admin_host: Name = "127.0.0.1"
+    admin_port: Port | None = None
+    admin_token_env: EnvName = DEFAULT_ADMIN_TOKEN_ENV
+    admin_token: Secret | None = field(default=None, repr=False)
     upstreams: tuple[UpstreamSettings, ...] = ()
-    watch_interval_s: float = 1.0
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    watch_interval_s: Annotated[float, Strict(), Field(ge=0.05, le=3600)] = 1.0
+    max_request_bytes: Annotated[int, Strict(), Field(ge=1024, le=1 << 30)] = (
+        DEFAULT_MAX_REQUEST_BYTES
+    )
     """The largest MCP request read: a stdio line or an HTTP body (a JSON-RPC error beyond)."""
-    max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_sessions: Http[Sessions] = DEFAULT_MAX_SESSIONS
     """Open streamable HTTP sessions at most; when full, the least recently used idle one is
     closed to admit a new one (503 when none is idle)."""
-    max_sessions_per_client: int | None = None
+    max_sessions_per_client: Http[Sessions | None] = None
     """Open sessions per client (its token's name, or its address without tokens) at most
     (429 beyond); ``None`` is a tenth of ``max_sessions`` (at least 1)."""
-    session_idle_s: float = DEFAULT_SESSION_IDLE_S
+    session_idle_s: Http[Annotated[float, Strict(), Field(ge=1, le=7 * 86400)]] = (
+        DEFAULT_SESSION_IDLE_S
+    )
     """A session with no request in flight for this long is closed."""
-    json_response: bool = False
+    json_response: Http[Flag] = False
     """Answer each HTTP request with one JSON body instead of an SSE stream (faster; no
     progress notifications or server requests during a call, and a client that goes away
     is not noticed until the call ends)."""
-    stateless: bool = False
+    stateless: Http[Flag] = False
     """Serve every HTTP request on its own, with no ``Mcp-Session-Id`` session (no
     ``tools/list_changed`` notifications; the session limits do not apply)."""
-    rate_per_s: float | None = None
+    rate_per_s: Http[PerSecond | None] = None
     """Requests per second per HTTP client (``tools/call`` and ``tools/list``; a token
     bucket); ``None``: no limit. A client's own ``rate_per_s`` overrides it."""
-    burst: int | None = None
+    burst: Http[Burst | None] = None
     """Requests a client may make at once above its rate; ``None``: one second's worth."""
-    max_concurrent_calls: int | None = None
+    max_concurrent_calls: Http[Burst | None] = None
     """``tools/call`` requests in flight per HTTP client at most; ``None``: no limit."""
-    ping_interval_s: float = 30.0
+    ping_interval_s: Annotated[float, Strict(), Field(ge=0.05, le=86400)] = 30.0
     """An upstream MCP server that said nothing for this long is pinged."""
-    reload_watch_s: float | None = None
+    reload_watch_s: Annotated[float, Strict(), Field(ge=0.1, le=3600)] | None = None
     """Check the config file this often and reload it when it changed (its modification
     time and content); ``None``: reload on SIGHUP or ``POST /reload`` only."""
     approvals: ApprovalMode = "elicit"
     """Who approves risky calls: the human behind the calling MCP client, asked through
     elicitation when the client can be asked (``elicit``), or nobody (``none``): such calls
     answer ``needs_approval``. See :mod:`toolrelay.serve.approvals`."""
-    approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S
+    approval_timeout_s: Annotated[float, Strict(), Field(ge=0.01, le=86400)] = (
+        DEFAULT_APPROVAL_TIMEOUT_S
+    )
     """The longest wait for the human's answer; then the call is ``denied``."""
 
     @property
@@ -300,6 +252,48 @@ class ServeSettings:
                     f"no profile named {client.profile!r}"
                 )
 
+
+class _Section(BaseModel):
+    """``[serve]`` as written; unset keys keep :class:`ServeSettings`' defaults."""
+
+    model_config = MODEL
+
+    def settings(self) -> ServeSettings:
+        """This section over :class:`ServeSettings`' defaults."""
+        values: dict[str, Any] = dict(self)
+        http: dict[str, Any] = dict(values.pop("http"))
+        values |= http | {f"admin_{key}": value for key, value in dict(values.pop("admin")).items()}
+        for key in ("clients", "upstreams"):  # tables: each entry named by its key
+            values[key] = tuple(replace(item, name=name) for name, item in values[key].items())
+        return ServeSettings(**{key: value for key, value in values.items() if value is not None})
+
+
+def _table(name: str, table: str, doc: str, **more: Any) -> Any:
+    """The model of ``[serve]`` (``table=""``) or ``[serve.TABLE]``: the keys of
+    :class:`ServeSettings` written there, each optional, then the ``more`` fields."""
+    hints = get_type_hints(ServeSettings, include_extras=True)
+    keys: dict[str, Any] = {}
+    for f in fields(ServeSettings):
+        hint = hints[f.name]
+        http = HTTP in getattr(hint, "__metadata__", ())
+        written = "http" if http else "admin" if f.name.startswith("admin_") else ""
+        if written == table and f.name not in ("clients", "upstreams"):
+            keys[f.name.removeprefix("admin_")] = (hint | None, Field(None, repr=f.repr))
+    if table:
+        doc = f"``[serve.{table}]``: {doc} (see :class:`ServeSettings`)."
+    base = {"__config__": MODEL} if table else {"__base__": _Section}
+    return create_model(name, **base, __doc__=doc, __module__=__name__, **keys, **more)
+
+
+if TYPE_CHECKING:
+    ServeSection: TypeAlias = _Section
+else:
+    _http = _table("HttpSection", "http", "the streamable HTTP transport",
+                   clients=(dict[str, ClientSettings], {}))  # fmt: skip
+    _admin = _table("AdminSection", "admin", "the admin API")
+    ServeSection = _table("ServeSection", "", _Section.__doc__,
+                          http=(_http, _http()), admin=(_admin, _admin()),
+                          upstreams=(dict[str, UpstreamSettings], {}))  # fmt: skip
 
 _TABLE = TomlTable(ServeSection, "serve")
 
