@@ -11,7 +11,8 @@ by round), timed in CPU time, and reported as the median of the per-round ratios
 figures hold on a noisy shared machine; absolute figures are medians too, for context.
 
 Benchmarks (``--only`` names): overhead, naive, agents, fastfail, deadline, scale, memory,
-throughput, breakers.
+throughput, breakers, typed, adapter-openai-agents, adapter-pydantic-ai, adapter-langchain,
+gateway.
 
 ``--check`` exits 1 when a target in force is missed, or a benchmark fails. A target is in
 force unless its row says "(not checked)": info and stress rows have no target; in a
