@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from toolrelay import AuthContext, ToolDeclaration
@@ -44,3 +47,15 @@ async def wait_until(predicate: Callable[[], bool], limit_s: float = 5.0) -> Non
     with anyio.fail_after(limit_s):
         while not predicate():  # noqa: ASYNC110
             await anyio.sleep(0.005)
+
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "examples" / "experiments"
+
+
+def load_experiment(name: str) -> ModuleType:
+    """``examples/experiments/NAME.py`` as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"experiment_{name}", EXPERIMENTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -7,21 +7,9 @@ asserted here, not the ratios."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "experiments"
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"experiment_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_experiment as load
 
 
 def test_adaptive_limit_beside_a_fixed_one(capsys: pytest.CaptureFixture[str]) -> None:

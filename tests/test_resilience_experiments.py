@@ -3,27 +3,15 @@ capability off (``examples/experiments/hedging.py``, ``retry_budget.py``); both 
 
 from __future__ import annotations
 
-import importlib.util
 import io
-from pathlib import Path
-from types import ModuleType
 
 import anyio
 import pytest
 
 from conftest import need_binary
+from helpers import load_experiment as load
 from toolrelay.demo import DemoOptions, run_demo
 from toolrelay.demo_view import print_summary
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "experiments"
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"experiment_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_hedging_cuts_the_slow_tail(capsys: pytest.CaptureFixture[str]) -> None:
