@@ -776,6 +776,24 @@ def test_chaos_run_exits_1_when_an_invariant_is_violated(tmp_path: Path) -> None
     assert verdicts["every call answered"] and verdicts["every answer within its deadline + 50 ms"]
 
 
+def test_chaos_run_prints_to_stdout_as_it_is_when_called(tmp_path: Path) -> None:
+    """The report goes to ``sys.stdout`` as it is at the call, not as it was when the module
+    was first imported (a host, or a test, that redirects stdout later still gets it; a stream
+    closed since must not be written to)."""
+    import contextlib
+    import io
+
+    from toolrelay.cli import main
+
+    experiment = tmp_path / "experiment.toml"
+    experiment.write_text(EXPERIMENT)
+    for _ in range(2):  # two different streams, one after the other
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["chaos", "run", str(experiment)]) == 1
+        assert "nothing opens" in out.getvalue()
+
+
 # == docs/architecture.md =====================================================================
 async def test_architecture_invalid_output_is_never_counted_by_the_breaker() -> None:
     """architecture.md, Departures: `invalid_output` is a contract failure of the plugin, not

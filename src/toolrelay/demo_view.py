@@ -26,8 +26,8 @@ def _tool_rows(report: DemoReport) -> list[tuple[str, int, str, float]]:
 class PlainView:
     """One status line a second, and one line per breaker transition."""
 
-    def __init__(self, out: TextIO = sys.stdout) -> None:
-        self.out = out
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = sys.stdout if out is None else out
 
     async def run(self, report: DemoReport, dispatcher: Dispatcher, t0: float) -> None:
         seen = 0
@@ -97,7 +97,8 @@ class RichView:
                 await anyio.sleep(0.25)
 
 
-def pick_view(live: bool | None, duration_s: float, out: TextIO = sys.stdout) -> Any:
+def pick_view(live: bool | None, duration_s: float, out: TextIO | None = None) -> Any:
+    out = sys.stdout if out is None else out
     if live is None:
         live = out.isatty()
     if live:
@@ -108,7 +109,8 @@ def pick_view(live: bool | None, duration_s: float, out: TextIO = sys.stdout) ->
     return PlainView(out)
 
 
-def print_summary(report: DemoReport, out: TextIO = sys.stdout) -> None:
+def print_summary(report: DemoReport, out: TextIO | None = None) -> None:
+    out = sys.stdout if out is None else out
     print("", file=out)
     print(f"toolrelay demo — {report.duration_s:.0f} s, seed {report.seed}", file=out)
     print(f"{report.turns} turns, {report.calls} tool calls, {report.answered} answers", file=out)

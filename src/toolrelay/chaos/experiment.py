@@ -547,7 +547,9 @@ async def run_experiment(experiment: Experiment, seed: int | None = None) -> Exp
     return await _Runner(experiment, seed).run()
 
 
-def print_report(report: ExperimentReport, out: TextIO = sys.stdout) -> None:
+def print_report(report: ExperimentReport, out: TextIO | None = None) -> None:
+    """Print the verdicts to ``out`` (``sys.stdout`` as it is when called)."""
+    out = sys.stdout if out is None else out
     try:
         from rich.console import Console
         from rich.table import Table
