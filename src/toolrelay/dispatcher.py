@@ -174,7 +174,7 @@ class Dispatcher:
             Shape(max_output_bytes, truncate_output),
             Deadline(),
             Retry(self.breaker_config, self.budgets),
-            Hedge(self.breaker_config, self.budgets, self._has_place),
+            Hedge(self.breaker_config, self.budgets, self.bulkhead.has_place),
             Breaker(self.breakers),
             self.bulkhead,
             self.faults,
@@ -242,10 +242,6 @@ class Dispatcher:
         """A :class:`ModelSlot` whose holds this dispatcher's telemetry records."""
         listeners = [] if self.telemetry is None else [self.telemetry.slot_released]
         return ModelSlot(budget_s, listeners=listeners)
-
-    def _has_place(self, key: str) -> bool:
-        """Has ``key``'s bulkhead a free place now? (A hedge never queues for one.)"""
-        return self.bulkhead.has_place(key)
 
     def reconfigure(
         self,
