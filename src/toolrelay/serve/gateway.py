@@ -17,9 +17,12 @@ Both protocol eras are served, over stdio (:meth:`Gateway.run_stdio`) and stream
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
 import anyio
@@ -56,9 +59,11 @@ from .. import __version__
 from ..dispatcher import Dispatcher
 from ..registry import CompiledTool
 from .answers import answer
+from .approvals import ElicitingApprover
 from .auth import is_loopback
 from .callers import Callers
 from .client_limits import ClientLimits
+from .fast_lane import FastLane
 from .limits import BodyLimit, bounded_stdin
 from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics, RefusalReason
 from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_S
@@ -101,7 +106,46 @@ class _SessionManager(StreamableHTTPSessionManager):
         self.metrics = metrics
         self._client_of: dict[str, str] = {}
         self._last_used: dict[str, float] = {}
+        self._held: dict[str, set[anyio.CancelScope]] = {}
         metrics.count_sessions(lambda: len(self._server_instances))
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        async with super().run():
+            try:
+                yield
+            finally:  # the SDK cancels its sessions' tasks; the fast lane's calls too
+                for scopes in list(self._held.values()):
+                    for scope in scopes:
+                        scope.cancel()
+
+    @contextlib.contextmanager
+    def hold(
+        self, session_id: str, transport: StreamableHTTPServerTransport
+    ) -> Iterator[anyio.CancelScope]:
+        """Serve a request of ``session_id`` outside its transport (the fast lane): the
+        session counts as used now and busy until the block ends (as the transport counts
+        its own requests), and the block is cancelled when the session is closed or the
+        manager stops (then the scope's ``cancelled_caught`` is set)."""
+        if session_id in self._last_used:
+            self._last_used[session_id] = time.monotonic()
+        scope = anyio.CancelScope()
+        held = self._held.setdefault(session_id, set())
+        held.add(scope)
+        idle, timeout = transport.idle_scope, transport._idle_timeout
+        transport._requests_in_flight += 1
+        if idle is not None:
+            idle.deadline = math.inf
+        try:
+            with scope:
+                yield scope
+        finally:
+            held.discard(scope)
+            if not held:
+                self._held.pop(session_id, None)
+            transport._requests_in_flight -= 1
+            if idle is not None and timeout is not None and not transport._requests_in_flight:
+                idle.deadline = anyio.current_time() + timeout
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = Headers(scope=scope).get(MCP_SESSION_ID_HEADER)
@@ -186,6 +230,8 @@ class _SessionManager(StreamableHTTPSessionManager):
     ) -> None:
         self._client_of.pop(session_id, None)
         self._last_used.pop(session_id, None)
+        for scope in self._held.get(session_id, ()):
+            scope.cancel()
         await super()._discard_session(session_id, transport)
 
 
@@ -279,6 +325,8 @@ class _PeerTracker:
     def __init__(self, watcher: ToolListWatcher, callers: Callers) -> None:
         self._watcher = watcher
         self._callers = callers
+        self.connections: dict[str, Connection] = {}
+        """The initialized HTTP sessions' connections, by session id (for the fast lane)."""
 
     async def __call__(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
@@ -294,6 +342,10 @@ class _PeerTracker:
             connection = _connection_of(ctx)
             if connection is not None:
                 connection.exit_stack.callback(self._watcher.remove_peer, key)
+                if key.startswith("http:"):
+                    session_id = key.removeprefix("http:")
+                    self.connections[session_id] = connection
+                    connection.exit_stack.callback(self.connections.pop, session_id, None)
         return result
 
 
@@ -338,6 +390,12 @@ class Gateway:
         self.metrics = metrics
         self.limits = limits or ClientLimits()
         """Per-client limits (default: none), applied to ``tools/call`` and ``tools/list``."""
+        self.fast_lane = True
+        """Serve plain ``tools/call`` POSTs in JSON-response mode without the SDK's session
+        machinery (:mod:`toolrelay.serve.fast_lane`: the same checks, the same answers).
+        ``False``: every request goes through the SDK (read per request)."""
+        self.lane: FastLane | None = None
+        """The fast lane of the last :meth:`http_app` in JSON-response mode."""
         self.server = _GatewayServer(
             name,
             version=__version__,
@@ -347,10 +405,12 @@ class Gateway:
             on_subscriptions_listen=self._listen,
         )
         # our spans and durations stand for the SDK's (which see only the global provider)
+        self.telemetry = _server_telemetry(dispatcher)
+        self._peers = _PeerTracker(watcher, callers)
         self.server.middleware[:] = [
-            _server_telemetry(dispatcher),
+            self.telemetry,
             *(m for m in self.server.middleware if not isinstance(m, OpenTelemetryMiddleware)),
-            _PeerTracker(watcher, callers),
+            self._peers,
         ]
 
     # -- handlers -----------------------------------------------------------------------------
@@ -367,10 +427,16 @@ class Gateway:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        return await self.call_tool(params.name, params.arguments, ctx.request_id)
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None, request_id: types.RequestId | None
+    ) -> types.CallToolResult:
+        """Serve one ``tools/call`` for the current caller (per-client limits, metrics,
+        the answer for the tool as declared now)."""
         caller = self.callers.current()
-        name = params.name
         label = name if self.dispatcher.registry.owns(name) else UNKNOWN_TOOL
-        call_id = None if ctx.request_id is None else str(ctx.request_id)
+        call_id = None if request_id is None else str(request_id)
         limits = self.limits  # the same object admits and releases, across a reload
         refusal = limits.enter(caller.name)
         if refusal is not None:
@@ -379,7 +445,7 @@ class Gateway:
             return refused.result
         try:
             result = await self.dispatcher.dispatch(
-                name, params.arguments or {}, caller.ctx, profile=caller.profile, call_id=call_id
+                name, arguments or {}, caller.ctx, profile=caller.profile, call_id=call_id
             )
         except anyio.get_cancelled_exc_class():
             self.metrics.call(label, CANCELLED)
@@ -389,6 +455,19 @@ class Gateway:
         answered = answer(result, self._tool(name))
         self.metrics.call(label, answered.outcome)
         return answered.result
+
+    def _lane_open(self) -> bool:
+        """Whether the fast lane may serve a call now: it is on, and the server middleware
+        is only the gateway's own (the lane runs the same steps without the chain; the
+        approver cannot ask a client in JSON mode, so skipping it changes nothing)."""
+        if not self.fast_lane:
+            return False
+        for middleware in self.server.middleware:
+            owner = getattr(middleware, "__self__", middleware)
+            ours = owner is self.telemetry or owner is self._peers
+            if not ours and not isinstance(owner, ElicitingApprover):
+                return False
+        return True
 
     def _tool(self, name: str) -> CompiledTool | None:
         """The tool as declared now, whose ``outputSchema`` clients validate against."""
@@ -461,6 +540,15 @@ class Gateway:
             stateless=stateless,
         )
         endpoint: ASGIApp = StreamableHTTPASGIApp(manager)
+        if json_response and not stateless:
+            endpoint = self.lane = FastLane(
+                endpoint,
+                manager,
+                self.call_tool,
+                self.telemetry,
+                self._peers.connections,
+                self._lane_open,
+            )
         middleware: list[Middleware] = []
         if verifier is not None:
             endpoint = RequireAuthMiddleware(endpoint, [])

@@ -18,21 +18,24 @@ span says which ``error_type``). Both set the span status to ``ERROR``.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp.types import INVALID_PARAMS
+from mcp.types import INVALID_PARAMS, RequestId
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import context, propagate, trace
 from opentelemetry.metrics import MeterProvider
 from pydantic import ValidationError
+from starlette.types import Scope
 
 from .. import __version__
 from ..telemetry.semconv import mcp_server_duration
 
-__all__ = ["McpServerTelemetry"]
+__all__ = ["McpServerTelemetry", "Served", "request_attributes"]
 
 _TARGETS = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
 _MAX_TARGET = 128
@@ -56,14 +59,53 @@ class McpServerTelemetry:
     async def __call__(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
-        started = time.perf_counter()
         method = ctx.method
-        attributes = _attributes(ctx)
+        request = ctx.request  # the HTTP request on streamable HTTP; None on stdio
+        scope = getattr(request, "scope", None)
+        headers = getattr(request, "headers", None)
+        session_id = None if headers is None else headers.get("mcp-session-id")
         name = ctx.params.get("name") if ctx.params and method in _TARGETS else None
-        target = name[:_MAX_TARGET] if isinstance(name, str) else None
+        with self.serving(
+            method,
+            ctx.protocol_version,
+            ctx.request_id,
+            scope if isinstance(scope, dict) else None,
+            session_id,
+            name,
+            ctx.meta,
+        ) as served:
+            result = await call_next(ctx)
+            if method == "tools/call" and isinstance(result, dict) and result.get("isError"):
+                served.tool_error = True
+            elif method == "initialize" and isinstance(result, dict):
+                version = result.get("protocolVersion")  # negotiated just now
+                if isinstance(version, str):
+                    served.set("mcp.protocol.version", version)
+            return result
+
+    @contextlib.contextmanager
+    def serving(
+        self,
+        method: str,
+        protocol_version: str,
+        request_id: RequestId | None,
+        scope: Scope | None,
+        session_id: str | None,
+        name: Any,
+        meta: Any,
+    ) -> Iterator[Served]:
+        """The span and duration of one request served in the ``with`` block.
+
+        ``scope`` is the HTTP request's ASGI scope (``None`` on stdio), ``name`` the
+        request's ``params.name`` (the target of ``tools/call`` and ``prompts/get``),
+        ``meta`` its ``params._meta`` (a client's trace context to continue). An exception
+        is recorded as the SDK answers it; cancellation is not an error."""
+        started = time.perf_counter()
+        attributes = request_attributes(method, protocol_version, request_id, scope, session_id)
+        target = name[:_MAX_TARGET] if isinstance(name, str) and method in _TARGETS else None
         if target is not None:
             attributes[_TARGETS[method]] = target
-        parent = _client_context(ctx.meta)
+        parent = _client_context(meta)
         span = self.tracer.start_span(
             f"{method} {target}" if target else method,
             context=parent,
@@ -71,11 +113,12 @@ class McpServerTelemetry:
             attributes=attributes,
             links=None if parent is None else _ambient_link(),
         )
+        served = Served(span, attributes)
         token = context.attach(trace.set_span_in_context(span))
         # (error.type, the JSON-RPC error code if one is answered, the status description)
         error: tuple[str, str | None, str | None] | None = None
         try:
-            result = await call_next(ctx)
+            yield served
         except MCPError as exc:
             code = str(exc.error.code)
             error = (code, code, exc.error.message)
@@ -88,24 +131,16 @@ class McpServerTelemetry:
             error = (type(exc).__qualname__, None, None)
             raise
         else:
-            if method == "tools/call" and isinstance(result, dict) and result.get("isError"):
+            if served.tool_error:
                 error = ("tool_error", None, None)
-            elif method == "initialize" and isinstance(result, dict):
-                version = result.get("protocolVersion")  # negotiated just now
-                if isinstance(version, str):
-                    attributes["mcp.protocol.version"] = version
-                    span.set_attribute("mcp.protocol.version", version)
-            return result
         finally:
             context.detach(token)
             # cancellation (the client's notifications/cancelled) is not an error
             if error is not None:
                 error_type, rpc_code, message = error
-                attributes["error.type"] = error_type
-                span.set_attribute("error.type", error_type)
+                served.set("error.type", error_type)
                 if rpc_code is not None:
-                    attributes["rpc.response.status_code"] = rpc_code
-                    span.set_attribute("rpc.response.status_code", rpc_code)
+                    served.set("rpc.response.status_code", rpc_code)
                 span.set_status(trace.StatusCode.ERROR, message)
             span.end()
             ended = time.perf_counter()
@@ -117,19 +152,41 @@ class McpServerTelemetry:
                 histogram.record(ended - started, _metric_attributes(attributes))
 
 
-def _attributes(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:
-    """The request's attributes known before it is served."""
+class Served:
+    """What a request served under :meth:`McpServerTelemetry.serving` turned out to be."""
+
+    __slots__ = ("attributes", "span", "tool_error")
+
+    def __init__(self, span: trace.Span, attributes: dict[str, Any]) -> None:
+        self.span = span
+        self.attributes = attributes
+        self.tool_error = False
+        """Set when a ``tools/call`` is answered with ``isError``."""
+
+    def set(self, key: str, value: Any) -> None:
+        """Set an attribute on the span and the duration observation."""
+        self.attributes[key] = value
+        self.span.set_attribute(key, value)
+
+
+def request_attributes(
+    method: str,
+    protocol_version: str,
+    request_id: RequestId | None,
+    scope: Scope | None,
+    session_id: str | None,
+) -> dict[str, Any]:
+    """A request's attributes known before it is served (``scope``: its HTTP request's
+    ASGI scope, ``None`` on stdio; ``session_id``: its ``Mcp-Session-Id``)."""
     attributes: dict[str, Any] = {
-        "mcp.method.name": ctx.method,
-        "mcp.protocol.version": ctx.protocol_version,
+        "mcp.method.name": method,
+        "mcp.protocol.version": protocol_version,
     }
-    if ctx.request_id is not None:
-        attributes["jsonrpc.request.id"] = str(ctx.request_id)
-    if ctx.method == "tools/call":
+    if request_id is not None:
+        attributes["jsonrpc.request.id"] = str(request_id)
+    if method == "tools/call":
         attributes["gen_ai.operation.name"] = "execute_tool"
-    request = ctx.request  # the HTTP request on streamable HTTP; None on stdio
-    scope = getattr(request, "scope", None)
-    if not isinstance(scope, dict):
+    if scope is None:
         attributes["network.transport"] = "pipe"
         return attributes
     attributes["network.transport"] = "tcp"
@@ -141,11 +198,8 @@ def _attributes(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:
         attributes["client.address"] = str(client[0])
         attributes["client.port"] = int(client[1])
     # a session exists only in the 2025-era handshake (2026-era requests stand alone)
-    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-        headers = getattr(request, "headers", None)
-        session_id = None if headers is None else headers.get("mcp-session-id")
-        if session_id:
-            attributes["mcp.session.id"] = str(session_id)
+    if session_id and protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        attributes["mcp.session.id"] = str(session_id)
     return attributes
 
 
