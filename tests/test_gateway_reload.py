@@ -251,7 +251,7 @@ async def test_a_bad_file_is_refused_and_the_old_config_keeps_serving(
         config.write_text(good.replace("[serve.http]\nport = 0", "[serve.http]\nport = 1"))
         answer = await refused(server)
         assert answer.status_code == 400 and answer.json()["error"] == "restart_required"
-        assert "serve.port" in answer.json()["message"]
+        assert "serve.http.port" in answer.json()["message"]
 
         config.write_text(good.replace('profile = "support"', 'profile = "nobody"'))
         server.proc.send_signal(signal.SIGHUP)  # the same refusal, through the signal

@@ -165,14 +165,14 @@ def test_when_full_the_least_recently_used_idle_session_makes_room(
 
 
 def test_session_settings_parse_and_default() -> None:
-    default = parse_serve_section({})
+    default = parse_serve_section({}).http
     assert (default.max_sessions, default.session_idle_s) == (1000, 1800.0)
     assert default.client_session_cap == 100
-    small = parse_serve_section({"http": {"max_sessions": 5}})
+    small = parse_serve_section({"http": {"max_sessions": 5}}).http
     assert small.client_session_cap == 1
     set_ = parse_serve_section(
         {"http": {"max_sessions": 50, "max_sessions_per_client": 80, "session_idle_s": 60}}
-    )
+    ).http
     assert (set_.max_sessions, set_.client_session_cap, set_.session_idle_s) == (50, 50, 60)
 
 

@@ -192,9 +192,9 @@ def test_inspector_cli(node_clients: NodeClients, gateway: str) -> None:
 
 # -- the settings and the heap --------------------------------------------------------------
 def test_transport_mode_settings() -> None:
-    settings = parse_serve_section({"http": {"json_response": True, "stateless": True}})
+    settings = parse_serve_section({"http": {"json_response": True, "stateless": True}}).http
     assert settings.json_response is True and settings.stateless is True
-    default = parse_serve_section({})
+    default = parse_serve_section({}).http
     assert default.json_response is False and default.stateless is False
     for key in ("json_response", "stateless"):
         with pytest.raises(ConfigError, match=f"serve.http.{key}"):

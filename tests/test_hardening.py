@@ -104,7 +104,7 @@ def test_risk_floors_in_serve_settings() -> None:
             }
         }
     )
-    (upstream,) = settings.upstreams
+    (upstream,) = settings.upstreams.values()
     assert upstream.risk == "write"
     assert dict(upstream.tool_risk) == {"delete_repo": "dangerous"}
     built = build_source(upstream, {})
@@ -321,11 +321,11 @@ async def test_unauthenticated_caller_cannot_call() -> None:
 
 def test_the_unauthenticated_profile_name_is_reserved() -> None:
     from toolrelay.config import parse_config
-    from toolrelay.serve.settings import ServeSettings
+    from toolrelay.serve.settings import ServeSection
 
     config = parse_config({"profiles": {"toolrelay:unauthenticated": {}}})
     with pytest.raises(ConfigError, match="reserved"):
-        ServeSettings().check(config)
+        ServeSection().check(config)
 
 
 # -- 6. the chaos stand-in's admin endpoint refuses what a web page can send ---------------

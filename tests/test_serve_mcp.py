@@ -509,16 +509,15 @@ def test_telemetry_metrics_port_serves_the_registry() -> None:
 async def test_closed_sessions_are_forgotten(upstream: Upstream, tmp_path: Path) -> None:
     """The Service in-process: a 2025-era HTTP session is remembered for list_changed while
     open and forgotten when the client ends it."""
-    import dataclasses
     import io
 
     from toolrelay.serve import Service, load
 
     path = tmp_path / "toolrelay.toml"
-    path.write_text(config_text(upstream.url, transport="http"))
+    no_admin = config_text(upstream.url, transport="http").replace("[serve.admin]\nport = 0", "")
+    path.write_text(no_admin)
     config, settings = load(path)
     out = io.StringIO()
-    settings = dataclasses.replace(settings, admin_port=None)
     service = Service(config, settings, environ={}, out=out, handle_signals=False)
     async with anyio.create_task_group() as tg:
         tg.start_soon(service.run)

@@ -201,8 +201,8 @@ def test_serve_section_is_part_of_the_settings_and_the_schema() -> None:
     new = parse_config({"serve": {"http": {"port": 8002}, "upstreams": {"x": upstream}}})
     assert old.diff(new) == {"serve.http.port": (8001, 8002)}
     served = parse_serve_section(old.serve)
-    assert served.port == 8001 and served.host == "127.0.0.1"  # unset keys: the defaults
-    (built,) = served.upstreams
+    assert served.http.port == 8001 and served.http.host == "127.0.0.1"  # unset: the defaults
+    (built,) = served.upstreams.values()
     assert built.name == "x" and built.command == ("mcp-x",) and built.count_errors == "^down"
     assert CONFIG_SCHEMA["properties"]["serve"] == {"$ref": "#/$defs/ServeSection"}
     upstream_schema = CONFIG_SCHEMA["$defs"]["UpstreamSettings"]
@@ -228,6 +228,23 @@ def test_serve_rules_name_their_key_path(serve: dict[str, Any], expected: str) -
         with pytest.raises(ConfigError) as caught:
             parse()
         assert str(caught.value).startswith(f"config: {expected}")
+
+
+def test_command_line_overrides_land_in_their_tables_and_in_the_diff(tmp_path: Path) -> None:
+    from toolrelay.serve.settings import load
+
+    file = tmp_path / "toolrelay.toml"
+    file.write_text('[serve]\nprofile = "p"\n[serve.http]\nport = 8001\n[profiles.p]\n')
+    config, served = load(file, transport="http", port=9000, admin_port=9001, host=None)
+    assert (served.transport, served.http.port, served.admin.port) == ("http", 9000, 9001)
+    assert served.http.host == "127.0.0.1" and served.profile == "p"  # None: the file's
+    assert config.serve == served and config.path == file
+    as_written, _ = load(file)
+    assert as_written.diff(config) == {
+        "serve.transport": ("stdio", "http"),
+        "serve.http.port": (8001, 9000),
+        "serve.admin.port": (None, 9001),
+    }
 
 
 def test_serve_settings_built_in_code_are_checked() -> None:

@@ -88,12 +88,14 @@ class ToolOverride(BaseModel):
 class BreakerStorageSettings(BaseModel):
     """``[breaker_storage]``: Redis shared by the replicas' breakers."""
 
-    model_config = MODEL
+    model_config = MODEL  # dumped by alias: the Dispatcher's keyword arguments
 
-    url: Annotated[str, Strict(), Field(pattern=r"^(redis|rediss|unix)://")]
-    timeout_s: Positive | None = None
-    probe_interval_s: Positive | None = None
-    sync_interval_s: Positive | None = None
+    url: Annotated[str, Strict(), Field(pattern=r"^(redis|rediss|unix)://")] = Field(
+        serialization_alias="breaker_storage"
+    )
+    timeout_s: Positive | None = Field(None, serialization_alias="breaker_storage_timeout_s")
+    probe_interval_s: Positive | None = Field(None, serialization_alias="breaker_storage_probe_s")
+    sync_interval_s: Positive | None = Field(None, serialization_alias="breaker_storage_sync_s")
 
 
 class DispatcherSettings(BaseModel):
@@ -250,14 +252,6 @@ def dispatcher_arguments(config: Settings) -> dict[str, Any]:
     if settings.pop("audit", True) is False:
         kwargs["audit"] = None
     kwargs.update(settings)
-    storage = config.breaker_storage
-    if storage is not None:
-        kwargs["breaker_storage"] = storage.url
-        for key, argument in (
-            ("timeout_s", "breaker_storage_timeout_s"),
-            ("probe_interval_s", "breaker_storage_probe_s"),
-            ("sync_interval_s", "breaker_storage_sync_s"),
-        ):
-            if getattr(storage, key) is not None:
-                kwargs[argument] = getattr(storage, key)
+    if config.breaker_storage is not None:
+        kwargs.update(config.breaker_storage.model_dump(by_alias=True, exclude_none=True))
     return kwargs

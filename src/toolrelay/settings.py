@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -86,12 +86,8 @@ def _phrase(error: ErrorDetails) -> str:
 def explain(exc: ValidationError, where: str = "{}") -> list[str]:
     """One clause per error: ``where`` (a format with one ``{}`` for the dotted key path)
     before what is wrong; an error of the whole object is its message alone."""
-    clauses = []
-    for error in exc.errors():
-        path = ".".join(str(part) for part in error["loc"])
-        clause = _phrase(error)
-        clauses.append(f"{where.format(path)} {clause}" if path else clause)
-    return clauses
+    found = ((".".join(map(str, error["loc"])), _phrase(error)) for error in exc.errors())
+    return [f"{where.format(path)} {clause}" if path else clause for path, clause in found]
 
 
 def one_line_errors(where: str) -> Callable[[type[T]], type[T]]:
@@ -192,11 +188,7 @@ def diff(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     if old_entries is None or new_entries is None or type(old) is not type(new):
         return {prefix: (old, new)}
     changes: dict[str, tuple[Any, Any]] = {}
-    keys: Iterable[str] = dict.fromkeys([*old_entries, *new_entries])
-    for key in keys:
+    for key in dict.fromkeys([*old_entries, *new_entries]):  # one side only: None on the other
         path = f"{prefix}.{key}" if prefix else key
-        if key not in old_entries or key not in new_entries:
-            changes[path] = (old_entries.get(key), new_entries.get(key))
-        else:
-            changes.update(diff(old_entries[key], new_entries[key], path))
+        changes.update(diff(old_entries.get(key), new_entries.get(key), path))
     return changes

@@ -18,12 +18,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import ServeError
-from .settings import ServeSettings, load
+from .settings import ServeSection, load
 
 if TYPE_CHECKING:
     from .runner import Service, main
 
-__all__ = ["ServeError", "ServeSettings", "Service", "load", "main"]
+__all__ = ["ServeError", "ServeSection", "Service", "load", "main"]
 
 
 def __getattr__(name: str) -> Any:

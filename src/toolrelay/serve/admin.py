@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Security
-from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -35,7 +34,7 @@ from ..pipeline.decode import too_big
 from . import admin_models as m
 from .auth import token_matches
 from .health import UpstreamHealth
-from .reload import ReloadRefused, ReloadReport
+from .reload import ReloadRefused
 from .ui import status_ui
 
 __all__ = ["MAX_BODY_BYTES", "MAX_FAULTS", "AdminState", "ApiError", "admin_app", "authorized"]
@@ -59,7 +58,7 @@ class AdminState:
     reason: str = "starting"
     upstreams: UpstreamHealth | None = None
     """The upstream MCP servers: the gateway is ready only when the required ones are up."""
-    reload: Callable[[], Awaitable[ReloadReport]] | None = None
+    reload: Callable[[], Awaitable[m.Reloaded]] | None = None
     """Re-read and apply the config file (``POST /reload``); ``None``: not offered."""
 
     def set_ready(self, ready: bool, reason: str = "") -> None:
@@ -100,7 +99,10 @@ async def _state(request: Request) -> AdminState:  # async: sync dependencies ru
     return state
 
 
-def _check_token(request: Request, credentials: HTTPAuthorizationCredentials | None) -> None:
+async def authorized(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
+) -> None:
+    """The dependency of every route but ``/healthz``: a 401 without the admin token."""
     token = request.app.state.admin.token
     if credentials is None or not token_matches(credentials.credentials, token):
         raise ApiError(
@@ -111,20 +113,15 @@ def _check_token(request: Request, credentials: HTTPAuthorizationCredentials | N
         )
 
 
-async def authorized(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
-) -> None:
-    """The dependency of every route but ``/healthz``: a 401 without the admin token."""
-    _check_token(request, credentials)
-
-
 async def _known_query(request: Request) -> None:
-    """Refuse query parameters the route does not declare, and repeated ones."""
+    """Refuse query parameters the route does not declare (its dependencies declare none),
+    and repeated ones."""
     route = request.scope["route"]
-    assert isinstance(route, _AdminRoute)
+    assert isinstance(route, APIRoute)
+    declared = {param.alias for param in route.dependant.query_params}
     seen = set()
     for name, _ in request.query_params.multi_items():
-        if name not in route.query_names:
+        if name not in declared:
             raise ApiError(400, "invalid_query", f"unknown query parameter {name[:40]!r}")
         if name in seen:
             raise ApiError(400, "invalid_query", f"query parameter {name!r} given twice")
@@ -153,7 +150,7 @@ class _AdminRequest(Request):
 
     async def body(self) -> bytes:
         if self._read is None:
-            _check_token(self, await _BEARER(self))
+            await authorized(self, await _BEARER(self))
             content_type = self.headers.get("content-type")
             if content_type is not None and not _is_json(content_type):
                 raise ApiError(415, "unsupported_media_type", "send the body as application/json")
@@ -184,18 +181,8 @@ class _AdminRequest(Request):
         return value
 
 
-def _query_names(dependant: Dependant) -> Iterator[str]:
-    yield from (param.alias for param in dependant.query_params)
-    for sub in dependant.dependencies:
-        yield from _query_names(sub)
-
-
 class _AdminRoute(APIRoute):
-    """A route that sees an :class:`_AdminRequest` and knows its query parameters."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.query_names = frozenset(_query_names(self.dependant))
+    """A route that sees an :class:`_AdminRequest`."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -272,14 +259,12 @@ async def readyz(state: State, response: Response) -> m.Readiness:
     health = state.upstreams
     statuses = [] if health is None else health.statuses()
     upstreams = [m.Upstream.model_validate(asdict(s)) for s in statuses] or None
-    if not state.ready:
+    reason = None if state.ready else state.reason or "not ready"
+    if reason is None and health is not None:
+        reason = health.not_ready()
+    if reason is not None:
         response.status_code = 503
-        reason = state.reason or "not ready"
         return m.Readiness(ready=False, reason=reason, upstreams=upstreams)
-    down = None if health is None else health.not_ready()
-    if down is not None:
-        response.status_code = 503
-        return m.Readiness(ready=False, reason=down, upstreams=upstreams)
     return m.Readiness(ready=True, tools=len(state.dispatcher.registry), upstreams=upstreams)
 
 
@@ -397,25 +382,23 @@ async def tools(state: State, profile: str | None = None) -> m.Tools:
     if profile is not None and profile not in dispatcher.profiles:
         raise ApiError(404, "unknown_profile", f"no profile named {profile!r}")
     permits = None if profile is None else dispatcher.profiles[profile].permits
-    listed = []
-    for tool in dispatcher.registry.tools():
-        decl = tool.decl
-        if permits is not None and not permits(decl):
-            continue
-        listed.append(
-            m.ToolInfo(
-                name=decl.name,
-                description=decl.description,
-                risk=decl.risk,
-                breaker_key=decl.key,
-                timeout_s=decl.timeout_s,
-                idempotent=decl.is_idempotent,
-                tags=sorted(decl.tags),
-                version=decl.version,
-                breaker_state=dispatcher.breakers.state(decl.key),
-                offered=dispatcher.breakers.blocked_for(decl.key) is None,
-            )
+    decls = [tool.decl for tool in dispatcher.registry.tools()]
+    listed = [
+        m.ToolInfo(
+            name=decl.name,
+            description=decl.description,
+            risk=decl.risk,
+            breaker_key=decl.key,
+            timeout_s=decl.timeout_s,
+            idempotent=decl.is_idempotent,
+            tags=sorted(decl.tags),
+            version=decl.version,
+            breaker_state=dispatcher.breakers.state(decl.key),
+            offered=dispatcher.breakers.blocked_for(decl.key) is None,
         )
+        for decl in decls
+        if permits is None or permits(decl)
+    ]
     return m.Tools(tools=listed)
 
 
@@ -437,10 +420,9 @@ async def reload(state: State) -> m.Reloaded:
     if state.reload is None:
         raise ApiError(409, "no_config_file", "this gateway has no config file to reload")
     try:
-        report = await state.reload()
+        return await state.reload()
     except ReloadRefused as refused:
         raise ApiError(refused.status, refused.error, refused.message) from None
-    return m.Reloaded.model_validate(asdict(report))
 
 
 @authed.get("/openapi.json", summary="This document.", response_model=dict[str, Any])

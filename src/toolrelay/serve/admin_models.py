@@ -184,7 +184,7 @@ class Removed(BaseModel):
 
 class Reloaded(BaseModel):
     changed: list[str] = Field(
-        description="The changed settings, as dotted keys (breakers.search.fail_max)."
+        description="Changed settings, as dotted keys (breakers.search.fail_max, serve.http.port)."
     )
     breakers: list[str] = Field(description="Breaker keys whose settings changed (state kept).")
     profiles: list[str | None] = Field(

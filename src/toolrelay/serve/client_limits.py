@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal
 
 from mcp.shared.exceptions import MCPError
@@ -35,7 +35,7 @@ from mcp.shared.exceptions import MCPError
 from ..contract import ErrorType
 from ..result import ToolResult
 from .metrics import GatewayMetrics
-from .settings import ServeSettings
+from .settings import ClientSettings, HttpSection, ServeSection
 
 __all__ = [
     "RATE_LIMITED",
@@ -93,25 +93,14 @@ class ClientLimit:
     burst: int | None = None
     max_concurrent_calls: int | None = None
 
-    def __post_init__(self) -> None:
-        if self.rate_per_s is not None and not 0 < self.rate_per_s < math.inf:
-            raise ValueError("rate_per_s must be a positive number")
-        if self.burst is not None and self.burst < 1:
-            raise ValueError("burst must be at least 1")
-        if self.max_concurrent_calls is not None and self.max_concurrent_calls < 1:
-            raise ValueError("max_concurrent_calls must be at least 1")
+    @classmethod
+    def of(cls, settings: HttpSection | ClientSettings) -> ClientLimit:
+        """The limits ``[serve.http]`` or one of its clients sets."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
     def over(self, other: ClientLimit) -> ClientLimit:
         """These limits, with ``other``'s where these are unset."""
-        return ClientLimit(
-            rate_per_s=other.rate_per_s if self.rate_per_s is None else self.rate_per_s,
-            burst=other.burst if self.burst is None else self.burst,
-            max_concurrent_calls=(
-                other.max_concurrent_calls
-                if self.max_concurrent_calls is None
-                else self.max_concurrent_calls
-            ),
-        )
+        return replace(other, **{k: v for k, v in asdict(self).items() if v is not None})
 
     def bucket(self, clock: Clock) -> TokenBucket | None:
         if self.rate_per_s is None:
@@ -155,12 +144,11 @@ class Refusal:
 
 
 class _Client:
-    __slots__ = ("bucket", "in_flight", "limit", "max_in_flight")
+    __slots__ = ("bucket", "in_flight", "limit")
 
     def __init__(self, limit: ClientLimit, clock: Clock) -> None:
         self.limit = limit
         self.bucket = limit.bucket(clock)
-        self.max_in_flight = limit.max_concurrent_calls
         self.in_flight = 0
 
 
@@ -235,7 +223,8 @@ class ClientLimits:
         """Admit one ``tools/call`` of ``name`` (``None``: go, and :meth:`leave` when it
         ends) or refuse it."""
         client = self._client(name)
-        if client.max_in_flight is not None and client.in_flight >= client.max_in_flight:
+        most = client.limit.max_concurrent_calls
+        if most is not None and client.in_flight >= most:
             return self._refuse(name, "concurrency", None)
         if client.bucket is not None:
             wait = client.bucket.take()
@@ -249,23 +238,11 @@ class ClientLimits:
         self._clients[name].in_flight -= 1
 
 
-def configured_limits(settings: ServeSettings) -> tuple[ClientLimit, dict[str, ClientLimit]]:
+def configured_limits(settings: ServeSection) -> tuple[ClientLimit, dict[str, ClientLimit]]:
     """The default and per-client limits ``settings`` set (``[serve.http]`` and its
     clients), for :class:`ClientLimits` or its :meth:`~ClientLimits.update`. HTTP only: a
     stdio gateway has one client, the process that started it, and no limits."""
     if settings.transport != "http":
         return ClientLimit(), {}
-    default = ClientLimit(
-        rate_per_s=settings.rate_per_s,
-        burst=settings.burst,
-        max_concurrent_calls=settings.max_concurrent_calls,
-    )
-    clients = {
-        client.name: ClientLimit(
-            rate_per_s=client.rate_per_s,
-            burst=client.burst,
-            max_concurrent_calls=client.max_concurrent_calls,
-        )
-        for client in settings.clients
-    }
-    return default, clients
+    clients = settings.http.clients.items()
+    return ClientLimit.of(settings.http), {name: ClientLimit.of(c) for name, c in clients}

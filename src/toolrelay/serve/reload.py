@@ -4,15 +4,15 @@ A reload reads the config file again and applies it **all or nothing**, without 
 session: what can fail (reading and checking the file, resolving client tokens, connecting
 new upstreams, loading plugins, registering their tools) is done first, and any failure
 leaves the old config serving, with one log line. What changed is known from
-:meth:`toolrelay.config.Settings.diff` (the core sections) and the ``[serve]`` settings
-compared field by field.
+:meth:`toolrelay.config.Settings.diff` (``[serve]`` as in force: command-line overrides
+applied), by key path: ``breakers.search.fail_max``, ``serve.http.port``.
 
 Live: ``[profiles]``, ``[breakers]`` (state kept, see
 :meth:`~toolrelay.breakers.KeyBreaker.reconfigure`), ``faults`` (they replace the faults in
 force, admin-added ones included), ``[plugins]``, ``[serve.upstreams]``,
 ``[serve.http.clients]`` tokens, profiles and tenants, and ``serve.profile``,
-``watch_interval_s``, ``reload_watch_s``. Everything else needs a restart and is refused with
-the keys named — as are bulkhead and retry-budget settings (``max_concurrent*``,
+``serve.watch_interval_s``, ``serve.reload_watch_s``. Everything else needs a restart and is
+refused with the keys named — as are bulkhead and retry-budget settings (``max_concurrent*``,
 ``bulkhead_wait_s``, ``adaptive_*``, ``retry_budget*``) of a breaker key already in use,
 client limits, and turning client tokens on or off.
 
@@ -23,10 +23,10 @@ call in flight, or after the longest deadline of its tools.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,18 +40,18 @@ from ..config import Settings, load_configured_plugins
 from ..loading import PluginLoadError
 from ..registry import RegistrationError, ToolRegistry
 from ..settings import ConfigError, diff
+from .admin_models import Reloaded
 from .auth import StaticTokenVerifier
+from .client_limits import ClientLimit, configured_limits
 from .errors import ServeError
-from .settings import ClientSettings, ServeSettings, UpstreamSettings, load
+from .settings import ServeSection, load
 
 if TYPE_CHECKING:
     from .runner import Service
 
 __all__ = [
-    "LIVE_CORE",
-    "LIVE_SERVE",
+    "LIVE",
     "ReloadRefused",
-    "ReloadReport",
     "Reloader",
     "ReloadableVerifier",
     "load_plugins_by_name",
@@ -59,13 +59,13 @@ __all__ = [
 
 log = logging.getLogger("toolrelay.serve")
 
-LIVE_CORE = ("profiles", "breakers", "faults", "plugins")
-"""Top-level sections of ``toolrelay.toml`` a reload applies live."""
-LIVE_SERVE = ("profile", "clients", "upstreams", "watch_interval_s", "reload_watch_s")
-"""``[serve]`` settings a reload applies live."""
+LIVE = (
+    *("profiles.", "breakers.", "faults", "plugins.", "serve.upstreams.", "serve.http.clients."),
+    *("serve.profile", "serve.watch_interval_s", "serve.reload_watch_s"),
+)
+"""The keys (and tables: ending in ``.``) of ``toolrelay.toml`` a reload applies live."""
 _KEY_BOUND = ("max_concurrent", "bulkhead_wait_s", "adaptive_", "retry_budget")
 """Breaker settings a key's bulkhead and retry budget keep from its first call."""
-_CLIENT_LIMITS = ("rate_per_s", "burst", "max_concurrent_calls")
 CLOSE_GRACE_S = 1.0
 """Added to the longest deadline of a retired plugin's or upstream's tools."""
 
@@ -79,18 +79,6 @@ class ReloadRefused(Exception):
     def __init__(self, status: int, error: str, message: str) -> None:
         super().__init__(message)
         self.status, self.error, self.message = status, error, message
-
-
-@dataclass(frozen=True, slots=True)
-class ReloadReport:
-    """What a reload changed."""
-
-    changed: list[str] = field(default_factory=list)
-    """Dotted keys (``breakers.search.fail_max``, ``serve.upstreams.time``)."""
-    breakers: list[str] = field(default_factory=list)
-    """Breaker keys whose settings changed (their state was kept)."""
-    profiles: list[str | None] = field(default_factory=list)
-    """Profiles whose tool list changed (their clients were told)."""
 
 
 class ReloadableVerifier:
@@ -107,10 +95,8 @@ def load_plugins_by_name(registry: ToolRegistry, config: Settings) -> dict[str, 
     """Load the enabled ``[plugins.NAME]`` of ``config`` and apply its ``[tools]``
     overrides, as :func:`~toolrelay.config.load_configured_plugins` does; returns the
     plugin objects each table registered (a reload replaces them by name)."""
-    owned = {}
-    for name, table in config.plugins.items():
-        if table.enabled:
-            owned[name] = _load_plugin(registry, name, table)
+    tables = config.plugins.items()
+    owned = {name: _load_plugin(registry, name, table) for name, table in tables if table.enabled}
     load_configured_plugins(registry, config.model_copy(update={"plugins": {}}))
     return owned
 
@@ -121,30 +107,18 @@ def _load_plugin(registry: ToolRegistry, name: str, table: Any) -> list[Any]:
     return [plugin for plugin in registry.plugins() if id(plugin) not in before]
 
 
-def _named(items: Iterable[Any]) -> dict[str, Any]:
-    return {item.name: item for item in items}
+def _names(changed: Iterable[str], table: str) -> set[str]:
+    """The names of the ``table`` entries with a changed key (``table``: ``"plugins."``)."""
+    return {key[len(table) :].split(".")[0] for key in changed if key.startswith(table)}
 
 
-def _limits(client: ClientSettings | None) -> tuple[Any, ...]:
-    """A client's own limits (all ``None`` for a client that is not there)."""
-    return tuple(getattr(client, name, None) for name in _CLIENT_LIMITS)
-
-
-class _Undo:
-    """Steps of a commit, undone in reverse if a later one fails."""
-
-    def __init__(self) -> None:
-        self.steps: list[Callable[[], object]] = []
-
-    def __call__(self, step: Callable[[], object]) -> None:
-        self.steps.append(step)
-
-    def run(self) -> None:
-        for step in reversed(self.steps):
-            try:
-                step()
-            except Exception:  # keep undoing: the rest of the old config matters more
-                log.exception("toolrelay serve: could not undo a step of a failed reload")
+def _undo(steps: list[Callable[[], object]]) -> None:
+    """Undo the steps of a commit that failed, the latest first."""
+    for step in reversed(steps):
+        try:
+            step()
+        except Exception:  # keep undoing: the rest of the old config matters more
+            log.exception("toolrelay serve: could not undo a step of a failed reload")
 
 
 class Reloader:
@@ -166,7 +140,7 @@ class Reloader:
         """The task group retired plugins are closed in (the service's)."""
         self._tg = tg
 
-    async def reload(self) -> ReloadReport:
+    async def reload(self) -> Reloaded:
         """Apply the config file as it is now; raises :class:`ReloadRefused` (logged)."""
         async with self._lock:
             try:
@@ -201,33 +175,32 @@ class Reloader:
                 self._refused = digest
 
     # -- the reload ---------------------------------------------------------------------------
-    async def _reload(self) -> ReloadReport:
+    async def _reload(self) -> Reloaded:
         service = self.service
         path = service.config.path
         if path is None:
             raise ReloadRefused(409, "no_config_file", "this gateway has no config file to reload")
         digest = _digest(path)
         try:
-            config, settings = load(path)
-            settings = settings.override(**self.overrides)
+            config, settings = load(path, **self.overrides)
             settings.check(config)
         except ConfigError as exc:
             raise ReloadRefused(422, "invalid_config", str(exc)) from None
-        changed = self._changes(config, settings)
+        changed = list(service.config.diff(config))
         self._check_live(config, settings, changed)
-        clients = settings.clients if settings.transport == "http" else ()
+        clients = tuple(settings.http.clients.values()) if settings.transport == "http" else ()
         verifier = None
-        if clients and "serve.http.clients" in {k.rpartition(".")[0] for k in changed}:
+        if clients and _names(changed, "serve.http.clients."):
             try:
                 verifier = StaticTokenVerifier(clients, service.environ)
             except ServeError as exc:
                 raise ReloadRefused(400, "reload_failed", str(exc)) from None
         connected = await self._connect(settings, changed)
-        undo = _Undo()
+        undo: list[Callable[[], object]] = []
         try:
             retired = self._commit(config, settings, changed, connected, undo)
         except (ServeError, ConfigError, PluginLoadError, RegistrationError) as exc:
-            undo.run()
+            _undo(undo)
             for source in connected.values():
                 service.upstreams.close(source)
             raise ReloadRefused(400, "reload_failed", str(exc)) from None
@@ -242,75 +215,45 @@ class Reloader:
         if verifier is not None and isinstance(service.verifier, ReloadableVerifier):
             service.verifier.verifier = verifier
         service.watcher.interval_s = settings.watch_interval_s
-        service.config, service.settings = config, settings
+        service.config = config
         self._loaded, self._refused = digest, None
         for closer, keys, grace_s in retired:
             self._retire(closer, keys, grace_s)
         profiles = await service.watcher.reconfigure(before, service.callers.profiles())
-        return ReloadReport(sorted(changed), breakers, profiles)
+        return Reloaded(changed=sorted(changed), breakers=breakers, profiles=profiles)
 
-    def _changes(self, config: Settings, settings: ServeSettings) -> list[str]:
-        """Every changed key: the core sections by :meth:`Settings.diff`, ``[serve]`` as
-        in force (command-line overrides applied), clients and upstreams by name."""
-        service = self.service
-        changed = [k for k in service.config.diff(config) if not k.startswith("serve")]
-        old = service.settings
-        for key in diff(old, settings):
-            if key not in ("clients", "upstreams"):
-                changed.append(f"serve.{key}")
-                continue
-            prefix = "serve.http.clients" if key == "clients" else "serve.upstreams"
-            was, now = _named(getattr(old, key)), _named(getattr(settings, key))
-            changed += [
-                f"{prefix}.{name}" for name in {*was, *now} if was.get(name) != now.get(name)
-            ]
-        return changed
-
-    def _check_live(self, config: Settings, settings: ServeSettings, changed: list[str]) -> None:
+    def _check_live(self, config: Settings, settings: ServeSection, changed: list[str]) -> None:
         """Refuse (400 ``restart_required``) what cannot change while serving."""
         service = self.service
-        fixed = [
-            key
-            for key in changed
-            if not (
-                key.partition(".")[0] in LIVE_CORE
-                or (key.startswith("serve.") and key.split(".")[1] in LIVE_SERVE)
-                or key.startswith("serve.http.clients.")
-            )
-        ]
-        old = service.settings
-        if bool(old.clients) != bool(settings.clients):
+        fixed = [key for key in changed if not key.startswith(LIVE)]
+        if bool(service.settings.http.clients) != bool(settings.http.clients):
             fixed.append("serve.http.clients (turning client tokens on or off)")
-        was, now = _named(old.clients), _named(settings.clients)
+        was, now = configured_limits(service.settings)[1], configured_limits(settings)[1]
         fixed += [  # a new client's limits would need ClientLimits rebuilt
-            f"serve.http.clients.{name} ({'/'.join(_CLIENT_LIMITS)})"
-            for name, client in now.items()
-            if _limits(was.get(name)) != _limits(client)
+            f"serve.http.clients.{name} (rate_per_s/burst/max_concurrent_calls)"
+            for name, limit in now.items()
+            if was.get(name, ClientLimit()) != limit
         ]
         default = config.default_breaker or BreakerConfig()
         dispatcher = service.dispatcher
         for key in dispatcher.breakers.keys():  # noqa: SIM118 - not a dict
-            before, after = dispatcher.breaker_config(key), config.breakers.get(key, default)
+            bound = diff(dispatcher.breaker_config(key), config.breakers.get(key, default))
             fixed += [
-                f"breakers.{key}.{f.name} (the key is in use)"
-                for f in fields(BreakerConfig)
-                if f.name.startswith(_KEY_BOUND)
-                and getattr(before, f.name) != getattr(after, f.name)
+                f"breakers.{key}.{k} (the key is in use)" for k in bound if k.startswith(_KEY_BOUND)
             ]
         if fixed:
             shown = ", ".join(fixed[:8]) + (", …" if len(fixed) > 8 else "")
             raise ReloadRefused(400, "restart_required", f"these change only at restart: {shown}")
 
-    async def _connect(self, settings: ServeSettings, changed: list[str]) -> dict[str, Any]:
+    async def _connect(self, settings: ServeSection, changed: list[str]) -> dict[str, Any]:
         """Connect the added and changed upstreams (not registered yet)."""
         service = self.service
         connected: dict[str, Any] = {}
         try:
-            for upstream in settings.upstreams:
-                if f"serve.upstreams.{upstream.name}" in changed:
-                    source = await service.upstreams.connect(upstream)
-                    if source is not None:
-                        connected[upstream.name] = source
+            for name in sorted(_names(changed, "serve.upstreams.") & settings.upstreams.keys()):
+                source = await service.upstreams.connect(settings.upstreams[name])
+                if source is not None:
+                    connected[name] = source
         except ServeError as exc:
             for source in connected.values():
                 service.upstreams.close(source)
@@ -320,46 +263,43 @@ class Reloader:
     def _commit(
         self,
         config: Settings,
-        settings: ServeSettings,
+        settings: ServeSection,
         changed: list[str],
         connected: Mapping[str, Any],
-        undo: _Undo,
+        undo: list[Callable[[], object]],
     ) -> list[tuple[Callable[[], Any], set[str], float]]:
         """Swap plugins and upstreams in the registry (no await: no call sees half of it);
         returns what to close once drained."""
         service = self.service
         registry = service.dispatcher.registry
         retired: list[tuple[Callable[[], Any], set[str], float]] = []
-        names = {key.split(".")[1] for key in changed if key.startswith("plugins.")}
-        for name in sorted(names):
+        for name in sorted(_names(changed, "plugins.")):
             old = service.plugins.pop(name, [])
-            undo(partial(service.plugins.__setitem__, name, old))
+            undo.append(partial(service.plugins.__setitem__, name, old))
             for plugin in old:
                 keys, grace_s = self._drain_terms(plugin)
                 registry.unregister(plugin)
-                undo(partial(registry.register, plugin))
+                undo.append(partial(registry.register, plugin))
                 closer = getattr(plugin, "aclose", None)
                 if closer is not None:
                     retired.append((closer, keys, grace_s))
             table = config.plugins.get(name)
             if table is not None and table.enabled:
                 new = _load_plugin(registry, name, table)
-                for plugin in new:
-                    undo(partial(registry.unregister, plugin))
+                undo.extend(partial(registry.unregister, plugin) for plugin in new)
                 service.plugins[name] = new
         upstreams = service.upstreams
-        wanted: dict[str, UpstreamSettings] = _named(settings.upstreams)
-        for name in sorted({k.split(".")[2] for k in changed if k.startswith("serve.upstreams.")}):
+        for name in sorted(_names(changed, "serve.upstreams.")):
             entry = upstreams.open.get(name)
             if entry is not None:
                 old_settings, old_source = entry
                 keys, grace_s = self._drain_terms(old_source)
                 upstreams.unregister(name)
-                undo(partial(upstreams.register, old_settings, old_source))
+                undo.append(partial(upstreams.register, old_settings, old_source))
                 retired.append((partial(upstreams.close, old_source), keys, grace_s))
             if name in connected:
-                upstreams.register(wanted[name], connected[name])
-                undo(partial(upstreams.unregister, name))
+                upstreams.register(settings.upstreams[name], connected[name])
+                undo.append(partial(upstreams.unregister, name))
         return retired
 
     def _drain_terms(self, plugin: Any) -> tuple[set[str], float]:
@@ -367,13 +307,10 @@ class Reloader:
         registry = self.service.dispatcher.registry
         keys, longest = set(), 0.0
         for decl in plugin.describe():
-            try:
-                tool = registry.resolve(decl.name)
-            except RegistrationError:
-                tool = None
-            if tool is not None:
-                keys.add(tool.decl.key)
-                longest = max(longest, tool.decl.timeout_s)
+            with contextlib.suppress(RegistrationError):  # declared invalidly now: not served
+                if (tool := registry.resolve(decl.name)) is not None:
+                    keys.add(tool.decl.key)
+                    longest = max(longest, tool.decl.timeout_s)
         return keys, longest + CLOSE_GRACE_S
 
     def _retire(self, close: Callable[[], Any], keys: set[str], grace_s: float) -> None:

@@ -40,7 +40,7 @@ from .http import HttpService
 from .metrics import GatewayMetrics
 from .observability import meter_provider, metrics_endpoint, tracer_provider
 from .reload import ReloadableVerifier, Reloader, ReloadRefused, load_plugins_by_name
-from .settings import ServeSettings, load
+from .settings import ServeSection, load
 from .tuning import settle_heap
 from .upstreams import Upstreams
 from .watch import ToolListWatcher
@@ -65,32 +65,27 @@ class Service:
     def __init__(
         self,
         config: Config,
-        settings: ServeSettings,
+        settings: ServeSection,
         *,
         environ: Mapping[str, str] | None = None,
         out: TextIO | None = None,
         handle_signals: bool = True,
         overrides: Mapping[str, Any] | None = None,
     ) -> None:
-        self.config = config
-        self.settings = settings
+        self.config = config.model_copy(update={"serve": settings})  # what a reload compares
         self.handle_signals = handle_signals
         self.environ = os.environ if environ is None else environ
         self.out = out
         settings.check(config)
-        http = settings.transport == "http"
+        http, admin = settings.transport == "http", settings.admin
         if http:
-            check_bind(settings.host, settings.allow_remote, "MCP HTTP transport")
-        if settings.admin_port is not None:
-            check_bind(settings.admin_host, settings.allow_remote, "admin API")
-        self.admin_token = (
-            None
-            if settings.admin_port is None
-            else resolve_secret(
-                settings.admin_token_env, settings.admin_token, self.environ, "admin API"
-            )
-        )
-        clients = settings.clients if http else ()
+            check_bind(settings.http.host, settings.allow_remote, "MCP HTTP transport")
+        self.admin_token: str | None = None
+        if admin.port is not None:
+            check_bind(admin.host, settings.allow_remote, "admin API")
+            env = self.environ
+            self.admin_token = resolve_secret(admin.token_env, admin.token, env, "admin API")
+        clients = tuple(settings.http.clients.values()) if http else ()
         self.verifier = (
             ReloadableVerifier(StaticTokenVerifier(clients, self.environ)) if clients else None
         )
@@ -152,6 +147,11 @@ class Service:
             self.admin_state.reload = self.reloader.reload
         self._stop: anyio.Event | None = None
 
+    @property
+    def settings(self) -> ServeSection:
+        """The ``[serve]`` section in force."""
+        return self.config.serve
+
     def _say(self, line: str) -> None:
         print(f"toolrelay serve: {line}", file=self.out or sys.stderr, flush=True)
 
@@ -178,13 +178,12 @@ class Service:
                 admin = await self._start_admin(tg)
                 try:
                     async with self.upstreams as upstreams:
-                        names = await upstreams.start(self.settings.upstreams)
+                        names = await upstreams.start(self.settings.upstreams.values())
                         if names:
                             self._say(f"upstream MCP servers: {', '.join(names)}")
                         await self._serve_mcp()
                 finally:
-                    if self.admin_state is not None:
-                        self.admin_state.set_ready(False, "shutting down")
+                    self.stop()  # not ready any more
                     if admin is not None:
                         with anyio.CancelScope(shield=True):
                             await admin.aclose()
@@ -200,10 +199,10 @@ class Service:
                 self.meter_provider.shutdown()
 
     async def _start_admin(self, tg: anyio.abc.TaskGroup) -> HttpService | None:
-        state = self.admin_state
-        if state is None or self.settings.admin_port is None:
+        state, admin = self.admin_state, self.settings.admin
+        if state is None or admin.port is None:
             return None
-        service = HttpService(admin_app(state), self.settings.admin_host, self.settings.admin_port)
+        service = HttpService(admin_app(state), admin.host, admin.port)
         await service.start(tg)
         self._say(f"admin API on {service.url}")
         return service
@@ -229,12 +228,12 @@ class Service:
 
     async def _run_http(self) -> None:
         assert self._stop is not None
-        settings = self.settings
+        settings = self.settings.http
         app, manager = self.gateway.http_app(
             host=settings.host,
             path=settings.path,
             verifier=self.verifier,
-            max_request_bytes=settings.max_request_bytes,
+            max_request_bytes=self.settings.max_request_bytes,
             max_sessions=settings.max_sessions,
             max_sessions_per_client=settings.client_session_cap,
             session_idle_s=settings.session_idle_s,
@@ -300,12 +299,12 @@ def main(
     defaults: Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> int:
-    """Run ``toolrelay serve`` (the CLI's entry); ``overrides`` are :class:`ServeSettings`
-    fields (``None`` keeps the config file's value). Raises :class:`ServeError`,
-    :class:`~toolrelay.config.ConfigError` or :class:`~toolrelay.loading.PluginLoadError`.
+    """Run ``toolrelay serve`` (the CLI's entry); ``overrides`` are the command line's
+    settings (see :meth:`~toolrelay.serve.settings.ServeSection.override`). Raises
+    :class:`ServeError`, :class:`~toolrelay.config.ConfigError` or
+    :class:`~toolrelay.loading.PluginLoadError`.
     """
-    config, settings = load(config_path, defaults)
-    settings = settings.override(**overrides)
+    config, settings = load(config_path, defaults, **overrides)
     service = Service(config, settings, overrides=overrides)
     _configure_logging()
     try:

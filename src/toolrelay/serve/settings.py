@@ -1,20 +1,20 @@
 """The ``[serve]`` section of ``toolrelay.toml``: transport, callers, admin API, upstreams.
 
-:class:`ServeSettings` is what ``toolrelay serve`` runs with, and declares every key once;
-:class:`ServeSection`, the section as written (part of :class:`toolrelay.config.Settings`
-and its generated JSON Schema), is generated from it. Every error is a
-:class:`~toolrelay.config.ConfigError` naming the key path, like the core's.
+:class:`ServeSection` is both the section as written (part of
+:class:`toolrelay.config.Settings` and its generated JSON Schema) and what ``toolrelay
+serve`` runs with. Every error is a :class:`~toolrelay.config.ConfigError` naming the key
+path, like the core's.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, Strict, create_model, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, Strict, field_validator, model_validator
 from pydantic import dataclasses as pydantic_dataclasses
 from pydantic.json_schema import SkipJsonSchema
 
@@ -28,7 +28,6 @@ from ..settings import (
     Port,
     Positive,
     Text,
-    TomlTable,
     one_line_errors,
 )
 
@@ -38,9 +37,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_ADMIN_TOKEN_ENV",
     "UNAUTHENTICATED_PROFILE",
+    "AdminSection",
     "ClientSettings",
+    "HttpSection",
     "ServeSection",
-    "ServeSettings",
     "UpstreamSettings",
     "load",
     "parse_serve_section",
@@ -52,9 +52,8 @@ DEFAULT_MAX_SESSIONS = 1000
 DEFAULT_SESSION_IDLE_S = 30 * 60.0
 UNAUTHENTICATED_PROFILE = "toolrelay:unauthenticated"
 """The profile of an HTTP caller without a valid token when client tokens are configured:
-a name :meth:`ServeSettings.check` refuses to see defined, so the dispatcher maps it to
+a name :meth:`ServeSection.check` refuses to see defined, so the dispatcher maps it to
 ``NOTHING`` (no tool listed or run)."""
-Transport = Literal["stdio", "http"]
 ApprovalMode = Literal["elicit", "none"]
 """``[serve] approvals``: ask the calling MCP client (``elicit``) or nobody (``none``)."""
 DEFAULT_APPROVAL_TIMEOUT_S = 60.0
@@ -68,6 +67,14 @@ Burst = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
 T = TypeVar("T")
 TableName = SkipJsonSchema[str]
 """The table's own name (``[….NAME]``), not a key of it."""
+
+
+def _named(table: dict[str, T]) -> dict[str, T]:
+    return {name: replace(item, name=name) for name, item in table.items()}  # type: ignore[type-var]
+
+
+Table = Annotated[dict[str, T], AfterValidator(_named)]
+"""Tables by name (``[serve.upstreams.NAME]``), each knowing its ``name``."""
 
 
 @one_line_errors("ClientSettings.{}")
@@ -146,63 +153,78 @@ class UpstreamSettings:
         return self
 
 
-HTTP = "[serve.http]"
-"""The mark of a :class:`ServeSettings` key written in ``[serve.http]``."""
-Http = Annotated[T, HTTP]
+class HttpSection(BaseModel):
+    """``[serve.http]``: the streamable HTTP transport.
+
+    Without ``clients`` every HTTP caller has ``[serve] profile``; with them, every request
+    needs one of their bearer tokens and gets that client's profile."""
+
+    model_config = MODEL
+
+    host: Name = "127.0.0.1"
+    port: Port = 8000
+    path: Annotated[str, Strict(), Field(pattern=r"^/[A-Za-z0-9_./-]*$")] = "/mcp"
+    clients: Table[ClientSettings] = {}
+    max_sessions: Sessions = DEFAULT_MAX_SESSIONS
+    """Open streamable HTTP sessions at most; when full, the least recently used idle one is
+    closed to admit a new one (503 when none is idle)."""
+    max_sessions_per_client: Sessions | None = None
+    """Open sessions per client (its token's name, or its address without tokens) at most
+    (429 beyond); ``None`` is a tenth of ``max_sessions`` (at least 1)."""
+    session_idle_s: Annotated[float, Strict(), Field(ge=1, le=7 * 86400)] = DEFAULT_SESSION_IDLE_S
+    """A session with no request in flight for this long is closed."""
+    json_response: Flag = False
+    """Answer each HTTP request with one JSON body instead of an SSE stream (faster; no
+    progress notifications or server requests during a call, and a client that goes away
+    is not noticed until the call ends)."""
+    stateless: Flag = False
+    """Serve every HTTP request on its own, with no ``Mcp-Session-Id`` session (no
+    ``tools/list_changed`` notifications; the session limits do not apply)."""
+    rate_per_s: PerSecond | None = None
+    """Requests per second per HTTP client (``tools/call`` and ``tools/list``; a token
+    bucket); ``None``: no limit. A client's own ``rate_per_s`` overrides it."""
+    burst: Burst | None = None
+    """Requests a client may make at once above its rate; ``None``: one second's worth."""
+    max_concurrent_calls: Burst | None = None
+    """``tools/call`` requests in flight per HTTP client at most; ``None``: no limit."""
+
+    @property
+    def client_session_cap(self) -> int:
+        """``max_sessions_per_client``, or its default, never above ``max_sessions``."""
+        cap = self.max_sessions_per_client
+        if cap is None:
+            cap = max(1, self.max_sessions // 10)
+        return min(cap, self.max_sessions)
 
 
-@dataclass(frozen=True, slots=True)
-class ServeSettings:
-    """Everything ``toolrelay serve`` needs besides the dispatcher's own config, and the one
-    declaration of every ``[serve]`` key: those marked :data:`Http` are written in
-    ``[serve.http]``, the ``admin_`` ones in ``[serve.admin]`` (without the prefix).
+class AdminSection(BaseModel):
+    """``[serve.admin]``: the admin API (none without a ``port``)."""
 
-    ``profile`` is the profile of stdio callers and of HTTP callers when no ``clients``
-    are configured; with ``clients``, every HTTP request needs one of their bearer tokens
-    and gets that client's profile. ``admin_port=None`` runs no admin API.
+    model_config = MODEL
+
+    host: Name = "127.0.0.1"
+    port: Port | None = None
+    token_env: EnvName = DEFAULT_ADMIN_TOKEN_ENV
+    token: Secret | None = Field(default=None, repr=False)
+
+
+class ServeSection(BaseModel):
+    """``[serve]``: everything ``toolrelay serve`` needs besides the dispatcher's own config.
+
+    ``profile`` is the profile of stdio callers and of HTTP callers when no
+    ``[serve.http.clients]`` are configured.
     """
 
-    transport: Transport = "stdio"
+    model_config = MODEL
+
+    transport: Literal["stdio", "http"] = "stdio"
     profile: Label | None = None
-    host: Http[Name] = "127.0.0.1"
-    port: Http[Port] = 8000
-    path: Http[Annotated[str, Strict(), Field(pattern=r"^/[A-Za-z0-9_./-]*$")]] = "/mcp"
     allow_remote: Flag = False
-    clients: tuple[ClientSettings, ...] = ()
-    admin_host: Name = "127.0.0.1"
-    admin_port: Port | None = None
-    admin_token_env: EnvName = DEFAULT_ADMIN_TOKEN_ENV
-    admin_token: Secret | None = field(default=None, repr=False)
-    upstreams: tuple[UpstreamSettings, ...] = ()
     watch_interval_s: Annotated[float, Strict(), Field(ge=0.05, le=3600)] = 1.0
     max_request_bytes: Annotated[int, Strict(), Field(ge=1024, le=1 << 30)] = (
         DEFAULT_MAX_REQUEST_BYTES
     )
     """The largest MCP request read: a stdio line or an HTTP body (a JSON-RPC error beyond)."""
-    max_sessions: Http[Sessions] = DEFAULT_MAX_SESSIONS
-    """Open streamable HTTP sessions at most; when full, the least recently used idle one is
-    closed to admit a new one (503 when none is idle)."""
-    max_sessions_per_client: Http[Sessions | None] = None
-    """Open sessions per client (its token's name, or its address without tokens) at most
-    (429 beyond); ``None`` is a tenth of ``max_sessions`` (at least 1)."""
-    session_idle_s: Http[Annotated[float, Strict(), Field(ge=1, le=7 * 86400)]] = (
-        DEFAULT_SESSION_IDLE_S
-    )
-    """A session with no request in flight for this long is closed."""
-    json_response: Http[Flag] = False
-    """Answer each HTTP request with one JSON body instead of an SSE stream (faster; no
-    progress notifications or server requests during a call, and a client that goes away
-    is not noticed until the call ends)."""
-    stateless: Http[Flag] = False
-    """Serve every HTTP request on its own, with no ``Mcp-Session-Id`` session (no
-    ``tools/list_changed`` notifications; the session limits do not apply)."""
-    rate_per_s: Http[PerSecond | None] = None
-    """Requests per second per HTTP client (``tools/call`` and ``tools/list``; a token
-    bucket); ``None``: no limit. A client's own ``rate_per_s`` overrides it."""
-    burst: Http[Burst | None] = None
-    """Requests a client may make at once above its rate; ``None``: one second's worth."""
-    max_concurrent_calls: Http[Burst | None] = None
-    """``tools/call`` requests in flight per HTTP client at most; ``None``: no limit."""
     ping_interval_s: Annotated[float, Strict(), Field(ge=0.05, le=86400)] = 30.0
     """An upstream MCP server that said nothing for this long is pinged."""
     reload_watch_s: Annotated[float, Strict(), Field(ge=0.1, le=3600)] | None = None
@@ -216,24 +238,20 @@ class ServeSettings:
         DEFAULT_APPROVAL_TIMEOUT_S
     )
     """The longest wait for the human's answer; then the call is ``denied``."""
+    http: HttpSection = HttpSection()
+    admin: AdminSection = AdminSection()
+    upstreams: Table[UpstreamSettings] = {}
 
-    @property
-    def client_session_cap(self) -> int:
-        """``max_sessions_per_client``, or its default, never above ``max_sessions``."""
-        cap = self.max_sessions_per_client
-        if cap is None:
-            cap = max(1, self.max_sessions // 10)
-        return min(cap, self.max_sessions)
-
-    def override(self, **changes: Any) -> ServeSettings:
-        """A copy with the given fields changed; ``None`` values leave a field as it is."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
-
-    def profiles(self) -> set[str | None]:
-        """Every profile a caller of this server can have."""
-        found: set[str | None] = {self.profile}
-        found.update(client.profile for client in self.clients)
-        return found
+    def override(self, **flat: Any) -> ServeSection:
+        """A copy with the command line's settings: keys of ``[serve]``, of ``[serve.http]``
+        (``port``) and of ``[serve.admin]`` with ``admin_`` (``admin_port``); ``None``
+        leaves a setting as it is."""
+        given = {key: value for key, value in flat.items() if value is not None}
+        http = {key: given.pop(key) for key in [*given] if key in HttpSection.model_fields}
+        admin = {key[6:]: given.pop(key) for key in [*given] if key.startswith("admin_")}
+        given["http"] = self.http.model_copy(update=http)
+        given["admin"] = self.admin.model_copy(update=admin)
+        return self.model_copy(update=given)
 
     def check(self, config: Config) -> None:
         """Cross-checks against the dispatcher config: every named profile exists."""
@@ -245,7 +263,7 @@ class ServeSettings:
             )
         if self.profile is not None and self.profile not in config.profiles:
             raise ConfigError(f"{where}: serve.profile: no profile named {self.profile!r}")
-        for client in self.clients:
+        for client in self.http.clients.values():
             if client.profile is not None and client.profile not in config.profiles:
                 raise ConfigError(
                     f"{where}: serve.http.clients.{client.name}.profile: "
@@ -253,65 +271,23 @@ class ServeSettings:
                 )
 
 
-class _Section(BaseModel):
-    """``[serve]`` as written; unset keys keep :class:`ServeSettings`' defaults."""
-
-    model_config = MODEL
-
-    def settings(self) -> ServeSettings:
-        """This section over :class:`ServeSettings`' defaults."""
-        values: dict[str, Any] = dict(self)
-        http: dict[str, Any] = dict(values.pop("http"))
-        values |= http | {f"admin_{key}": value for key, value in dict(values.pop("admin")).items()}
-        for key in ("clients", "upstreams"):  # tables: each entry named by its key
-            values[key] = tuple(replace(item, name=name) for name, item in values[key].items())
-        return ServeSettings(**{key: value for key, value in values.items() if value is not None})
-
-
-def _table(name: str, table: str, doc: str, **more: Any) -> Any:
-    """The model of ``[serve]`` (``table=""``) or ``[serve.TABLE]``: the keys of
-    :class:`ServeSettings` written there, each optional, then the ``more`` fields."""
-    hints = get_type_hints(ServeSettings, include_extras=True)
-    keys: dict[str, Any] = {}
-    for f in fields(ServeSettings):
-        hint = hints[f.name]
-        http = HTTP in getattr(hint, "__metadata__", ())
-        written = "http" if http else "admin" if f.name.startswith("admin_") else ""
-        if written == table and f.name not in ("clients", "upstreams"):
-            keys[f.name.removeprefix("admin_")] = (hint | None, Field(None, repr=f.repr))
-    if table:
-        doc = f"``[serve.{table}]``: {doc} (see :class:`ServeSettings`)."
-    base = {"__config__": MODEL} if table else {"__base__": _Section}
-    return create_model(name, **base, __doc__=doc, __module__=__name__, **keys, **more)
-
-
-if TYPE_CHECKING:
-    ServeSection: TypeAlias = _Section
-else:
-    _http = _table("HttpSection", "http", "the streamable HTTP transport",
-                   clients=(dict[str, ClientSettings], {}))  # fmt: skip
-    _admin = _table("AdminSection", "admin", "the admin API")
-    ServeSection = _table("ServeSection", "", _Section.__doc__,
-                          http=(_http, _http()), admin=(_admin, _admin()),
-                          upstreams=(dict[str, UpstreamSettings], {}))  # fmt: skip
-
-_TABLE = TomlTable(ServeSection, "serve")
-
-
 def parse_serve_section(
     data: Mapping[str, Any] | ServeSection, path: Path | None = None
-) -> ServeSettings:
-    """Check a decoded ``[serve]`` table (or take a checked one) as :class:`ServeSettings`."""
-    return (data if isinstance(data, ServeSection) else _TABLE(data, path)).settings()
+) -> ServeSection:
+    """Check a decoded ``[serve]`` table (or take a checked one)."""
+    from ..config import parse_config
+
+    return data if isinstance(data, ServeSection) else parse_config({"serve": data}, path).serve
 
 
 def load(
-    path: str | Path | None, defaults: Mapping[str, Any] | None = None
-) -> tuple[Config, ServeSettings]:
+    path: str | Path | None, defaults: Mapping[str, Any] | None = None, **overrides: Any
+) -> tuple[Config, ServeSection]:
     """Read ``path`` (or ``./toolrelay.toml``, or ``defaults`` when neither exists).
 
-    Returns the dispatcher's :class:`~toolrelay.config.Config` and the ``[serve]``
-    settings; raises :class:`~toolrelay.config.ConfigError` with one clear line.
+    Returns the dispatcher's :class:`~toolrelay.config.Config` and its ``[serve]`` section,
+    both with the command line's ``overrides`` (see :meth:`ServeSection.override`);
+    raises :class:`~toolrelay.config.ConfigError` with one clear line.
     """
     from ..config import load_config, parse_config
 
@@ -319,4 +295,5 @@ def load(
         config = parse_config(dict(defaults or {}))
     else:
         config = load_config("toolrelay.toml" if path is None else path)
-    return config, parse_serve_section(config.serve, config.path)
+    serve = config.serve.override(**overrides)
+    return config.model_copy(update={"serve": serve}), serve

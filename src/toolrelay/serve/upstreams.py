@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -32,27 +32,18 @@ __all__ = ["Upstreams", "build_source"]
 log = logging.getLogger("toolrelay.serve")
 
 
+_OPTIONS = (
+    *("prefix", "timeout_s", "connect_timeout_s", "tool_timeouts", "count_errors"),
+    *("risk", "tool_risk", "risk_override", "tool_risk_override"),
+    *("max_message_bytes", "max_message_values"),
+)
+"""The ``McpSource`` options an upstream may set; unset (``None``) ones keep its defaults."""
+
+
 def _options(upstream: UpstreamSettings) -> dict[str, Any]:
-    """The ``McpSource`` options an upstream sets (unset ones keep McpSource's defaults)."""
-    options: dict[str, Any] = {"name": upstream.name, "tags": upstream.tags}
-    for name in (
-        "prefix",
-        "timeout_s",
-        "connect_timeout_s",
-        "risk",
-        "risk_override",
-        "max_message_bytes",
-        "max_message_values",
-    ):
-        value = getattr(upstream, name)
-        if value is not None:
-            options[name] = value
-    for name in ("tool_timeouts", "tool_risk", "tool_risk_override"):
-        if getattr(upstream, name):
-            options[name] = dict(getattr(upstream, name))
-    if upstream.count_errors is not False:
-        options["count_errors"] = upstream.count_errors
-    return options
+    options = {name: getattr(upstream, name) for name in _OPTIONS}
+    given = {name: value for name, value in options.items() if value is not None}
+    return {"name": upstream.name, "tags": upstream.tags, **given}
 
 
 def build_source(upstream: UpstreamSettings, environ: Mapping[str, str]) -> McpSource:
@@ -121,7 +112,7 @@ class Upstreams:
         assert self._tg is not None
         return await self._tg.__aexit__(*exc_info)
 
-    async def start(self, upstreams: Sequence[UpstreamSettings]) -> list[str]:
+    async def start(self, upstreams: Iterable[UpstreamSettings]) -> list[str]:
         """Connect and register every upstream; returns the names of those opened."""
         for upstream in upstreams:
             source = await self.connect(upstream)
