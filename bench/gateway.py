@@ -17,7 +17,9 @@ Servers, each its own process on a loopback port, serving streamable HTTP at ``/
 * one more toolrelay pair per ``--variant NAME=TOML``: ``TOML`` lines added to the config's
   ``[serve.http]`` table (``--variant json='json_response = true'``), except lines starting
   with ``!``: Python run in the gateway before it starts
-  (``--variant nofreeze='!import gc; gc.freeze = lambda: None'``: what a change buys).
+  (``--variant nofreeze='!import gc; gc.freeze = lambda: None'``: what a change buys;
+  ``!import toolrelay.sources.mcp_connection as m; m.stamped_meta = lambda client: None``
+  sends the upstream's ``tools/call`` through the SDK's session instead of the raw lane).
 
 The client is the MCP SDK's Python client (``ClientSession`` over
 ``streamable_http_client``, the 2025-era handshake every server here speaks), in this

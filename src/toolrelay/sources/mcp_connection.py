@@ -36,6 +36,7 @@ from tenacity import RetryCallState, Retrying, wait_exponential
 
 from .. import __version__
 from .mcp_mapping import cap
+from .transport import RawLane, StdioTransport
 
 if TYPE_CHECKING:
     from mcp.client import IncomingMessage, Transport
@@ -94,6 +95,19 @@ async def list_tools(client: Client) -> list[mcp_types.Tool]:
     return tools
 
 
+def stamped_meta(client: Client) -> dict[str, Any] | None:
+    """The ``_meta`` the SDK's session puts on a ``tools/call`` of this connection (on
+    2026-era connections: the protocol version, client info and capabilities; on 2025-era
+    ones: nothing), read once from the session's stamp; ``None`` when the SDK has none."""
+    stamp = getattr(client.session, "_stamp", None)
+    if not callable(stamp):
+        return None
+    data: dict[str, Any] = {"method": "tools/call", "params": {"name": "", "arguments": {}}}
+    stamp(data, {})
+    meta = data["params"].get("_meta", {})
+    return dict(meta) if isinstance(meta, dict) else None
+
+
 async def _trust_result(name: str, result: Any) -> None:
     """Stands in for the SDK's own output check (see ``Connector._run``)."""
 
@@ -120,6 +134,10 @@ class Connection:
         self.refresh_wanted = anyio.Event()
         self.scope: anyio.CancelScope | None = None
         self.error: BaseException | None = None
+        self.lane: RawLane | None = None
+        """The stdio transport's raw lane for ``tools/call`` (``None``: the SDK's path)."""
+        self.call_meta: dict[str, Any] = {}
+        """The ``_meta`` the SDK's session stamps on every request of this connection."""
 
     def close(self) -> None:
         self.closing.set()
@@ -344,8 +362,10 @@ class Connector:
                     type(message).__name__,
                 )
 
+        transport = self._transport()
+        conn.lane = transport.lane if isinstance(transport, StdioTransport) else None
         return Client(
-            self._transport(),
+            transport,
             mode=self.source.protocol,
             message_handler=on_message,
             client_info=mcp_types.Implementation(name="toolrelay", version=__version__),
@@ -371,6 +391,11 @@ class Connector:
                     if modern and changes is not None and changes.list_changed:
                         tg.start_soon(self._listen, conn, client)
                     offered = self._listed(await list_tools(client))
+                    meta = stamped_meta(client) if conn.lane is not None else None
+                    if meta is None:
+                        conn.lane = None
+                    else:
+                        conn.call_meta = meta
                     tg.start_soon(self._refresher, conn, client)
                     scope.deadline = math.inf
                     conn.client = client

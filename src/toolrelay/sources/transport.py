@@ -18,6 +18,21 @@ leaves the memory behind. These transports stand in front of the SDK's session:
     the SDK cannot parse (e.g. nested past pydantic's limit) is answered with a parse error
     (:data:`UNREADABLE_TEXT`) rather than left for the deadline.
 
+    It also carries a :class:`RawLane` (``.lane``): requests written straight to the
+    process and their responses handed straight back, beside the SDK's session, for the
+    one request on the hot path (``tools/call``; see :mod:`.mcp`). Its ids are strings
+    ``"tr-<n>"`` (the SDK's are integers, and ``"listen-<n>"``); the reader reads the id
+    from a response's head (as for refusals) and hands a raw id's line to its waiter,
+    which parses it with one ``json.loads`` — never through the SDK's pydantic message
+    parse. Everything else goes to the SDK as before. Both write under one lock, so lines
+    never interleave; a raw line once started is written whole before a cancellation takes
+    effect (half a line would corrupt the stream), and one the server does not take within
+    2 s drops the connection (the server stopped reading its stdin). Refusals answer raw ids
+    too; when the connection ends (the reader stops, the process exits, a write fails)
+    every waiting raw request fails as the SDK's would (``CONNECTION_CLOSED``). A raw
+    request cancelled while it waits sends ``notifications/cancelled`` as the SDK does; a
+    late response to it is dropped.
+
 ``capped_http_client``
     An ``httpx2.AsyncClient`` whose JSON (non-SSE) response bodies stop at ``max_bytes``
     (a ``Content-Length`` over it is refused before any of the body is read); the SDK
@@ -30,16 +45,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import sys
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from typing import TextIO
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+from typing import Any, TextIO
 
 import anyio
 import anyio.lowlevel
 import httpx2
 import mcp.types as mcp_types
+from mcp import MCPError
 from mcp.client._transport import TransportStreams
 from mcp.client.stdio import (
     StdioServerParameters,
@@ -59,6 +77,8 @@ __all__ = [
     "MESSAGE_TOO_LARGE",
     "TOO_LARGE_TEXT",
     "MessageTooLarge",
+    "RawLane",
+    "StdioTransport",
     "capped_http_client",
     "capped_stdio_client",
 ]
@@ -84,6 +104,8 @@ UNREADABLE_TEXT = "toolrelay could not read the answer"
 
 _HEAD_BYTES = 512  # of an oversized message, this much is kept to find its request id
 _WRITER_FLUSH_TIMEOUT = 0.5  # as the SDK's stdio_client
+RAW_ID_PREFIX = "tr-"
+_RAW_MARK = b'"' + RAW_ID_PREFIX.encode()
 _RESPONSE_HEAD = re.compile(
     rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,128}")'
     rb'\s*,\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"(?:result|error)"\s*:'
@@ -119,8 +141,10 @@ def answered_id(head: bytes) -> mcp_types.RequestId | None:
     match = _RESPONSE_HEAD.match(head)
     if match is None:
         return None
-    value = json.loads(match.group(1))
-    return value if isinstance(value, int | str) else None
+    value = match.group(1)
+    if value.startswith(b'"'):  # no quote nor backslash inside: nothing to unescape
+        return value[1:-1].decode("utf-8", "replace")
+    return int(value)
 
 
 class _Lines:
@@ -163,15 +187,190 @@ class _Lines:
                 self._buf = bytearray()
 
 
-@asynccontextmanager
-async def capped_stdio_client(
+def _closed() -> MCPError:
+    return MCPError(code=mcp_types.CONNECTION_CLOSED, message="Connection closed")
+
+
+def _unreadable() -> MCPError:
+    return MCPError(code=mcp_types.PARSE_ERROR, message=UNREADABLE_TEXT)
+
+
+class _Waiter:
+    __slots__ = ("error", "event", "line")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.line: bytes | None = None
+        self.error: MCPError | None = None
+
+
+class RawLane:
+    """JSON-RPC requests written straight to a stdio server, beside the SDK's session.
+
+    Bound to its process by :func:`capped_stdio_client` when the transport is entered;
+    requests before, or after the connection ends, fail as a disconnect.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[str, _Waiter] = {}
+        self._count = 0
+        self._write: Callable[[bytes], None] | None = None
+        self._encoding = "utf-8"
+        self._errors = "strict"
+        self._closed = False
+
+    def _bind(self, write: Callable[[bytes], None], encoding: str, errors: str) -> None:
+        self._write = write
+        self._encoding = encoding
+        self._errors = errors
+
+    async def request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one request; its response's ``result``.
+
+        Raises ``MCPError``: the server's JSON-RPC error; a refusal of the transport
+        (:data:`MESSAGE_TOO_LARGE`, or ``PARSE_ERROR`` with :data:`UNREADABLE_TEXT` for a
+        response that is not JSON-RPC); ``CONNECTION_CLOSED`` when the connection is gone.
+        ``ValueError`` (nothing sent): ``params`` cannot be written as strict JSON.
+        On cancellation the server is sent ``notifications/cancelled`` and the cancellation
+        propagates at once: lines are queued for the connection's one writer task, so a
+        caller never waits on the pipe (a server that stops reading stdin cannot hold a
+        call past its deadline, nor cut a line short).
+        """
+        write = self._write
+        if write is None or self._closed:
+            raise _closed()
+        self._count += 1
+        request_id = f"{RAW_ID_PREFIX}{self._count}"
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        line = self._encode(message)
+        waiter = _Waiter()
+        self._pending[request_id] = waiter
+        try:
+            write(line)
+            await waiter.event.wait()
+        except anyio.get_cancelled_exc_class():
+            self._pending.pop(request_id, None)
+            if not self._closed:
+                cancel = {"requestId": request_id, "reason": "caller cancelled"}
+                notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel}
+                write(self._encode(notice))
+            raise
+        finally:
+            self._pending.pop(request_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.line is not None
+        return self._result(waiter.line)
+
+    def _encode(self, message: Mapping[str, Any]) -> bytes:
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return (text + "\n").encode(self._encoding, self._errors)
+
+    def _result(self, line: bytes) -> dict[str, Any]:
+        try:
+            message = json.loads(line.decode(self._encoding, self._errors))
+        except (ValueError, RecursionError):
+            raise _unreadable() from None
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            raise _unreadable()
+        if "error" not in message:
+            result = message.get("result")
+            if isinstance(result, dict):
+                return result
+            raise _unreadable()
+        error = message["error"]
+        if "result" in message or not isinstance(error, dict):
+            raise _unreadable()
+        code, text = error.get("code"), error.get("message")
+        if isinstance(code, bool) or not isinstance(code, int) or not isinstance(text, str):
+            raise _unreadable()
+        raise MCPError(code=code, message=text, data=error.get("data"))
+
+    # -- the transport's side ---------------------------------------------------------------
+    def owner(self, line: bytes) -> str | None:
+        """The raw id ``line`` (a whole message) answers, if it is a response to one; the
+        head is read as for refusals, the whole line parsed only when the head does not
+        show the id but a raw id appears in it."""
+        if line.find(_RAW_MARK, 0, _HEAD_BYTES) < 0 and (
+            not self._pending or _RAW_MARK not in line
+        ):
+            return None
+        request_id = answered_id(line[:_HEAD_BYTES])
+        if request_id is None and self._pending:
+            try:
+                message = json.loads(line)
+            except (ValueError, RecursionError):
+                return None
+            if isinstance(message, dict) and ("result" in message or "error" in message):
+                request_id = message.get("id")
+        if isinstance(request_id, str) and request_id.startswith(RAW_ID_PREFIX):
+            return request_id
+        return None
+
+    def answer(self, request_id: str, line: bytes) -> None:
+        """Hand a response to its waiter (dropped when nobody waits: a late answer)."""
+        waiter = self._pending.pop(request_id, None)
+        if waiter is not None:
+            waiter.line = line
+            waiter.event.set()
+
+    def refuse(self, request_id: str, code: int, why: str) -> None:
+        waiter = self._pending.pop(request_id, None)
+        if waiter is not None:
+            waiter.error = MCPError(code=code, message=why)
+            waiter.event.set()
+
+    def close(self) -> None:
+        """The connection is gone: every waiting request fails as a disconnect."""
+        self._closed = True
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            waiter.error = _closed()
+            waiter.event.set()
+
+
+class StdioTransport(AbstractAsyncContextManager[TransportStreams]):
+    """What :func:`capped_stdio_client` returns: the SDK's transport protocol (an async
+    context manager yielding the read and write streams), plus the connection's
+    :class:`RawLane` (``lane``). One use only."""
+
+    def __init__(
+        self, server: StdioServerParameters, max_bytes: int, max_values: int, errlog: TextIO
+    ) -> None:
+        self.lane = RawLane()
+        self._streams = _stdio_streams(server, max_bytes, max_values, errlog, self.lane)
+
+    async def __aenter__(self) -> TransportStreams:
+        return await self._streams.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._streams.__aexit__(exc_type, exc, tb)
+
+
+def capped_stdio_client(
     server: StdioServerParameters,
     max_bytes: int,
     max_values: int = DEFAULT_MAX_MESSAGE_VALUES,
     errlog: TextIO = sys.stderr,
-) -> AsyncIterator[TransportStreams]:
+) -> StdioTransport:
     """The SDK's ``stdio_client`` with a linear reader bounded at ``max_bytes`` and
-    ``max_values`` a message."""
+    ``max_values`` a message, and a raw lane beside it."""
+    return StdioTransport(server, max_bytes, max_values, errlog)
+
+
+@asynccontextmanager
+async def _stdio_streams(
+    server: StdioServerParameters,
+    max_bytes: int,
+    max_values: int,
+    errlog: TextIO,
+    lane: RawLane,
+) -> AsyncIterator[TransportStreams]:
     command = await _get_executable_command(server.command)
     process = await _create_platform_compatible_process(
         command=command,
@@ -183,8 +382,25 @@ async def capped_stdio_client(
     # No awaits until the task group is entered (a cancellation would leak the process).
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    # Every line, the SDK's and the raw lane's, is queued whole for one writer task: no
+    # interleaving, and no caller waits on the pipe (the queue holds at most a line or two
+    # per call in flight).
+    outbox, lines_out = anyio.create_memory_object_stream[bytes](math.inf)
     writer_done = anyio.Event()
     shutting_down = False
+
+    def broken() -> None:
+        lane.close()
+        outbox.close()
+        read_writer.close()  # the session sees the end too
+
+    def write(data: bytes) -> None:
+        try:
+            outbox.send_nowait(data)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise _closed() from None
+
+    lane._bind(write, server.encoding, server.encoding_error_handler)
 
     async def refuse(head: bytes, why: str, code: int = MESSAGE_TOO_LARGE) -> bool:
         """Answer the request a refused message was for; False: drop the connection."""
@@ -197,6 +413,9 @@ async def capped_stdio_client(
         )
         if request_id is None:
             return False
+        if isinstance(request_id, str) and request_id.startswith(RAW_ID_PREFIX):
+            lane.refuse(request_id, code, why)
+            return True
         error = mcp_types.ErrorData(code=code, message=why)
         reply = mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
         await read_writer.send(SessionMessage(reply))
@@ -206,6 +425,10 @@ async def capped_stdio_client(
         """Pass one message on (or refuse it); False: drop the connection."""
         if json_values(line, max_values) > max_values:
             return await refuse(line, _too_many(max_values))
+        raw_id = lane.owner(line)
+        if raw_id is not None:
+            lane.answer(raw_id, line)
+            return True
         message = _parse_line(line.decode(server.encoding, server.encoding_error_handler))
         if isinstance(message, Exception) and answered_id(line[:_HEAD_BYTES]) is not None:
             # e.g. nested too deeply to parse: answer the call instead of leaving it waiting
@@ -226,39 +449,52 @@ async def capped_stdio_client(
                             else:
                                 kept = await refuse(line, _refusal(max_bytes))
                             if not kept:  # the session must see the end before the drain
+                                lane.close()
                                 await read_writer.aclose()
                                 return
                 finally:
+                    lane.close()
                     await _drain_stdout(process)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
             if not shutting_down:
                 log.debug("toolrelay: reading an MCP server's stdout ended", exc_info=True)
 
-    async def stdin_writer() -> None:
-        assert process.stdin is not None
+    async def sdk_messages() -> None:
         try:
             async with write_reader:
                 async for message in write_reader:
                     data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    encoded = (data + "\n").encode(server.encoding, server.encoding_error_handler)
-                    await process.stdin.send(encoded)
+                    write((data + "\n").encode(server.encoding, server.encoding_error_handler))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, MCPError):
+            pass  # the connection is gone (the writer said so) or closing
+        finally:
+            outbox.close()  # the writer flushes what is queued, then ends
+
+    async def stdin_writer() -> None:
+        assert process.stdin is not None
+        try:
+            async with lines_out:
+                async for data in lines_out:
+                    await process.stdin.send(data)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            await read_writer.aclose()  # the session sees the end instead of hanging
+            broken()  # the session sees the end instead of hanging
         finally:
             writer_done.set()
 
     async def shutdown() -> None:
+        lane.close()
         read_stream.close()
         write_stream.close()
         with anyio.move_on_after(_WRITER_FLUSH_TIMEOUT):
             await writer_done.wait()
         await _stop_server_process(process)
-        for stream in (read_stream, write_stream, read_writer, write_reader):
+        for stream in (read_stream, write_stream, read_writer, write_reader, outbox, lines_out):
             await stream.aclose()
         await anyio.lowlevel.checkpoint()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(stdout_reader)
+        tg.start_soon(sdk_messages)
         tg.start_soon(stdin_writer)
         try:
             yield read_stream, write_stream
