@@ -6,9 +6,12 @@ import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolrelay import AuthContext, ToolDeclaration
+
+if TYPE_CHECKING:
+    from toolrelay.chaos.experiment import Experiment, ExperimentReport
 
 OBJ = {"type": "object", "properties": {}, "additionalProperties": False}
 CITY = {
@@ -59,3 +62,50 @@ def load_experiment(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# -- the short dependency-hang experiment, run once per session -----------------------------------
+SHORT_HANG_FAULT = (1.5, 3.5)  # the search service hangs from 1.5 s to 3.5 s of a 5 s run
+
+
+def short_hang(name: str | None = None, **breaker: Any) -> Experiment:
+    """``dependency_hang.toml`` in 5 s: the search service hangs 1.5–3.5 s. ``breaker``
+    overrides the ``searxng`` breaker's settings, ``name`` the experiment's name. The
+    deadline slack is that of a loaded CI machine (250 ms): the runs that share it judge
+    the breaker, not the host's scheduling."""
+    import copy
+
+    from toolrelay.chaos.experiment import Experiment
+
+    data = copy.deepcopy(Experiment.load(EXPERIMENTS / "dependency_hang.toml").data)
+    data["duration_s"] = 5
+    data["faults"][0].update(from_s=SHORT_HANG_FAULT[0], until_s=SHORT_HANG_FAULT[1])
+    data["steady_state"]["min_calls"] = 5
+    data["invariants"]["deadline_slack_ms"] = 250
+    data["config"]["breakers"]["searxng"].update(breaker)
+    if name is not None:
+        data["name"] = name
+    return Experiment.parse(data)
+
+
+_SHORT_HANG_REPORTS: dict[bool, ExperimentReport] = {}
+
+
+def short_hang_report(*, breaker: bool) -> ExperimentReport:
+    """The report of ``short_hang()`` (``breaker=True``) or of the same run named "no
+    breaker" with ``fail_max`` out of reach: each run once per test session, whichever
+    test file asks first (test_experiments, test_browser). Reports are read, never changed.
+    Runs in a thread of its own, so that a caller holding an event loop (Playwright's sync
+    API) can ask too."""
+    if breaker not in _SHORT_HANG_REPORTS:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import anyio
+
+        from toolrelay.chaos.experiment import run_experiment
+
+        experiment = short_hang() if breaker else short_hang("no breaker", fail_max=1_000_000)
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(lambda: anyio.run(run_experiment, experiment))
+            _SHORT_HANG_REPORTS[breaker] = future.result()
+    return _SHORT_HANG_REPORTS[breaker]

@@ -8,10 +8,8 @@ tests skip, or fail under TOOLRELAY_REQUIRE_SERVERS=1. Screenshots go to ``tests
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +21,8 @@ from anyio.from_thread import start_blocking_portal
 from prometheus_client import CollectorRegistry
 
 from conftest import REQUIRE_SERVERS, need_binary
+from helpers import SHORT_HANG_FAULT, short_hang_report
 from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry
-from toolrelay.chaos.experiment import Experiment, ExperimentReport, run_experiment
 from toolrelay.chaos.report_html import write_html
 from toolrelay.serve.admin import AdminState, admin_app
 from toolrelay.serve.http import HttpService
@@ -32,9 +30,7 @@ from toolrelay.serve.http import HttpService
 pytestmark = pytest.mark.servers
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "experiments"
 TOKEN = "status-page-test-token-0123456789"
-FAULT_FROM, FAULT_UNTIL = 1.5, 3.5
 
 
 @pytest.fixture(scope="module")
@@ -78,18 +74,8 @@ def watched(browser: Any) -> Iterator[Watched]:
 
 
 # -- the experiment report ---------------------------------------------------------------------
-def run(experiment: Experiment) -> ExperimentReport:
-    """Run it in a thread of its own: Playwright's sync API holds this thread's event loop."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: anyio.run(run_experiment, experiment)).result()
-
-
-def short_hang() -> Experiment:
-    data = copy.deepcopy(Experiment.load(EXAMPLES / "dependency_hang.toml").data)
-    data["duration_s"] = 5
-    data["faults"][0].update(from_s=FAULT_FROM, until_s=FAULT_UNTIL)
-    data["steady_state"]["min_calls"] = 5
-    return Experiment.parse(data)
+# The dependency-hang runs (5 s each) are shared with test_experiments.py: one run per session.
+FAULT_FROM, FAULT_UNTIL = SHORT_HANG_FAULT
 
 
 AXIS_TO_SECONDS = """
@@ -108,7 +94,7 @@ AXIS_TO_SECONDS = """
 
 
 def test_report_renders_offline_with_one_chart_per_tool(watched: Watched, tmp_path: Path) -> None:
-    report = run(short_hang())
+    report = short_hang_report(breaker=True)
     data = report.to_json()
     path = tmp_path / "report.html"
     write_html([data], path)
@@ -142,11 +128,7 @@ def test_report_renders_offline_with_one_chart_per_tool(watched: Watched, tmp_pa
 
 
 def test_two_runs_share_one_time_axis(watched: Watched, tmp_path: Path) -> None:
-    base = short_hang()
-    off = copy.deepcopy(base.data)
-    off["name"] = "no breaker"
-    off["config"]["breakers"]["searxng"]["fail_max"] = 1_000_000
-    runs = [run(e).to_json() for e in (base, Experiment.parse(off))]
+    runs = [short_hang_report(breaker=b).to_json() for b in (True, False)]
     path = tmp_path / "compare.html"
     write_html(runs, path)
 

@@ -130,12 +130,17 @@ def test_usage_errors() -> None:
 
 
 def test_short_demo_report(tmp_path: Path) -> None:
-    report_path = tmp_path / "report.json"
+    """One demo run (10 s, seed 3: long enough for a hedge to win) for what the demo
+    promises: its invariants, the JSON and HTML reports (the same timeline), and hedging on
+    the slow feed. (The last two were demo runs of their own, in test_experiments.py and
+    test_resilience_experiments.py.)"""
+    report_path, page = tmp_path / "report.json", tmp_path / "report.html"
     result = toolrelay(
-        "demo", "--duration", "8", "--seed", "3", "--json", str(report_path),
-        "--metrics-port", "0", "--plain", timeout=120,
+        "demo", "--duration", "10", "--seed", "3", "--json", str(report_path),
+        "--html", str(page), "--metrics-port", "0", "--plain", timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert "Traceback" not in result.stderr
     report = json.loads(report_path.read_text())
     assert report["ok"] is True
     assert report["calls"] == report["answered"] > 10
@@ -156,6 +161,26 @@ def test_short_demo_report(tmp_path: Path) -> None:
     assert report["served_by_fallback"]["web_search_backup"] >= 1
     assert report["slot"]["max_hold_s"] <= 3.05
     assert "all invariants hold" in result.stdout
+
+    # The JSON's timeline holds every answer, its fault windows and tools; the HTML has a
+    # chart per tool.
+    timeline = report["timeline"]
+    assert timeline["calls"]["answers"] == report["answered"]
+    assert {w["fault"] for w in timeline["fault_windows"]} == {
+        w["fault"] for w in report["fault_windows"]
+    }
+    assert report["fault_windows"], "the demo injected no fault"
+    assert set(timeline["tools"]) == set(report["tools"])
+    html = page.read_text()
+    assert html.count("<section class='chart tool'") == len(report["tools"])
+    assert "toolrelay demo" in html
+
+    # Hedging: the slow feed's tail is answered by hedges, and costs no answer.
+    won = report["hedges"]["won"]
+    assert won >= 1, report["hedges"]
+    assert f"hedging: {won} slow feed calls answered by a hedge" in result.stdout
+    feeds = report["tools"]["feed_latest"]["outcomes"]
+    assert feeds.get("ok", 0) == sum(feeds.values()) > 0, feeds
 
 
 def test_demo_sends_spans_to_an_otlp_endpoint(tmp_path: Path) -> None:

@@ -1,24 +1,25 @@
-"""Chaos experiments: the examples pass, broken configurations fail the right invariant."""
+"""Chaos experiments: the examples pass, broken configurations fail the right invariant.
+
+The short dependency-hang runs (with and without a breaker) are shared with test_browser.py
+(``helpers.short_hang_report``); the demo's JSON and HTML reports are checked on the one demo
+run of test_cli.py::test_short_demo_report."""
 
 from __future__ import annotations
 
-import copy
-import io
 import itertools
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import anyio
 import pytest
 
+from helpers import short_hang, short_hang_report
 from toolrelay import cli
 from toolrelay.chaos.experiment import Experiment, ExperimentReport, run_experiment
 from toolrelay.chaos.report_html import render_html
 from toolrelay.config import ConfigError
-from toolrelay.demo import DemoOptions, run_demo
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "experiments"
 
@@ -40,42 +41,34 @@ def test_example_experiment_passes(name: str) -> None:
     assert len(report.verdicts) == 8  # 5 general + 3 for the breaker named
 
 
-def test_dependency_hang_through_the_cli(tmp_path: Path) -> None:
+def test_dependency_hang_through_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "report.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "toolrelay", "chaos", "run",
-         str(EXAMPLES / "dependency_hang.toml"), "--json", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    code = cli.main(["chaos", "run", str(EXAMPLES / "dependency_hang.toml"), "--json", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out + printed.err
     report = json.loads(out.read_text())
     assert report["ok"] is True and report["outcomes"]["circuit_open"] > 0
-    assert "PASS  searxng: breaker opened within fail_max failures" in result.stdout
-    assert "all invariants hold" in result.stdout
-
-
-def broken(change: str) -> Experiment:
-    base = Experiment.load(EXAMPLES / "dependency_hang.toml")
-    data = copy.deepcopy(base.data)
-    data["duration_s"] = 6
-    # These runs judge the breaker's verdicts; the others must not be blamed, so they get
-    # the slack a loaded CI machine needs (a cut call answered 50 ms late there once).
-    data["invariants"]["deadline_slack_ms"] = 250
-    if change == "breaker disabled":
-        data["config"]["breakers"]["searxng"]["fail_max"] = 1_000_000
-    else:  # a huge timeout: the model slot's budget cuts calls, which never counts
-        data["config"]["tools"]["web_search"]["timeout_s"] = 300
-    return Experiment.parse(data)
+    assert "PASS  searxng: breaker opened within fail_max failures" in printed.out
+    assert "all invariants hold" in printed.out
 
 
 @pytest.mark.parametrize("change", ["breaker disabled", "huge timeout"])
 def test_broken_configuration_fails_the_matching_invariant(change: str) -> None:
-    report = run(broken(change))
+    if change == "breaker disabled":  # the run the side-by-side tests compare against
+        report = short_hang_report(breaker=False)
+    else:  # a huge timeout: the model slot's budget cuts calls, which never counts
+        experiment = short_hang()
+        experiment.data["config"]["tools"]["web_search"]["timeout_s"] = 300
+        report = run(experiment)
     assert not report.ok
     ok, figure = verdict(report, "searxng: breaker opened")
     assert not ok and figure.startswith("never opened")
     assert not verdict(report, "searxng: breaker closed after recovery")[0]
-    assert verdict(report, "every call answered")[0]  # nothing else is blamed
+    # Nothing else is blamed (with the deadline slack a loaded CI machine needs, 250 ms:
+    # a cut call answered 50 ms late there once).
+    assert verdict(report, "every call answered")[0]
     assert verdict(report, "every answer within its deadline")[0]
 
 
@@ -98,18 +91,9 @@ def test_bad_experiments_are_refused(data: dict[str, object], needle: str) -> No
 
 
 # -- the timeline and the HTML report ----------------------------------------------------------
-def short_hang(**breaker: object) -> Experiment:
-    data = copy.deepcopy(Experiment.load(EXAMPLES / "dependency_hang.toml").data)
-    data["duration_s"] = 5
-    data["faults"][0].update(from_s=1.5, until_s=3.5)
-    data["steady_state"]["min_calls"] = 5
-    data["config"]["breakers"]["searxng"].update(breaker)
-    return Experiment.parse(data)
-
-
 @pytest.fixture(scope="module")
 def hang_report() -> ExperimentReport:
-    return run(short_hang())
+    return short_hang_report(breaker=True)  # shared with test_browser: one run per session
 
 
 def test_the_timeline_holds_every_answer(hang_report: ExperimentReport) -> None:
@@ -155,7 +139,7 @@ def test_downsampling_keeps_every_failure(hang_report: ExperimentReport) -> None
 def test_side_by_side_runs_show_the_breaker_saving_requests(
     hang_report: ExperimentReport,
 ) -> None:
-    without = run(short_hang(fail_max=1_000_000))
+    without = short_hang_report(breaker=False)
     on, off = hang_report.to_json()["timeline"], without.to_json()["timeline"]
     assert not any(b["state"] == "open" for b in off["breaker_states"]["searxng"])
     assert (
@@ -176,7 +160,7 @@ def test_the_html_report_is_self_contained(hang_report: ExperimentReport) -> Non
     assert "default-src 'none'" in page
 
 
-def test_compare_through_the_cli(tmp_path: Path) -> None:
+def test_compare_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = (EXAMPLES / "dependency_hang.toml").read_text()
     text = text.replace("duration_s = 8", "duration_s = 5").replace(
         "until_s = 5.0", "until_s = 3.5"
@@ -190,13 +174,13 @@ def test_compare_through_the_cli(tmp_path: Path) -> None:
         )
     )
     out, page = tmp_path / "report.json", tmp_path / "report.html"
-    result = subprocess.run(
-        [sys.executable, "-m", "toolrelay", "chaos", "run", str(first), "--compare", str(second),
-         "--json", str(out), "--html", str(page)],
-        capture_output=True, text=True, timeout=120,
+    code = cli.main(
+        ["chaos", "run", str(first), "--compare", str(second), "--json", str(out),
+         "--html", str(page)]
     )  # fmt: skip
+    printed = capsys.readouterr()
     # The run without a breaker violates the breaker's invariants: exit 1, both reported.
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert code == 1, printed.out + printed.err
     report = json.loads(out.read_text())
     assert [r["name"] for r in report["runs"]] == ["dependency hang", "no breaker"]
     assert [r["ok"] for r in report["runs"]] == [True, False] and report["ok"] is False
@@ -215,17 +199,3 @@ def test_html_without_vl_convert_fails_before_the_run(
     err = capsys.readouterr()
     assert "--html needs vl-convert-python" in err.err
     assert "dependency hang" not in err.out  # it did not run
-
-
-def test_the_demo_writes_the_same_report(tmp_path: Path) -> None:
-    out, page = tmp_path / "demo.json", tmp_path / "demo.html"
-    options = DemoOptions(duration_s=4, metrics_port=0, json_path=out, html_path=page, live=False)
-    report = anyio.run(run_demo, options, io.StringIO())
-    data = json.loads(out.read_text())
-    timeline = data["timeline"]
-    assert timeline["calls"]["answers"] == report.answered > 0
-    assert {w["fault"] for w in timeline["fault_windows"]} == {w[0] for w in report.windows}
-    assert set(timeline["tools"]) == set(report.outcomes)
-    html = page.read_text()
-    assert html.count("<section class='chart tool'") == len(report.outcomes)
-    assert "toolrelay demo" in html

@@ -111,12 +111,17 @@ prefix = "up"
 
     async def audit_line(self, tool: str) -> dict[str, Any]:
         """The (eventually written) audit line of the one call of ``tool``."""
+        [line] = await self.audit_lines(tool, 1)
+        return line
+
+    async def audit_lines(self, tool: str, calls: int) -> list[dict[str, Any]]:
+        """The (eventually written) audit lines of the ``calls`` calls of ``tool``."""
         with anyio.fail_after(10):
             while True:
                 found = [line for line in self.audit() if line["tool"] == tool]
-                if found:
-                    assert len(found) == 1, found
-                    return found[0]
+                if len(found) >= calls:
+                    assert len(found) == calls, found
+                    return found
                 await anyio.sleep(0.05)
 
     @asynccontextmanager
@@ -187,10 +192,15 @@ def envelope(result: types.CallToolResult) -> dict[str, Any]:
 
 
 TRANSPORTS = pytest.mark.parametrize("transport", ["stdio", "http"])
+# The gateway is a process of its own, on its own event loop: the backend here would only
+# choose the loop of the MCP SDK's client, so these tests run it once (as test_gateway_traces
+# and test_gateway_fast_lane do). The library's own approvals run on both backends below.
+GATEWAY_PROCESS = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 WHO = {"stdio": "elicitation", "http": "elicitation:support"}
 
 
 # -- the human decides ------------------------------------------------------------------------
+@GATEWAY_PROCESS
 @TRANSPORTS
 async def test_an_approved_call_runs_and_the_audit_line_names_the_approver(
     tmp_path: Path, transport: str
@@ -213,26 +223,29 @@ async def test_an_approved_call_runs_and_the_audit_line_names_the_approver(
     assert line["approver"] == WHO[transport]
 
 
+@GATEWAY_PROCESS
 @TRANSPORTS
-@pytest.mark.parametrize("action", ["decline", "cancel"])
-async def test_a_declined_or_cancelled_elicitation_denies(
-    tmp_path: Path, transport: str, action: str
-) -> None:
+async def test_a_declined_or_cancelled_elicitation_denies(tmp_path: Path, transport: str) -> None:
+    """Declined, then cancelled: one gateway and session, a call (and an audit line) each."""
     gateway = Gateway(tmp_path, transport)
-    human = Human(action)
+    human = Human(None)
+    answers = {}
     async with gateway.session(transport, human) as session:
-        result = await session.call_tool("up__careful", {})
-    assert result.is_error is True
-    answer = envelope(result)
-    assert answer["error_type"] == "denied" and answer["retryable"] is False
-    assert (action + "d") in answer["message"] or action in answer["message"]
-    assert len(human.asked) == 1
+        for asked, action in enumerate(("decline", "cancel"), start=1):
+            human.action = action
+            answers[action] = envelope(await session.call_tool("up__careful", {}))
+            assert len(human.asked) == asked, action  # asked once per call
+    for action, answer in answers.items():
+        assert answer["error_type"] == "denied" and answer["retryable"] is False, action
+        assert (action + "d") in answer["message"] or action in answer["message"], action
     assert gateway.upstream_calls() == []
-    line = await gateway.audit_line("up__careful")
-    assert line["decision"] == "denied" and line["outcome"] == "denied"
-    assert line["approver"] == WHO[transport]
+    lines = await gateway.audit_lines("up__careful", 2)
+    for line in lines:
+        assert line["decision"] == "denied" and line["outcome"] == "denied", line
+        assert line["approver"] == WHO[transport], line
 
 
+@GATEWAY_PROCESS
 @TRANSPORTS
 async def test_no_answer_denies_after_the_approval_timeout(tmp_path: Path, transport: str) -> None:
     gateway = Gateway(tmp_path, transport, serve="approval_timeout_s = 0.5")
@@ -248,6 +261,7 @@ async def test_no_answer_denies_after_the_approval_timeout(tmp_path: Path, trans
     assert (await gateway.audit_line("up__careful"))["decision"] == "denied"
 
 
+@GATEWAY_PROCESS
 @TRANSPORTS
 async def test_a_call_cancelled_while_the_human_thinks_is_cancelled_not_answered(
     tmp_path: Path, transport: str
@@ -270,6 +284,7 @@ async def test_a_call_cancelled_while_the_human_thinks_is_cancelled_not_answered
 
 
 # -- nobody to ask ----------------------------------------------------------------------------
+@GATEWAY_PROCESS
 @TRANSPORTS
 async def test_a_client_without_elicitation_gets_needs_approval(
     tmp_path: Path, transport: str
@@ -283,6 +298,7 @@ async def test_a_client_without_elicitation_gets_needs_approval(
     assert line["decision"] == "needs_approval" and "approver" not in line
 
 
+@GATEWAY_PROCESS
 async def test_approvals_none_never_asks(tmp_path: Path) -> None:
     gateway = Gateway(tmp_path, "stdio", serve='approvals = "none"')
     human = Human("accept")
@@ -292,6 +308,7 @@ async def test_approvals_none_never_asks(tmp_path: Path) -> None:
     assert human.asked == [] and gateway.upstream_calls() == []
 
 
+@GATEWAY_PROCESS
 async def test_json_response_mode_cannot_ask_mid_call(tmp_path: Path) -> None:
     gateway = Gateway(tmp_path, "http", http="json_response = true")
     human = Human("accept")
@@ -302,6 +319,7 @@ async def test_json_response_mode_cannot_ask_mid_call(tmp_path: Path) -> None:
 
 
 # -- the operator's risk overrides --------------------------------------------------------------
+@GATEWAY_PROCESS
 @TRANSPORTS
 async def test_an_override_lets_an_unannotated_tool_run_without_approval(
     tmp_path: Path, transport: str
@@ -320,6 +338,7 @@ async def test_an_override_lets_an_unannotated_tool_run_without_approval(
     assert annotations is not None and annotations.read_only_hint is True
 
 
+@GATEWAY_PROCESS
 async def test_overrides_beat_floors_and_hints_floors_beat_hints(tmp_path: Path) -> None:
     gateway = Gateway(
         tmp_path,
@@ -330,18 +349,26 @@ tool_risk = { text = "dangerous" }
 tool_risk_override = { wipe = "read" }
 """,
     )
-    async with gateway.stdio(None) as session:
-        wiped = await session.call_tool("up__wipe", {})  # destructive hint, overridden
-        careful = await session.call_tool("up__careful", {})  # write hint, upstream override
-    assert wiped.is_error is not True and careful.is_error is not True
-    assert gateway.upstream_calls() == ["wipe", "careful"]
-
     floors = Gateway(tmp_path / "floors", "stdio", upstream='tool_risk = { text = "write" }')
-    async with floors.stdio(None) as session:
-        text = await session.call_tool("up__text", {"message": "x"})  # readOnly hint, floor
-        wipe = await session.call_tool("up__wipe", {})  # destructive: dangerous by its hint
-    assert envelope(text)["error_type"] == "needs_approval"
-    assert envelope(wipe)["error_type"] == "needs_approval"
+    got: dict[str, types.CallToolResult] = {}
+
+    async def overridden() -> None:
+        async with gateway.stdio(None) as session:
+            got["wipe"] = await session.call_tool("up__wipe", {})  # destructive, overridden
+            got["careful"] = await session.call_tool("up__careful", {})  # write, overridden
+
+    async def floored() -> None:
+        async with floors.stdio(None) as session:
+            got["text"] = await session.call_tool("up__text", {"message": "x"})  # floor
+            got["wipe floored"] = await session.call_tool("up__wipe", {})  # dangerous hint
+
+    async with anyio.create_task_group() as tg:  # two gateways, started side by side
+        tg.start_soon(overridden)
+        tg.start_soon(floored)
+    assert got["wipe"].is_error is not True and got["careful"].is_error is not True
+    assert gateway.upstream_calls() == ["wipe", "careful"]
+    assert envelope(got["text"])["error_type"] == "needs_approval"
+    assert envelope(got["wipe floored"])["error_type"] == "needs_approval"
     assert floors.upstream_calls() == []
     assert (await floors.audit_line("up__wipe"))["risk"] == "dangerous"
 

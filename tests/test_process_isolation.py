@@ -225,8 +225,13 @@ async def test_a_crashed_worker_is_a_tool_error_and_is_replaced(
 async def test_errors_raised_in_the_worker_are_answered_like_thread_mode(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    registry = registry_with(fail=(tools.raise_error, {}))
-    async with Dispatcher(registry, telemetry=False, secret_patterns=["sesame-\\w+"]) as d:
+    # One attempt: the precise error asks to be retried after 2.5 s, and two such waits
+    # would only add 5 s to what is asserted here, the answers (retries: test_resilience).
+    registry = registry_with(fail=(tools.raise_error, {"breaker_key": "fail"}))
+    once = {"fail": BreakerConfig(max_attempts=1)}
+    async with Dispatcher(
+        registry, telemetry=False, secret_patterns=["sesame-\\w+"], breakers=once
+    ) as d:
         precise = (await d.dispatch("fail", {"precise": True})).to_model()
         assert precise == {
             "ok": False, "error_type": "tool_error", "message": "no such city",

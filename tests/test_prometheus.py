@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +20,16 @@ import pytest
 
 from conftest import need_binary
 from redis_server import free_port
-from test_serve_mcp import TOKEN, start_http_server, stop_http_server
+from test_serve_mcp import (
+    OPS_TOKEN,
+    SUPPORT_TOKEN,
+    TOKEN,
+    Admin,
+    HttpServer,
+    config_text,
+    stop_http_server,
+    wait_for_urls,
+)
 from toolrelay.chaos.upstream import Upstream
 
 pytestmark = pytest.mark.servers
@@ -104,38 +114,54 @@ class Prometheus:
         return list(answer["data"]["result"])
 
 
+def start_gateway(tmp: Path, upstream_url: str, extra: str, admin_port: int) -> HttpServer:
+    """test_serve_mcp's HTTP gateway, with its admin API on ``admin_port``: Prometheus can
+    be told where to scrape it before it is up, and both start at once."""
+    config = tmp / "toolrelay.toml"
+    text = config_text(upstream_url, transport="http", extra=extra)
+    admin = "[serve.admin]\nport = 0\n"
+    assert admin in text
+    config.write_text(text.replace(admin, f"[serve.admin]\nport = {admin_port}\n"))
+    errlog = tmp / "serve.err"
+    env = {**os.environ, "TOOLRELAY_ADMIN_TOKEN": TOKEN}
+    env.update(SUPPORT_TOKEN=SUPPORT_TOKEN, OPS_TOKEN=OPS_TOKEN)
+    with errlog.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "toolrelay", "serve", "--config", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+        )
+    urls = wait_for_urls(errlog, proc)
+    return HttpServer(proc, Admin(urls["admin"]), urls["mcp"], errlog)
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     binary = need_binary("prometheus")
     tmp = tmp_path_factory.mktemp("prometheus")
     target_port, rate_port, web_port = free_port(), free_port(), free_port()
+    admin_port = free_port()
     workload = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "workload.py"), str(target_port), "120"]
     )
     rate_workload = subprocess.Popen([sys.executable, "-c", RATE_WORKLOAD, str(rate_port), "120"])
-    # A third target: the MCP gateway, whose own metrics (sessions) are on its admin API.
-    stack = contextlib.ExitStack()
-    upstream = stack.enter_context(Upstream().run_in_thread())
-    # with an upstream MCP server, for the upstream panels
-    mcp_server = [sys.executable, str(ROOT / "tests" / "servers" / "mcp_test_server.py")]
-    mcp_server += ["--record", str(tmp / "mcp-calls.jsonl")]
-    upstreams = f'[serve.upstreams.test]\ncommand = {json.dumps(mcp_server)}\nbreaker_key = "mcp"\n'
-    gateway = start_http_server(tmp, upstream.url, extra=upstreams)
-    stack.callback(stop_http_server, gateway)
-    admin = urllib.parse.urlsplit(gateway.admin.url)
     config = tmp / "prometheus.yml"
     config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        # Scrapes twice a second: the eight scrapes awaited below take 4 s, not 8.
+        "global: {scrape_interval: 500ms, scrape_timeout: 500ms, evaluation_interval: 500ms}\n"
         f"rule_files: ['{ALERTS}']\n"
         "scrape_configs:\n"
         "  - job_name: toolrelay\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{target_port}', "
         f"'127.0.0.1:{rate_port}']}}]\n"
         "  - job_name: toolrelay-gateway\n"
-        f"    metrics_path: '{admin.path}/metrics'\n"
         f"    authorization: {{credentials: '{TOKEN}'}}\n"
-        f"    static_configs: [{{targets: ['{admin.netloc}'], labels: {{job: toolrelay}}}}]\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{admin_port}'], "
+        "labels: {job: toolrelay}}]\n"
     )
+    # Prometheus first: it takes seconds before its first scrape, the gateway as long to start.
     server = subprocess.Popen(
         [
             binary,
@@ -147,12 +173,24 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    # A third target: the MCP gateway, whose own metrics (sessions) are on its admin API.
+    stack = contextlib.ExitStack()
+    upstream = stack.enter_context(Upstream().run_in_thread())
+    # with an upstream MCP server, for the upstream panels
+    mcp_server = [sys.executable, str(ROOT / "tests" / "servers" / "mcp_test_server.py")]
+    mcp_server += ["--record", str(tmp / "mcp-calls.jsonl")]
+    upstreams = f'[serve.upstreams.test]\ncommand = {json.dumps(mcp_server)}\nbreaker_key = "mcp"\n'
     prom = Prometheus(f"http://127.0.0.1:{web_port}")
     try:
+        gateway = start_gateway(tmp, upstream.url, upstreams, admin_port)
+        stack.callback(stop_http_server, gateway)
+        assert gateway.admin.url == f"http://127.0.0.1:{admin_port}", gateway.admin.url
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                samples = prom.query('count_over_time(up{job="toolrelay"}[1m])')
+                # eight successful scrapes of each target (the gateway may start after the
+                # first scrapes: those count 0)
+                samples = prom.query('sum_over_time(up{job="toolrelay"}[1m])')
                 if len(samples) == 3 and all(float(s["value"][1]) >= 8 for s in samples):
                     break
             except OSError:

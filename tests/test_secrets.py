@@ -393,10 +393,11 @@ def straddling(canary: Canary, cut: int = 200) -> str:
     return "x" * (cut - 1 - 12 - where - 1) + " " + text
 
 
-@pytest.mark.parametrize("capture_content", [False, True])
 async def test_mcp_error_text_reaches_no_sink(
-    sinks: Sinks, tmp_path: Path, capture_content: bool
+    sinks: Sinks, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
+    """One canary server (a process) for both settings of ``capture_content``: each setting
+    has its own dispatcher and sinks, and both must stay clean."""
     pytest.importorskip("mcp", reason="needs the MCP SDK: pip install 'toolrelay[mcp]'")
     from toolrelay.sources.mcp import McpSource
 
@@ -404,23 +405,31 @@ async def test_mcp_error_text_reaches_no_sink(
     script.write_text(MCP_SERVER, encoding="utf-8")
     texts = tmp_path / "texts.json"
     texts.write_text(json.dumps([{"text": c.text, "long": straddling(c)} for c in CANARIES]))
+    captured = Sinks(caplog)  # capture_content=True; ``sinks`` has it off
     errlog = (tmp_path / "server.log").open("a")
     try:
         source = McpSource.stdio(
             [sys.executable, str(script), str(texts)], breaker_key="mcp", errlog=errlog
         )
         async with source:
-            registry = ToolRegistry()
-            registry.register(source)
-            dispatcher = sinks.dispatcher(registry, capture_content=capture_content)
-            for index in range(len(CANARIES)):
-                for name in ("fail_text", "fail_long", "fail_rpc", "fail_rpc_long"):
-                    result = await sinks.call(dispatcher, name, {"i": index})
-                    assert result.error_type is ErrorType.TOOL_ERROR, result
-                    assert len(result.message) <= 240, result.message
+            for case in (sinks, captured):
+                capture_content = case is captured
+                registry = ToolRegistry()
+                registry.register(source)
+                dispatcher = case.dispatcher(registry, capture_content=capture_content)
+                for index in range(len(CANARIES)):
+                    for name in ("fail_text", "fail_long", "fail_rpc", "fail_rpc_long"):
+                        result = await case.call(dispatcher, name, {"i": index})
+                        assert result.error_type is ErrorType.TOOL_ERROR, (capture_content, result)
+                        assert len(result.message) <= 240, (capture_content, result.message)
     finally:
         errlog.close()
-    sinks.assert_clean()
+    try:
+        for case in (sinks, captured):
+            assert case.leaks() == {}, f"capture_content={case is captured}"
+            case.assert_clean()
+    finally:
+        captured.provider.shutdown()
 
 
 # -- an HTTP upstream's error body -----------------------------------------------------------
