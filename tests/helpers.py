@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,35 @@ async def wait_until(predicate: Callable[[], bool], limit_s: float = 5.0) -> Non
     with anyio.fail_after(limit_s):
         while not predicate():  # noqa: ASYNC110
             await anyio.sleep(0.005)
+
+
+@asynccontextmanager
+async def entered_together(*managers: AbstractAsyncContextManager[Any]) -> AsyncIterator[list[Any]]:
+    """Enter independent async context managers at once, each in a task of its own (so that
+    the servers they start start side by side, not one after another), and yield what
+    each one gave, in order; all are exited when the block ends. An error entering any of
+    them ends the block with it."""
+    import anyio
+
+    values: list[Any] = [None] * len(managers)
+    entered = [anyio.Event() for _ in managers]
+    done = anyio.Event()
+
+    async def hold(index: int, manager: AbstractAsyncContextManager[Any]) -> None:
+        async with manager as value:
+            values[index] = value
+            entered[index].set()
+            await done.wait()
+
+    async with anyio.create_task_group() as tg:
+        for index, manager in enumerate(managers):
+            tg.start_soon(hold, index, manager)
+        for event in entered:
+            await event.wait()
+        try:
+            yield values
+        finally:
+            done.set()
 
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "examples" / "experiments"

@@ -134,6 +134,16 @@ def test_no_limits_admit_everything() -> None:
 
 
 # -- a real toolrelay serve, real SDK clients ------------------------------------------------
+# Asyncio only: every scenario here is ``toolrelay serve`` in a process of its own (which
+# runs on asyncio whatever the test's backend); all that runs in the test's event loop is the
+# MCP SDK's client and httpx, none of our code. Our in-process MCP code (McpSource and its
+# raw lane) is tested on both backends in test_mcp_source.py, test_mcp_raw_lane.py and
+# test_hostile_upstreams.py.
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[Upstream]:
     with Upstream().run_in_thread() as up:

@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 import pytest
 
+from helpers import entered_together
 from loop_watchdog import watchdog
 from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
 from toolrelay.chaos.upstream import Upstream
@@ -482,7 +483,7 @@ def rss_bytes() -> int:
 
 @asynccontextmanager
 async def mcp_relay(
-    tmp_path: Path, *, hostile: bool = True, attempts: int = 3
+    tmp_path: Path, *, hostile: bool = True, attempts: int = 3, backoff_s: float = 1.0
 ) -> AsyncIterator[Dispatcher]:
     """``servers/mcp_test_server.py`` (``--hostile`` by default) over stdio, registered."""
     command = [sys.executable, str(MCP_SERVER), "--record", str(tmp_path / "record.jsonl")]
@@ -492,6 +493,7 @@ async def mcp_relay(
             breaker_key="hostile",
             errlog=log,
             timeout_s=DEADLINE_S,
+            backoff_initial_s=backoff_s,
         )
         async with source:
             registry = ToolRegistry()
@@ -512,34 +514,65 @@ async def mcp_call(dispatcher: Dispatcher, tool: str, args: Mapping[str, Any]) -
     return got
 
 
-@pytest.mark.parametrize("kind", MCP_TEXTS)
-async def test_mcp_parser_hostile_text_passes_without_stalling(tmp_path: Path, kind: str) -> None:
+# One server and connection for all the kinds of a test: each assertion is about its own
+# call (in time, no stall, the answer whole or refused, the connection still serving), not
+# about a fresh connection; a failure names its kind.
+async def test_mcp_parser_hostile_text_passes_without_stalling(
+    tmp_path: Path, subtests: pytest.Subtests
+) -> None:
     async with mcp_relay(tmp_path) as dispatcher:
-        got = await mcp_call(dispatcher, "hostile", {"kind": kind})
-    assert got["ok"] is True, got.get("message")
-    assert got["data"] == MCP_HOSTILE_TEXTS[kind]  # passed through whole: nothing parses it
+        for kind in MCP_TEXTS:
+            with subtests.test(kind=kind):
+                got = await mcp_call(dispatcher, "hostile", {"kind": kind})
+                assert got["ok"] is True, (kind, got.get("message"))
+                # passed through whole: nothing parses it
+                assert got["data"] == MCP_HOSTILE_TEXTS[kind], kind
+    assert [e["arguments"]["kind"] for e in mcp_calls(tmp_path)] == MCP_TEXTS
 
 
-@pytest.mark.parametrize("kind", MCP_REFUSED)
-async def test_mcp_huge_wide_or_deep_answers_are_refused(tmp_path: Path, kind: str) -> None:
+async def test_mcp_huge_wide_or_deep_answers_are_refused(
+    tmp_path: Path, subtests: pytest.Subtests
+) -> None:
     async with mcp_relay(tmp_path) as dispatcher:
-        got = await mcp_call(dispatcher, "hostile", {"kind": kind, "mib": 50})
-        assert got["ok"] is False
-        assert got["error_type"] == "invalid_output", got
-        assert got["retryable"] is False
-        assert "hostile sent an answer" in got["message"]
-        again = await mcp_call(dispatcher, "hostile", {"kind": "fine"})  # the same connection
-    assert again["ok"] is True and again["data"] == "fine: fine"
+        for kind in MCP_REFUSED:
+            with subtests.test(kind=kind):
+                got = await mcp_call(dispatcher, "hostile", {"kind": kind, "mib": 50})
+                assert got["ok"] is False, kind
+                assert got["error_type"] == "invalid_output", (kind, got)
+                assert got["retryable"] is False, kind
+                assert "hostile sent an answer" in got["message"], kind
+                again = await mcp_call(dispatcher, "hostile", {"kind": "fine"})  # same connection
+                assert again["ok"] is True and again["data"] == "fine: fine", (kind, again)
+    # one call each (no retry: a refusal is final), one process for them all
+    assert [e["arguments"]["kind"] for e in mcp_calls(tmp_path)] == [
+        k for kind in MCP_REFUSED for k in (kind, "fine")
+    ]
+    assert mcp_starts(tmp_path) == 1
+
+
+def mcp_events(tmp_path: Path) -> list[dict[str, Any]]:
+    """What ``mcp_relay(tmp_path)``'s server recorded."""
+    lines = (tmp_path / "record.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def mcp_calls(tmp_path: Path) -> list[dict[str, Any]]:
+    return [e for e in mcp_events(tmp_path) if e["event"] == "call"]
+
+
+def mcp_starts(tmp_path: Path) -> int:
+    return len([e for e in mcp_events(tmp_path) if e["event"] == "started"])
 
 
 async def test_mcp_answer_without_a_leading_id_drops_the_connection(tmp_path: Path) -> None:
     """The id after the result: the reader cannot say whose answer it was, so it drops
     the connection (every waiting call answered at once) and the next call reconnects."""
-    async with mcp_relay(tmp_path, attempts=1) as dispatcher:  # no retry on a new connection
+    # no retry on a new connection; a short back-off, waited out below
+    async with mcp_relay(tmp_path, attempts=1, backoff_s=0.2) as dispatcher:
         got = await mcp_call(dispatcher, "hostile", {"kind": "big_id_last", "mib": 20})
         assert got["ok"] is False and got["error_type"] == "tool_error", got
         assert got["message"] == "hostile server is not reachable"
-        await anyio.sleep(1.1)  # the source's back-off
+        await anyio.sleep(0.3)  # the source's back-off (0.2 s)
         again = await mcp_call(dispatcher, "hostile", {"kind": "fine"})
     assert again["ok"] is True and again["data"] == "fine: fine"
 
@@ -550,10 +583,9 @@ async def test_mcp_huge_answer_leaves_other_calls_and_memory_alone(tmp_path: Pat
     11.7 s for this, stalled every client and kept ~240 MB)."""
     other_dir = tmp_path / "other"
     other_dir.mkdir()
-    async with (
-        mcp_relay(tmp_path) as hostile,
-        mcp_relay(other_dir, hostile=False) as other,
-    ):
+    # two independent servers: started side by side
+    relays = entered_together(mcp_relay(tmp_path), mcp_relay(other_dir, hostile=False))
+    async with relays as (hostile, other):
         await mcp_call(other, "structured", {"n": 1})  # warm both paths up
         await mcp_call(hostile, "hostile", {"kind": "fine"})
         before = rss_bytes()
@@ -579,37 +611,46 @@ async def test_mcp_huge_answer_leaves_other_calls_and_memory_alone(tmp_path: Pat
     assert again["ok"] is True
 
 
-@pytest.mark.parametrize("json_response", [False, True], ids=["sse", "json"])
-async def test_mcp_http_huge_answer_is_refused(tmp_path: Path, json_response: bool) -> None:
-    port = _free_port()
-    command = [sys.executable, str(MCP_SERVER), "--record", str(tmp_path / "r.jsonl")]
-    command += ["--http", str(port), *(["--json"] if json_response else [])]
+async def test_mcp_http_huge_answer_is_refused(tmp_path: Path, subtests: pytest.Subtests) -> None:
+    """Over streamable HTTP, answered as SSE and as JSON: a server each, started at once."""
+    ports = {"sse": _free_port(), "json": _free_port()}
+    processes: list[anyio.abc.Process] = []
     with (tmp_path / "server.log").open("a") as log:
-        process = await anyio.open_process(command, stdout=log, stderr=log)
         try:
-            await _wait_for_port(port)
-            source = McpSource.http(
-                f"http://127.0.0.1:{port}/mcp",
-                breaker_key="big",
-                timeout_s=10,
-                max_message_bytes=2 * 1024 * 1024,
-            )
-            async with source:
-                registry = ToolRegistry()
-                registry.register(source)
-                dispatcher = Dispatcher(registry)
-                started = time.perf_counter()
-                got = (await dispatcher.dispatch("big", json.dumps({"mib": 20}))).to_model()
-                elapsed = time.perf_counter() - started
-                assert got["ok"] is False and got["error_type"] == "invalid_output", got
-                assert elapsed < 10, elapsed  # answered, not left to the deadline
-                again = (await dispatcher.dispatch("structured", '{"n": 2}')).to_model()
-                assert again["ok"] is True and again["data"] == {"n": 2, "doubled": 4}
-                assert source.connects == 1  # the refusal kept the session
+            for answers, port in ports.items():
+                command = [sys.executable, str(MCP_SERVER), "--record", str(tmp_path / answers)]
+                command += ["--http", str(port), *(["--json"] if answers == "json" else [])]
+                processes.append(await anyio.open_process(command, stdout=log, stderr=log))
+            for answers, port in ports.items():
+                await _wait_for_port(port)
+                with subtests.test(answers=answers):
+                    await _check_http_huge_answer(port)
         finally:
-            process.kill()
-            with anyio.move_on_after(10):
-                await process.wait()
+            for process in processes:
+                process.kill()
+                with anyio.move_on_after(10):
+                    await process.wait()
+
+
+async def _check_http_huge_answer(port: int) -> None:
+    source = McpSource.http(
+        f"http://127.0.0.1:{port}/mcp",
+        breaker_key="big",
+        timeout_s=10,
+        max_message_bytes=2 * 1024 * 1024,
+    )
+    async with source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry)
+        started = time.perf_counter()
+        got = (await dispatcher.dispatch("big", json.dumps({"mib": 20}))).to_model()
+        elapsed = time.perf_counter() - started
+        assert got["ok"] is False and got["error_type"] == "invalid_output", got
+        assert elapsed < 10, elapsed  # answered, not left to the deadline
+        again = (await dispatcher.dispatch("structured", '{"n": 2}')).to_model()
+        assert again["ok"] is True and again["data"] == {"n": 2, "doubled": 4}
+        assert source.connects == 1  # the refusal kept the session
 
 
 def _free_port() -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -190,10 +190,19 @@ def without_id(message: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in message.items() if key != "id"}
 
 
+async def each_era(
+    tmp_path: Path, case: Callable[[Upstream, str], Coroutine[Any, Any, None]]
+) -> None:
+    """``case(upstream, protocol)`` for both protocol eras at once, each on an SDK server of
+    its own (independent processes: started side by side)."""
+    async with anyio.create_task_group() as tg:
+        for protocol in sorted(ERAS):
+            (tmp_path / protocol).mkdir()
+            tg.start_soon(case, sdk_server(tmp_path / protocol), protocol)
+
+
 # -- the request ----------------------------------------------------------------------------
-@pytest.mark.parametrize("protocol", sorted(ERAS))
-async def test_the_raw_request_is_the_one_the_sdk_writes(tmp_path: Path, protocol: str) -> None:
-    upstream = sdk_server(tmp_path)
+async def test_the_raw_request_is_the_one_the_sdk_writes(tmp_path: Path) -> None:
     parent = SpanContext(
         trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
         span_id=0x00F067AA0BA902B7,
@@ -201,28 +210,33 @@ async def test_the_raw_request_is_the_one_the_sdk_writes(tmp_path: Path, protoco
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
         trace_state=TraceState([("rojo", "00f067aa0ba902b7")]),
     )
-    async with upstream.source(protocol=protocol) as source:
-        assert source.protocol_version == ERAS[protocol]
-        conn = source._link.conn  # the SDK's own client on the same connection
-        assert conn is not None and conn.client is not None
-        args = {"n": 7}
-        plain = await source.execute("structured", args, AuthContext())
-        await conn.client.call_tool("structured", args)
-        with trace.use_span(NonRecordingSpan(parent)):
-            traced = await source.execute("structured", args, AuthContext())
+
+    async def case(upstream: Upstream, protocol: str) -> None:
+        async with upstream.source(protocol=protocol) as source:
+            assert source.protocol_version == ERAS[protocol]
+            conn = source._link.conn  # the SDK's own client on the same connection
+            assert conn is not None and conn.client is not None
+            args = {"n": 7}
+            plain = await source.execute("structured", args, AuthContext())
             await conn.client.call_tool("structured", args)
-    assert plain == traced == {"n": 7, "doubled": 14}
-    raw, sdk, raw_traced, sdk_traced = upstream.calls()
-    assert isinstance(raw["id"], str) and raw["id"].startswith("tr-")
-    assert isinstance(sdk["id"], int)
-    assert without_id(raw) == without_id(sdk)
-    assert without_id(raw_traced) == without_id(sdk_traced)
-    meta = raw_traced["params"]["_meta"]
-    assert meta["traceparent"] == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    assert meta["tracestate"] == "rojo=00f067aa0ba902b7"
-    stamped = "io.modelcontextprotocol/protocolVersion"
-    assert (stamped in meta) is (protocol == "auto")  # 2026-era requests carry the stamp
-    assert "_meta" not in raw["params"] or stamped in raw["params"]["_meta"]
+            with trace.use_span(NonRecordingSpan(parent)):
+                traced = await source.execute("structured", args, AuthContext())
+                await conn.client.call_tool("structured", args)
+        assert plain == traced == {"n": 7, "doubled": 14}, protocol
+        raw, sdk, raw_traced, sdk_traced = upstream.calls()
+        assert isinstance(raw["id"], str) and raw["id"].startswith("tr-"), protocol
+        assert isinstance(sdk["id"], int), protocol
+        assert without_id(raw) == without_id(sdk), protocol
+        assert without_id(raw_traced) == without_id(sdk_traced), protocol
+        meta = raw_traced["params"]["_meta"]
+        assert meta["traceparent"] == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        assert meta["tracestate"] == "rojo=00f067aa0ba902b7", protocol
+        stamped = "io.modelcontextprotocol/protocolVersion"
+        # 2026-era requests carry the stamp
+        assert (stamped in meta) is (protocol == "auto"), protocol
+        assert "_meta" not in raw["params"] or stamped in raw["params"]["_meta"], protocol
+
+    await each_era(tmp_path, case)
 
 
 # -- answers --------------------------------------------------------------------------------
@@ -391,30 +405,30 @@ async def test_a_server_that_stops_reading_cannot_hold_a_call_past_its_deadline(
             assert elapsed < 0.4 + 0.3, f"answered {elapsed - 0.4:.2f} s after its deadline"
 
 
-@pytest.mark.parametrize("protocol", sorted(ERAS))
-async def test_host_cancellation_propagates_and_reaches_the_server(
-    tmp_path: Path, protocol: str
-) -> None:
-    upstream = sdk_server(tmp_path)
-    async with upstream.source(protocol=protocol) as source:
-        dispatcher = dispatcher_for(source)
-        reached = False
-        with anyio.CancelScope() as scope:
-            async with anyio.create_task_group() as tg:
+async def test_host_cancellation_propagates_and_reaches_the_server(tmp_path: Path) -> None:
+    async def case(upstream: Upstream, protocol: str) -> None:
+        async with upstream.source(protocol=protocol) as source:
+            dispatcher = dispatcher_for(source)
+            reached = False
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
 
-                async def cancel_when_sent() -> None:
-                    await wait_until(lambda: len(upstream.calls()) == 1)
-                    scope.cancel()
+                    async def cancel_when_sent() -> None:
+                        await wait_until(lambda: len(upstream.calls()) == 1)
+                        scope.cancel()
 
-                tg.start_soon(cancel_when_sent)
-                await dispatcher.dispatch("hang", {"seconds": 30, "tag": "host"})
-                reached = True
-        assert scope.cancelled_caught and not reached  # never turned into an answer
-        (call,) = upstream.calls()
-        await wait_until(lambda: upstream.cancelled() == [call["id"]])
-        quick = await dispatcher.dispatch("hang", {"seconds": 0, "tag": "quick"})
-        assert quick.data == "woke up"
-    assert dispatcher.breakers.snapshot()["up"]["failures"] == 0
+                    tg.start_soon(cancel_when_sent)
+                    await dispatcher.dispatch("hang", {"seconds": 30, "tag": "host"})
+                    reached = True
+            # never turned into an answer
+            assert scope.cancelled_caught and not reached, protocol
+            (call,) = upstream.calls()
+            await wait_until(lambda: upstream.cancelled() == [call["id"]])
+            quick = await dispatcher.dispatch("hang", {"seconds": 0, "tag": "quick"})
+            assert quick.data == "woke up", protocol
+        assert dispatcher.breakers.snapshot()["up"]["failures"] == 0, protocol
+
+    await each_era(tmp_path, case)
 
 
 # -- concurrency ----------------------------------------------------------------------------
@@ -447,23 +461,25 @@ async def test_interleaved_calls_and_session_traffic_each_get_their_answer(
     assert source.connects == 1
 
 
-@pytest.mark.parametrize("protocol", sorted(ERAS))
-async def test_sdk_server_under_concurrency(tmp_path: Path, protocol: str) -> None:
-    upstream = sdk_server(tmp_path)
-    async with upstream.source(protocol=protocol) as source:
-        assert source.protocol_version == ERAS[protocol]
-        dispatcher = dispatcher_for(source, default_breaker=WIDE)
-        got: dict[int, Any] = {}
+async def test_sdk_server_under_concurrency(tmp_path: Path) -> None:
+    async def case(upstream: Upstream, protocol: str) -> None:
+        async with upstream.source(protocol=protocol) as source:
+            assert source.protocol_version == ERAS[protocol]
+            dispatcher = dispatcher_for(source, default_breaker=WIDE)
+            got: dict[int, Any] = {}
 
-        async def one(n: int) -> None:
-            got[n] = (await dispatcher.dispatch("structured", {"n": n})).to_model()
+            async def one(n: int) -> None:
+                got[n] = (await dispatcher.dispatch("structured", {"n": n})).to_model()
 
-        async with anyio.create_task_group() as tg:
-            for n in range(100):
-                tg.start_soon(one, n)
-            tg.start_soon(source.refresh)
-        assert got == {n: {"ok": True, "data": {"n": n, "doubled": 2 * n}} for n in range(100)}
-    assert all(str(call["id"]).startswith("tr-") for call in upstream.calls())
+            async with anyio.create_task_group() as tg:
+                for n in range(100):
+                    tg.start_soon(one, n)
+                tg.start_soon(source.refresh)
+            expected = {n: {"ok": True, "data": {"n": n, "doubled": 2 * n}} for n in range(100)}
+            assert got == expected, protocol
+        assert all(str(call["id"]).startswith("tr-") for call in upstream.calls()), protocol
+
+    await each_era(tmp_path, case)
 
 
 # -- reading results ------------------------------------------------------------------------

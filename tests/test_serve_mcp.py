@@ -2,9 +2,9 @@
 
 Every test runs ``python -m toolrelay serve`` as a separate process and talks to it with
 the SDK's ``ClientSession`` (2025 handshake era) or ``Client`` (2026 era), over stdio and
-over streamable HTTP, on asyncio and on trio. The tools are the first-party weather and
-web-search plugins against the stand-in upstream; faults and breakers are set through the
-server's admin API, as an operator would.
+over streamable HTTP (on asyncio: see ``anyio_backend`` below). The tools are the
+first-party weather and web-search plugins against the stand-in upstream; faults and
+breakers are set through the server's admin API, as an operator would.
 """
 
 from __future__ import annotations
@@ -76,6 +76,16 @@ def names(listing: types.ListToolsResult) -> set[str]:
 
 
 # -- servers -------------------------------------------------------------------------------
+# Asyncio only: every scenario here is ``toolrelay serve`` in a process of its own (which
+# runs on asyncio whatever the test's backend); all that runs in the test's event loop is the
+# MCP SDK's client and httpx, none of our code. Our in-process MCP code (McpSource and its
+# raw lane) is tested on both backends in test_mcp_source.py, test_mcp_raw_lane.py and
+# test_hostile_upstreams.py.
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[Upstream]:
     with Upstream().run_in_thread() as up:
@@ -140,6 +150,13 @@ def start_http_server(
     tmp: Path, upstream_url: str, extra: str = "", serve_extra: str = ""
 ) -> HttpServer:
     """``extra`` goes at the end of the file, ``serve_extra`` into ``[serve]``."""
+    return wait_for_http_server(*launch_http_server(tmp, upstream_url, extra, serve_extra))
+
+
+def launch_http_server(
+    tmp: Path, upstream_url: str, extra: str = "", serve_extra: str = ""
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """``start_http_server`` without waiting for it: its process and its stderr's file."""
     config = tmp / "toolrelay.toml"
     text = config_text(upstream_url, transport="http", extra=extra)
     config.write_text(text.replace("[serve]\n", "[serve]\n" + serve_extra, 1))
@@ -154,7 +171,17 @@ def start_http_server(
             stderr=err,
             env=env,
         )
-    urls = wait_for_urls(errlog, proc)
+    return proc, errlog
+
+
+def wait_for_http_server(proc: subprocess.Popen[bytes], errlog: Path) -> HttpServer:
+    """A launched server, once it has announced its URLs."""
+    try:
+        urls = wait_for_urls(errlog, proc)
+    except BaseException:
+        proc.kill()
+        proc.wait(10)
+        raise
     return HttpServer(proc, Admin(urls["admin"]), urls["mcp"], errlog)
 
 
@@ -170,12 +197,32 @@ def stop_http_server(server: HttpServer) -> None:
 
 
 @pytest.fixture(scope="module")
-def http_server(
+def http_servers(
     upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[HttpServer]:
-    server = start_http_server(tmp_path_factory.mktemp("http"), upstream.url)
-    yield server
-    stop_http_server(server)
+) -> Iterator[dict[str, HttpServer]]:
+    """The module's two HTTP servers, without and with client tokens (``CLIENTS``): two
+    independent processes, started side by side."""
+    launched = [
+        launch_http_server(tmp_path_factory.mktemp("http"), upstream.url),
+        launch_http_server(tmp_path_factory.mktemp("tokens"), upstream.url, CLIENTS),
+    ]
+    servers: list[HttpServer] = []
+    try:
+        for proc, errlog in launched:
+            servers.append(wait_for_http_server(proc, errlog))
+        plain, tokens = servers
+        yield {"plain": plain, "tokens": tokens}
+    finally:
+        for proc, _ in launched[len(servers) :]:
+            proc.kill()
+            proc.wait(10)
+        for server in servers:
+            stop_http_server(server)
+
+
+@pytest.fixture(scope="module")
+def http_server(http_servers: dict[str, HttpServer]) -> HttpServer:
+    return http_servers["plain"]
 
 
 class Notifications:
@@ -374,12 +421,8 @@ profile = "all"
 
 
 @pytest.fixture(scope="module")
-def token_server(
-    upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[HttpServer]:
-    server = start_http_server(tmp_path_factory.mktemp("tokens"), upstream.url, CLIENTS)
-    yield server
-    stop_http_server(server)
+def token_server(http_servers: dict[str, HttpServer]) -> HttpServer:
+    return http_servers["tokens"]
 
 
 @pytest.mark.anyio
