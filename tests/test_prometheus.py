@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -21,14 +20,11 @@ import pytest
 from conftest import need_binary
 from redis_server import free_port
 from test_serve_mcp import (
-    OPS_TOKEN,
-    SUPPORT_TOKEN,
     TOKEN,
-    Admin,
     HttpServer,
-    config_text,
+    launch_http_server,
     stop_http_server,
-    wait_for_urls,
+    wait_for_http_server,
 )
 from toolrelay.chaos.upstream import Upstream
 
@@ -117,24 +113,7 @@ class Prometheus:
 def start_gateway(tmp: Path, upstream_url: str, extra: str, admin_port: int) -> HttpServer:
     """test_serve_mcp's HTTP gateway, with its admin API on ``admin_port``: Prometheus can
     be told where to scrape it before it is up, and both start at once."""
-    config = tmp / "toolrelay.toml"
-    text = config_text(upstream_url, transport="http", extra=extra)
-    admin = "[serve.admin]\nport = 0\n"
-    assert admin in text
-    config.write_text(text.replace(admin, f"[serve.admin]\nport = {admin_port}\n"))
-    errlog = tmp / "serve.err"
-    env = {**os.environ, "TOOLRELAY_ADMIN_TOKEN": TOKEN}
-    env.update(SUPPORT_TOKEN=SUPPORT_TOKEN, OPS_TOKEN=OPS_TOKEN)
-    with errlog.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "toolrelay", "serve", "--config", str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            env=env,
-        )
-    urls = wait_for_urls(errlog, proc)
-    return HttpServer(proc, Admin(urls["admin"]), urls["mcp"], errlog)
+    return wait_for_http_server(*launch_http_server(tmp, upstream_url, extra, "", admin_port))
 
 
 @pytest.fixture(scope="module")

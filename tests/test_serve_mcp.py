@@ -154,11 +154,16 @@ def start_http_server(
 
 
 def launch_http_server(
-    tmp: Path, upstream_url: str, extra: str = "", serve_extra: str = ""
+    tmp: Path, upstream_url: str, extra: str = "", serve_extra: str = "", admin_port: int = 0
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """``start_http_server`` without waiting for it: its process and its stderr's file."""
+    """``start_http_server`` without waiting for it: its process and its stderr's file
+    (``admin_port``: the admin API's, chosen up front)."""
     config = tmp / "toolrelay.toml"
     text = config_text(upstream_url, transport="http", extra=extra)
+    if admin_port:
+        admin = "[serve.admin]\nport = 0\n"
+        assert admin in text
+        text = text.replace(admin, f"[serve.admin]\nport = {admin_port}\n")
     config.write_text(text.replace("[serve]\n", "[serve]\n" + serve_extra, 1))
     errlog = tmp / "serve.err"
     env = {**os.environ, "TOOLRELAY_ADMIN_TOKEN": TOKEN}
