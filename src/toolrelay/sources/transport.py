@@ -49,7 +49,7 @@ import math
 import re
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from types import TracebackType
 from typing import Any, TextIO
 
@@ -249,11 +249,11 @@ class RawLane:
             write(line)
             await waiter.event.wait()
         except anyio.get_cancelled_exc_class():
-            self._pending.pop(request_id, None)
             if not self._closed:
                 cancel = {"requestId": request_id, "reason": "caller cancelled"}
                 notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel}
-                write(self._encode(notice))
+                with suppress(MCPError):  # the queue closed meanwhile: the cancel still wins
+                    write(self._encode(notice))
             raise
         finally:
             self._pending.pop(request_id, None)
