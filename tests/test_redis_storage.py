@@ -13,7 +13,8 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,7 @@ async def test_an_observed_transition_resets_no_counters(redis: RedisServer) -> 
     await synced(here)
     await synced(there)
     here.breakers.force_open("crm")
+    await until_state(there, "open")  # B really observes the open state, then the close
     here.breakers.force_close("crm")
     await anyio.sleep(0.05)
     for _ in range(2):
@@ -150,6 +152,41 @@ async def test_an_observed_transition_resets_no_counters(redis: RedisServer) -> 
     assert (await here.dispatch("lookup", {})).error_type is ErrorType.TOOL_ERROR
     assert here.breakers.state("crm") == "open"  # the third failure still opens it
     assert flaky.calls == 3
+    await here.aclose()
+    await there.aclose()
+
+
+async def test_a_grown_break_is_shared(redis: RedisServer) -> None:
+    """Failed trials on one replica grow the break (0.1 → 0.2 → 0.4, capped); every replica
+    reports the grown break and answers a retry_after_s within it."""
+    config = BreakerConfig(fail_max=1, reset_timeout_s=0.1, reset_timeout_max_s=0.4, max_attempts=1)
+    here, _ = make(redis.url, config)
+    there, other = make(redis.url, config)
+    other.failing = False
+    await synced(here)
+    await synced(there)
+    assert (await here.dispatch("lookup", {})).error_type is ErrorType.TOOL_ERROR
+    await until_state(there, "open")
+    assert there.breakers.get("crm").snapshot()["break_s"] == 0.1
+    for grown in (0.2, 0.4, 0.4):
+        while True:  # the first call past the break asks Redis for the trial place
+            before = time.perf_counter()
+            result = await here.dispatch("lookup", {})
+            if result.error_type is ErrorType.TOOL_ERROR:
+                break  # the trial ran and failed: open again, for longer
+            await anyio.sleep(0.01)
+        mine, theirs = here.breakers.get("crm"), there.breakers.get("crm")
+        assert mine.snapshot()["break_s"] == grown
+        # B has adopted this open period (it is announced after A's trial fails)
+        await wait_until(lambda: theirs.state == "open" and theirs.period == mine.period)  # noqa: B023
+        assert theirs.snapshot()["break_s"] == grown
+        answer = await there.dispatch("lookup", {})
+        assert answer.error_type is ErrorType.CIRCUIT_OPEN
+        # at most the grown break, and no less than what is left of it since the trial began
+        elapsed = time.perf_counter() - before
+        assert answer.retry_after_s is not None
+        assert grown - elapsed - 0.005 <= answer.retry_after_s <= grown, (answer, elapsed)
+    assert other.calls == 0  # no trial ran there: the place was in Redis
     await here.aclose()
     await there.aclose()
 
@@ -199,40 +236,96 @@ async def test_replicas_converge_quickly(redis: RedisServer) -> None:
 
 
 # -- several processes ---------------------------------------------------------------------------
-async def run_replicas(
-    url: str, config: dict[str, Any], seconds: float, work_s: float, go: Any
-) -> list[dict[str, Any]]:
-    """Start three replica processes, run ``go()`` once all are ready, collect their calls."""
-    argv = [sys.executable, str(REPLICA), url, json.dumps(config), str(seconds), str(work_s)]
+@asynccontextmanager
+async def replicas(*argvs: list[str]) -> AsyncIterator[list[Process]]:
+    """Start replica processes (``servers/breaker_replica.py``), wait until all are ready."""
     procs: list[Process] = []
-    records: list[dict[str, Any]] = []
     try:
-        for _ in range(3):
-            procs.append(await anyio.open_process(argv))
+        for argv in argvs:
+            procs.append(await anyio.open_process([sys.executable, str(REPLICA), *argv]))
         for proc in procs:
             assert proc.stdout is not None
             with anyio.fail_after(30):
                 line = await proc.stdout.receive()
             assert line.strip() == b"ready", line
-        await go()
-        for proc in procs:
-            assert proc.stdin is not None
-            await proc.stdin.send(b"go\n")
-        for proc in procs:
-            assert proc.stdout is not None
-            chunks = []
-            with anyio.fail_after(seconds + 30):
-                async for chunk in proc.stdout:
-                    chunks.append(chunk)
-                assert await proc.wait() == 0
-            lines = b"".join(chunks).decode().splitlines()
-            records += [json.loads(line) for line in lines if line.startswith("{")]
+        yield procs
     finally:
         for proc in procs:
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def go(proc: Process) -> None:
+    assert proc.stdin is not None
+    await proc.stdin.send(b"go\n")
+
+
+async def records_of(proc: Process, limit_s: float) -> list[dict[str, Any]]:
+    """The JSON lines a replica prints until it exits (successfully)."""
+    assert proc.stdout is not None
+    chunks = []
+    with anyio.fail_after(limit_s):
+        async for chunk in proc.stdout:
+            chunks.append(chunk)
+        assert await proc.wait() == 0
+    lines = b"".join(chunks).decode().splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+async def run_replicas(
+    url: str, config: dict[str, Any], seconds: float, work_s: float, started: Any
+) -> list[dict[str, Any]]:
+    """Start three replica processes, run ``started()`` once all are ready, collect their
+    calls."""
+    argv = [url, json.dumps(config), str(seconds), str(work_s)]
+    records: list[dict[str, Any]] = []
+    async with replicas(argv, argv, argv) as procs:
+        await started()
+        for proc in procs:
+            await go(proc)
+        for proc in procs:
+            records += await records_of(proc, seconds + 30)
     return records
+
+
+async def test_three_processes_agree_on_the_state_quickly(
+    redis: RedisServer, record_property: Any
+) -> None:
+    """One replica process forces the key open and closed in turn; the two others see every
+    transition within a bound (the measured delays are printed; docs/breakers.md has them)."""
+    transitions = 20
+    watch = ["watch", redis.url, str(transitions), "10"]
+    async with replicas(watch, watch, ["drive", redis.url, str(transitions), "0.05"]) as procs:
+        *watchers, driver = procs
+        for proc in watchers:
+            await go(proc)
+        await anyio.sleep(0.1)  # the watchers are watching
+        await go(driver)
+        done = await records_of(driver, 30)
+        seen = [await records_of(proc, 30) for proc in watchers]
+    assert [d["state"] for d in done] == ["open", "closed"] * (transitions // 2)
+    assert [d["period"] for d in done] == list(range(1, transitions + 1))
+    delays = []
+    for watcher in seen:
+        for d in done:
+            # the first moment this replica had the transition (or a later one) in hand
+            first = next((w for w in watcher if w["period"] >= d["period"]), None)
+            assert first is not None, (d, watcher)
+            if first["period"] == d["period"]:
+                assert first["state"] == d["state"], (d, first)
+            delays.append(first["at"] - d["at"])
+    assert min(delays) > 0  # one clock for all processes: none saw a state before it was set
+    assert max(delays) < 2.0, delays  # generous: pub/sub takes milliseconds, a sync 0.2 s
+    ms = [1000 * d for d in delays]
+    measured = {
+        "n": len(ms),
+        "p50_ms": round(statistics.median(ms), 2),
+        "p99_ms": round(statistics.quantiles(ms, n=100, method="inclusive")[98], 2),
+        "max_ms": round(max(ms), 2),
+    }
+    record_property("convergence_across_processes", measured)
+    print("convergence across processes:", measured)
 
 
 async def test_three_replicas_run_at_most_the_trial_limit(redis: RedisServer) -> None:
@@ -389,6 +482,28 @@ async def test_a_hung_redis_costs_dispatch_nothing() -> None:
         listener.close()
         for conn in accepted:
             conn.close()
+
+
+def storage_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("toolrelay-breaker-storage")}
+
+
+async def test_closing_a_linked_dispatcher_logs_no_error(
+    redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Closing the link while its listener waits for a message is not a failure."""
+    caplog.set_level(logging.DEBUG, logger="toolrelay")
+    before = storage_threads()
+    dispatcher, flaky = make(redis.url)
+    await synced(dispatcher)
+    flaky.failing = False
+    assert (await dispatcher.dispatch("lookup", {})).ok
+    mine = storage_threads() - before
+    assert len(mine) == 2  # the writer and the listener
+    await dispatcher.aclose()
+    await wait_until(lambda: not any(t.is_alive() for t in mine))
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert errors == [], [r.getMessage() for r in errors]
 
 
 async def test_no_redis_command_per_call(redis: RedisServer) -> None:

@@ -288,7 +288,8 @@ class RedisLink:
 
     def close(self) -> None:
         """Hand over what is queued (waiting at most 2 s for the writer), then disconnect.
-        The listener notices within half a second and ends by itself."""
+        The listener ends by itself, quietly: at once if the disconnect cuts its wait for a
+        message short, else within half a second."""
         self._closed.set()
         self._ops.put(_STOP)
         writer = self._threads[0] if self._threads else None
@@ -483,6 +484,11 @@ class RedisLink:
                 self.listening.clear()
                 self._closed.wait(min(self.probe_interval_s, 1.0))
             except Exception:
+                if self._closed.is_set():
+                    # close() disconnected the client under get_message (a closed socket,
+                    # ValueError or OSError): the link is ending, not failing
+                    self.listening.clear()
+                    return
                 log.exception("toolrelay: breaker storage listener failed")
                 self._closed.wait(1.0)
             finally:
