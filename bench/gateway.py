@@ -16,7 +16,9 @@ Servers, each its own process on a loopback port, serving streamable HTTP at ``/
 * ``toolrelay-plugin``: ``toolrelay serve`` with the tool as an in-process plugin;
 * one more toolrelay pair per ``--variant NAME=TOML``: ``TOML`` lines added to the config's
   ``[serve.http]`` table (``--variant json='json_response = true'``), except lines starting
-  with ``!``: Python run in the gateway before it starts
+  with ``upstream.``, which go to the upstream's table without that prefix
+  (``upstream.protocol = "legacy"``), and lines starting with ``!``: Python run in the
+  gateway before it starts
   (``--variant nofreeze='!import gc; gc.freeze = lambda: None'``: what a change buys;
   ``!import toolrelay.sources.mcp_connection as m; m.stamped_meta = lambda client: None``
   sends the upstream's ``tools/call`` through the SDK's session instead of the raw lane).
@@ -121,19 +123,32 @@ class Server:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / TICKS
 
+    def children_cpu_s(self) -> float:
+        """CPU time of the server's child processes (its upstream), 0 for none."""
+        assert self.proc is not None
+        total = 0.0
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                with contextlib.suppress(OSError):
+                    stat = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+                    total += (int(stat[11]) + int(stat[12])) / TICKS
+        return total
+
     def rss_mb(self) -> float:
         assert self.proc is not None
         pages = int(Path(f"/proc/{self.proc.pid}/statm").read_text().split()[1])
         return pages * PAGE / 1e6
 
 
-def toolrelay_config(workdir: Path, name: str, port: int, upstream: bool, http: str) -> Path:
+def toolrelay_config(
+    workdir: Path, name: str, port: int, upstream: bool, http: str, upstream_toml: str = ""
+) -> Path:
     path = workdir / f"{name}.toml"
     lines = []
     if upstream:
         command = [sys.executable, str(ECHO)]
         lines += ["[serve.upstreams.echo]", f"command = {json.dumps(command)}"]
-        lines += ['breaker_key = "echo"', "timeout_s = 10"]
+        lines += ['breaker_key = "echo"', "timeout_s = 10", upstream_toml]
     else:
         lines += ["[plugins.echo]", 'module = "gateway_echo"']
     lines += ["[serve]", 'transport = "http"', "[serve.http]", f"port = {port}"]
@@ -164,11 +179,12 @@ def plan(workdir: Path, variants: Sequence[tuple[str, str]], proxy: bool) -> lis
     for label, extra in [("", ""), *variants]:
         lines = extra.splitlines()
         prelude = "\n".join(line[1:] for line in lines if line.startswith("!"))
-        http = "\n".join(line for line in lines if not line.startswith("!"))
+        of_upstream = "\n".join(line[9:] for line in lines if line.startswith("upstream."))
+        http = "\n".join(line for line in lines if not line.startswith(("!", "upstream.")))
         for kind, upstream in (("toolrelay", True), ("toolrelay-plugin", False)):
             name = f"{kind}[{label}]" if label else kind
             port = free_port()
-            config = toolrelay_config(workdir, name, port, upstream, http)
+            config = toolrelay_config(workdir, name, port, upstream, http, of_upstream)
             servers.append(Server(name, toolrelay_command(config, prelude), port, env))
     return servers
 
@@ -257,6 +273,8 @@ class Sample:
     wall_s: float
     cpu_s: float
     calls: int
+    upstream_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
 
 
 async def measure(server: Server, clients: int, calls: int) -> Sample:
@@ -270,13 +288,20 @@ async def measure(server: Server, clients: int, calls: int) -> Sample:
             latencies.append(time.perf_counter() - began)
 
     gc.collect()
-    cpu = server.cpu_s()
+    cpu, upstream, client = server.cpu_s(), server.children_cpu_s(), time.process_time()
     began = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for session in server.sessions[:clients]:
             tg.start_soon(worker, session)
     wall = time.perf_counter() - began
-    return Sample(latencies, wall, server.cpu_s() - cpu, each * clients)
+    return Sample(
+        latencies,
+        wall,
+        server.cpu_s() - cpu,
+        each * clients,
+        server.children_cpu_s() - upstream,
+        time.process_time() - client,
+    )
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -291,6 +316,8 @@ class Figures:
     p99_ms: float
     rate: float
     cpu_ms: float
+    upstream_cpu_ms: float
+    client_cpu_ms: float
 
     @classmethod
     def of(cls, samples: Sequence[Sample]) -> Figures:
@@ -300,6 +327,8 @@ class Figures:
             percentile(pooled, 99) * 1e3,
             statistics.median(s.calls / s.wall_s for s in samples),
             statistics.median(s.cpu_s / s.calls for s in samples) * 1e3,
+            statistics.median(s.upstream_cpu_s / s.calls for s in samples) * 1e3,
+            statistics.median(s.client_cpu_s / s.calls for s in samples) * 1e3,
         )
 
 
@@ -365,14 +394,18 @@ class Comparison:
         return out
 
     def table(self) -> str:
-        out = ["| server | clients | p50 | p99 | calls/s | server CPU/call | RSS |"]
-        out.append("|---|---:|---:|---:|---:|---:|---:|")
+        out = [
+            "| server | clients | p50 | p99 | calls/s | server CPU/call "
+            "| its upstream's | the clients' | RSS |"
+        ]
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for clients in CONCURRENCY:
             for server in self.servers:
                 f = self.figures(server, clients)
                 out.append(
                     f"| {server} | {clients} | {f.p50_ms:.2f} ms | {f.p99_ms:.2f} ms | "
-                    f"{f.rate:,.0f} | {f.cpu_ms:.2f} ms | {self.rss[server]:.0f} MB |"
+                    f"{f.rate:,.0f} | {f.cpu_ms:.2f} ms | {f.upstream_cpu_ms:.2f} ms | "
+                    f"{f.client_cpu_ms:.2f} ms | {self.rss[server]:.0f} MB |"
                 )
         out += ["", "| ratio (median of the per-round ratios) | result | target | status |"]
         out.append("|---|---:|---|---|")
@@ -424,14 +457,15 @@ async def compare(
 
 
 async def profile(servers: Sequence[Server], seconds: float) -> None:
-    """py-spy each toolrelay gateway for ``seconds`` under 8 clients (flame graphs kept)."""
+    """py-spy each toolrelay gateway for ``seconds`` under 8 clients (flame graphs kept;
+    only samples holding the GIL: where the CPU goes, not where the loop waits)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     for server in servers:
         if not server.name.startswith("toolrelay") or server.proc is None:
             continue
         out = Path.cwd() / f"profile-{server.name}.txt"
         command = [spy, "record", "-p", str(server.proc.pid), "-d", str(int(seconds))]
-        command += ["-f", "raw", "-o", str(out), "--nonblocking"]
+        command += ["-f", "raw", "-o", str(out), "--nonblocking", "--gil"]  # CPU, not waits
         spying = await anyio.open_process(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

@@ -38,6 +38,7 @@ from test_gateway_clients import (
 from toolrelay.config import ConfigError
 from toolrelay.serve.settings import parse_serve_section
 from toolrelay.serve.tuning import settle_heap
+from toolrelay.serve.upstreams import build_source
 
 __all__ = ["node_clients"]  # the fixture, shared with test_gateway_clients
 
@@ -199,6 +200,21 @@ def test_transport_mode_settings() -> None:
     for key in ("json_response", "stateless"):
         with pytest.raises(ConfigError, match=f"serve.http.{key}"):
             parse_serve_section({"http": {key: "yes"}})
+
+
+def test_upstream_protocol_setting() -> None:
+    def upstream(**extra: Any) -> dict[str, Any]:
+        table = {"command": ["echo-mcp"], "breaker_key": "up", **extra}
+        return {"upstreams": {"up": table}}
+
+    (default,) = parse_serve_section(upstream()).upstreams.values()
+    assert default.protocol is None and build_source(default, {}).protocol == "auto"
+    for mode in ("auto", "legacy", "2026-07-28"):
+        (chosen,) = parse_serve_section(upstream(protocol=mode)).upstreams.values()
+        assert chosen.protocol == mode and build_source(chosen, {}).protocol == mode
+    for bad in ("2019-01-01", "modern", "", 2025):
+        with pytest.raises(ConfigError, match=r"serve\.upstreams\.up\.protocol"):
+            parse_serve_section(upstream(protocol=bad))
 
 
 class Cycle:

@@ -135,6 +135,25 @@ class UpstreamSettings:
     """The largest message read from the upstream (``McpSource`` default: 4 MiB)."""
     max_message_values: Annotated[int, Strict(), Field(ge=100)] | None = None
     """The most JSON values in one message (``McpSource`` default: 50,000)."""
+    protocol: (
+        Annotated[str, Strict(), Field(pattern=r"^(auto|legacy|\d{4}-\d{2}-\d{2})$")] | None
+    ) = None
+    """``auto`` (the default: 2026-era when the server speaks it), ``legacy`` (the 2025
+    handshake), or a 2026-era protocol version (``McpSource``'s ``protocol``)."""
+
+    @field_validator("protocol")
+    @classmethod
+    def _a_protocol(cls, value: str | None) -> str | None:
+        if value is None or value in ("auto", "legacy"):
+            return value
+        try:
+            from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+        except ImportError:  # pragma: no cover - without the mcp extra nothing is served
+            return value
+        if value not in MODERN_PROTOCOL_VERSIONS:
+            known = ", ".join(["auto", "legacy", *MODERN_PROTOCOL_VERSIONS])
+            raise ValueError(f"not a protocol the SDK speaks (one of {known})")
+        return value
 
     @field_validator("count_errors")
     @classmethod

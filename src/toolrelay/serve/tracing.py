@@ -55,6 +55,21 @@ class McpServerTelemetry:
     ) -> None:
         self.tracer = trace.get_tracer("toolrelay.serve", __version__, tracer_provider)
         self.durations = mcp_server_duration(meter_provider)
+        self._provider = tracer_provider
+        self._tracing = False
+        self._checked_at = float("-inf")
+
+    def tracing(self, now: float) -> bool:
+        """Is anyone collecting spans? Re-checked at most once a second (``now``: a
+        ``perf_counter()`` reading) until a provider that records is found."""
+        if self._tracing or now - self._checked_at < 1.0:
+            return self._tracing
+        self._checked_at = now
+        provider = self._provider or trace.get_tracer_provider()
+        self._tracing = not isinstance(
+            provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider
+        )
+        return self._tracing
 
     async def __call__(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
@@ -101,6 +116,17 @@ class McpServerTelemetry:
         ``meta`` its ``params._meta`` (a client's trace context to continue). An exception
         is recorded as the SDK answers it; cancellation is not an error."""
         started = time.perf_counter()
+        durations = self.durations
+        if durations.histogram is None and started >= durations.next_check:
+            durations.check(started)
+        if (
+            durations.histogram is None
+            and not self.tracing(started)
+            and not (isinstance(meta, dict) and "traceparent" in meta)
+        ):
+            # nobody records and there is no client context to continue: nothing to do
+            yield Served(trace.INVALID_SPAN, {})
+            return
         attributes = request_attributes(method, protocol_version, request_id, scope, session_id)
         target = name[:_MAX_TARGET] if isinstance(name, str) and method in _TARGETS else None
         if target is not None:

@@ -35,7 +35,7 @@ log = logging.getLogger("toolrelay.serve")
 _OPTIONS = (
     *("prefix", "timeout_s", "connect_timeout_s", "tool_timeouts", "count_errors"),
     *("risk", "tool_risk", "risk_override", "tool_risk_override"),
-    *("max_message_bytes", "max_message_values"),
+    *("max_message_bytes", "max_message_values", "protocol"),
 )
 """The ``McpSource`` options an upstream may set; unset (``None``) ones keep its defaults."""
 

@@ -104,6 +104,7 @@ UNREADABLE_TEXT = "toolrelay could not read the answer"
 
 _HEAD_BYTES = 512  # of an oversized message, this much is kept to find its request id
 _WRITER_FLUSH_TIMEOUT = 0.5  # as the SDK's stdio_client
+_WRITE_BATCH = 64  # lines joined into one write at most
 RAW_ID_PREFIX = "tr-"
 _RAW_MARK = b'"' + RAW_ID_PREFIX.encode()
 _RESPONSE_HEAD = re.compile(
@@ -475,7 +476,12 @@ async def _stdio_streams(
         try:
             async with lines_out:
                 async for data in lines_out:
-                    await process.stdin.send(data)
+                    # what else is queued goes in the same write: one wake-up of the server
+                    batch = [data]
+                    with suppress(anyio.WouldBlock, anyio.EndOfStream):
+                        while len(batch) < _WRITE_BATCH:
+                            batch.append(lines_out.receive_nowait())
+                    await process.stdin.send(b"".join(batch) if len(batch) > 1 else data)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             broken()  # the session sees the end instead of hanging
         finally:
