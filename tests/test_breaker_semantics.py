@@ -605,3 +605,60 @@ def test_new_breaker_settings_accept_their_limits() -> None:
         reset_timeout_max_s=2,
     )
     assert config.window == "time" and config.reset_timeout_max_s == 2
+
+
+# -- 9. a pinned breaker says an operator paused it -----------------------------------------------
+PINNED = "svc is paused: an operator paused up; calls are refused until it is released"
+PINNED_MARK = "[unavailable: paused by an operator] "
+
+
+def description(dispatcher: Dispatcher) -> str:
+    (spec,) = dispatcher.specs(unavailable="mark")
+    return str(spec["function"]["description"])
+
+
+async def test_a_pinned_breaker_says_an_operator_paused_it() -> None:
+    """``force_open`` pins the breaker: no trial ever comes while it is pinned, so the answer
+    does not promise one "in 0.2 s" and the specs mark gives no "about N s". ``retry_after_s``
+    stays set (hosts rely on it): the break, as an interval to ask again."""
+    config = BreakerConfig(fail_max=1, reset_timeout_s=0.2, max_attempts=1)
+    dispatcher, upstream = relay(config)
+    dispatcher.breakers.force_open(KEY)
+    for _ in range(2):  # the same answer however long it has been pinned
+        answer = await call(dispatcher)
+        assert answer.error_type is ErrorType.CIRCUIT_OPEN and answer.retryable
+        assert answer.retry_after_s == pytest.approx(0.2)
+        assert answer.message == PINNED
+        assert description(dispatcher).startswith(PINNED_MARK)
+        assert "about" not in description(dispatcher)
+    assert upstream.entered == []
+    dispatcher.breakers.force_close(KEY)
+    assert (await call(dispatcher)).ok
+    # A breaker opened by failures still counts down to its trial.
+    assert (await call(dispatcher, do="fail")).error_type is ErrorType.TOOL_ERROR
+    answer = await call(dispatcher)
+    assert answer.error_type is ErrorType.CIRCUIT_OPEN
+    assert answer.message.startswith("svc is paused because up is failing; try again in ")
+    assert description(dispatcher).startswith("[unavailable for about ")
+
+
+async def test_a_breaker_pinned_between_attempts_says_an_operator_paused_it() -> None:
+    """The pin lands while the first attempt runs: the retry is refused by the breaker stage
+    itself (not the fast-fail check before it), with the same honest answer."""
+    registry = ToolRegistry()
+    dispatcher = Dispatcher(
+        registry, breakers={KEY: BreakerConfig(reset_timeout_s=0.2, backoff_initial_s=0.001)}
+    )
+    attempts = []
+
+    @registry.tool(name="svc", parameters=ANY, breaker_key=KEY, timeout_s=10)
+    async def svc(args: dict[str, Any], ctx: AuthContext) -> Any:
+        attempts.append(1)
+        dispatcher.breakers.force_open(KEY)
+        raise ToolError("upstream 503", retryable=True)
+
+    answer = await dispatcher.dispatch("svc", {})
+    assert len(attempts) == 1
+    assert answer.error_type is ErrorType.CIRCUIT_OPEN
+    assert answer.retry_after_s == pytest.approx(0.2)
+    assert answer.message == PINNED

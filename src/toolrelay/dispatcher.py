@@ -374,8 +374,10 @@ class Dispatcher:
         """The tools a caller with ``profile`` may call, in ``format``.
 
         Tools whose breaker is open (and not yet due a trial) are hidden, marked as
-        unavailable in their description, or shown anyway, as ``unavailable`` says — unless
-        one of their fallbacks can answer for them (known, allowed, its breaker not open).
+        unavailable in their description ("[unavailable for about N s]", or "[unavailable:
+        paused by an operator]" while pinned by ``force_open``), or shown anyway, as
+        ``unavailable`` says — unless one of their fallbacks can answer for them (known,
+        allowed, its breaker not open).
         ``hide_fallbacks`` leaves out every tool another listed tool names as a fallback.
         """
         try:
@@ -395,7 +397,10 @@ class Dispatcher:
                 if wait is not None and not self._stands_in(decl, chosen):
                     if unavailable == "hide":
                         continue
-                    description = f"[unavailable for about {wait:.0f} s] {description}"
+                    if self.breakers.get(decl.key).pinned_open:  # no trial is due
+                        description = f"[unavailable: paused by an operator] {description}"
+                    else:
+                        description = f"[unavailable for about {wait:.0f} s] {description}"
             out.append(render(decl, description))
         return out
 
