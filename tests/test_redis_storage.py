@@ -135,6 +135,158 @@ async def test_a_forced_open_holds_on_every_replica(redis: RedisServer) -> None:
         await d.aclose()
 
 
+async def test_a_replica_adopting_a_pin_says_an_operator_paused_it(redis: RedisServer) -> None:
+    """The pin is shared, and so is the honest answer: the replica that adopted it refuses
+    calls as paused by an operator (no trial promised), as the one that pinned it does."""
+    config = BreakerConfig(fail_max=3, reset_timeout_s=0.05, max_attempts=1)
+    here, _ = make(redis.url, config)
+    there, other = make(redis.url, config)
+    await synced(here)
+    await synced(there)
+    here.breakers.force_open("crm")
+    await until_state(there, "open")
+    assert there.breakers.get("crm").pinned_open
+    paused = "lookup is paused: an operator paused crm; calls are refused until it is released"
+    for dispatcher in (here, there):
+        answer = await dispatcher.dispatch("lookup", {})
+        assert answer.error_type is ErrorType.CIRCUIT_OPEN and answer.retryable
+        assert answer.message == paused
+        assert answer.retry_after_s == pytest.approx(0.05)
+        (spec,) = dispatcher.specs(unavailable="mark")
+        assert spec["function"]["description"].startswith("[unavailable: paused by an operator] ")
+    assert other.calls == 0
+    await here.aclose()
+    await there.aclose()
+
+
+@pytest.mark.parametrize(("delay_s", "separately"), [(0.0, False), (0.04, False), (0.04, True)])
+async def test_forcing_open_then_closed_at_once_never_rolls_back(
+    redis: RedisServer, delay_s: float, separately: bool
+) -> None:
+    """An operator forces the key open and at once closed again on one replica: the reply
+    to the first force (open, pinned) must not take the replica back to open once it has
+    closed — whether both forces go to Redis in one pipeline or (``separately``) the close
+    is decided while the open is on its way, 40 ms from Redis (a loopback proxy), so the
+    first reply arrives on its own. The replica is watched until Redis, the replies and the
+    announcements all agree that it is closed."""
+    with SlowProxy("127.0.0.1", redis.port, 0.0) as proxy:
+        here, _ = make(proxy.url, breaker_storage_timeout_s=1.0, breaker_storage_sync_s=0.02)
+        try:
+            await synced(here)
+            link = here.storage_link
+            assert link is not None
+            breaker = here.breakers.get("crm")
+            seen: list[tuple[str, str, str]] = []
+            here.breakers.add_listener(lambda *t: seen.append(t))
+            proxy.delay_s = delay_s
+            start = breaker.period
+            here.breakers.force_open("crm")
+            if separately:  # the open is in flight (taken by the writer) when the close comes
+                await wait_until(lambda: link._ops.empty())
+            here.breakers.force_close("crm")
+            states = [here.breakers.state("crm")]
+            pins = [breaker.pinned_open]
+
+            def settled() -> bool:
+                states.append(here.breakers.state("crm"))
+                pins.append(breaker.pinned_open)
+                return remote_state(redis.url).get("gen") == str(start + 2) and not breaker.inbox
+
+            await wait_until(settled)
+            commands = link.commands
+            # two more round trips (syncs): every reply and announcement has arrived
+            await wait_until(lambda: settled() and link.commands >= commands + 2)
+            assert seen == [("crm", "closed", "open"), ("crm", "open", "closed")]
+            assert "open" not in states and not any(pins), (states, pins)
+            assert breaker.state == "closed" and not breaker.pinned_open
+            assert breaker.period == start + 2  # in step with Redis's generation
+        finally:
+            await here.aclose()
+
+
+async def opened_by_a_failure(here: Dispatcher, url: str) -> None:
+    """One failure opens ``here``'s breaker; wait until Redis and ``here`` agree on it."""
+    assert (await here.dispatch("lookup", {})).error_type is ErrorType.TOOL_ERROR
+    breaker = here.breakers.get("crm")
+
+    def agreed() -> bool:
+        gen = remote_state(url).get("gen")
+        return here.breakers.state("crm") == "open" and gen == str(breaker.period)
+
+    await wait_until(agreed)
+
+
+async def settled_pinned(here: Dispatcher, url: str, watch: list[tuple[str, bool]]) -> None:
+    """Poll ``here`` (into ``watch``) until Redis has the pin and every reply and
+    announcement about it has arrived."""
+    link = here.storage_link
+    assert link is not None
+    breaker = here.breakers.get("crm")
+
+    def settled() -> bool:
+        watch.append((here.breakers.state("crm"), breaker.pinned_open))
+        state = remote_state(url)
+        return state.get("pinned") == "1" and state.get("gen") == str(breaker.period)
+
+    await wait_until(settled)
+    commands = link.commands
+    await wait_until(lambda: settled() and link.commands >= commands + 2)
+
+
+async def test_a_pin_is_not_undone_by_a_read_from_before_it(redis: RedisServer) -> None:
+    """An operator pins a breaker that failures opened while the replica's periodic read of
+    Redis is on its way (held by a paused proxy): that read, from before the pin, arrives
+    after it (200 ms before the pin's reply) and must not unpin the replica meanwhile."""
+    config = BreakerConfig(fail_max=1, reset_timeout_s=60, max_attempts=1)
+    with SlowProxy("127.0.0.1", redis.port, 0.0) as proxy:
+        here, _ = make(
+            proxy.url, config, breaker_storage_timeout_s=2.0, breaker_storage_sync_s=0.02
+        )
+        try:
+            await synced(here)
+            await opened_by_a_failure(here, redis.url)
+            seen: list[tuple[str, str, str]] = []
+            here.breakers.add_listener(lambda *t: seen.append(t))
+            proxy.pause()
+            await anyio.sleep(0.1)  # five sync intervals: the next periodic read is held
+            here.breakers.force_open("crm")
+            proxy.delay_s = 0.2  # the held read comes back at once, the pin 200 ms later
+            proxy.resume()
+            watch: list[tuple[str, bool]] = []
+            await settled_pinned(here, redis.url, watch)
+            assert set(watch) == {("open", True)}, watch
+            assert seen == []  # open all along: no transition
+        finally:
+            await here.aclose()
+
+
+async def test_a_trial_place_asked_for_before_a_pin_does_not_undo_it(redis: RedisServer) -> None:
+    """The break is over and a call has asked Redis for a trial place (which moves the key
+    to half-open there) when the operator pins the breaker: the place's reply, from before
+    the pin, must not take the replica to half-open and back."""
+    config = BreakerConfig(fail_max=1, reset_timeout_s=0.05, max_attempts=1)
+    with SlowProxy("127.0.0.1", redis.port, 0.0) as proxy:
+        here, flaky = make(proxy.url, config, breaker_storage_timeout_s=2.0)
+        try:
+            await synced(here)
+            await opened_by_a_failure(here, redis.url)
+            await wait_until(lambda: here.breakers.blocked_for("crm") is None)  # break over
+            seen: list[tuple[str, str, str]] = []
+            here.breakers.add_listener(lambda *t: seen.append(t))
+            proxy.pause()
+            asked = await here.dispatch("lookup", {})  # asks Redis for a place: held
+            assert asked.error_type is ErrorType.CIRCUIT_OPEN
+            here.breakers.force_open("crm")
+            proxy.resume()
+            watch: list[tuple[str, bool]] = []
+            await settled_pinned(here, redis.url, watch)
+            assert set(watch) == {("open", True)}, watch
+            assert seen == []
+            assert flaky.calls == 1  # no trial ran
+        finally:
+            await here.aclose()
+
+
 async def test_an_observed_transition_resets_no_counters(redis: RedisServer) -> None:
     """Replica B seeing A's transitions must not wipe the failures A counts afterwards."""
     here, flaky = make(redis.url)

@@ -21,7 +21,8 @@ slow-call-rate thresholds, as in resilience4j and Polly v8.
 With shared storage (:mod:`toolrelay.storage`) the breaker stays local-first: decisions are
 made from local state at once, and the storage replicates them on a thread of its own;
 what other replicas decided arrives in :attr:`KeyBreaker.inbox` and is adopted on the next
-call.
+call. While one of this replica's own decisions is on its way to Redis, what arrives from
+Redis may predate it: it waits for the decision's reply (see :meth:`KeyBreaker.adopt`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ _STATE: dict[str, State] = {
     pybreaker.STATE_HALF_OPEN: "half_open",
 }
 _PYBREAKER: dict[State, str] = {v: k for k, v in _STATE.items()}
+
+REPLY_WAIT_S = 5.0
+"""How long a replica waits for Redis's reply to one of its decisions before it takes the
+reply as lost (a failed batch; Redis being down is handled by the resync)."""
 
 REJECT = -1
 """What :meth:`KeyBreaker.admit` returns for a call that may not run. Any other value is a
@@ -261,6 +266,9 @@ class Remote(NamedTuple):
     """A half-open trial place granted to this process, if any."""
     authoritative: bool = False
     """Adopt even if this process's period is ahead (a refused update, a resync)."""
+    decision: int = 0
+    """The serial of this replica's own decision this is Redis's reply to (0: not a reply
+    to one: an announcement, a periodic read, a trial place, a resync)."""
 
 
 class Others(NamedTuple):
@@ -327,6 +335,13 @@ class KeyBreaker:
         )
         """A count window can never hold more than ``window_size`` calls (as resilience4j)."""
         self.inbox: deque[Remote] = deque()
+        self.decided = 0
+        """Serial of this replica's latest decision sent to the shared storage."""
+        self.answered = 0
+        """Serial of the latest decision whose reply has come back from the shared storage."""
+        self._decided_at = -math.inf
+        self.deferred: deque[Remote] = deque(maxlen=64)
+        """What arrived while a decision of ours was on its way (judged after its reply)."""
         self.others = NOBODY
         self.records = 0
         """Verdicts recorded (cumulative; the shared storage watches it for activity)."""
@@ -384,7 +399,7 @@ class KeyBreaker:
             self.break_s = self.config.reset_timeout_s
             self.cb.close()
         if self.shared is not None:
-            self.shared.transition(self, expected, new)
+            self._sent(self.shared.transition(self, expected, new, self.decided + 1))
 
     def _open(self, *, after_trial: bool) -> None:
         top = self.config.reset_timeout_max_s
@@ -394,8 +409,45 @@ class KeyBreaker:
             self.break_s = min(top, max(self.break_s * 2, self.config.reset_timeout_s))
         self._move("open")
 
+    def _sent(self, queued: bool) -> None:
+        """A decision of ours went to the shared storage (unless it was dropped: Redis down)."""
+        if queued:
+            self.decided += 1
+            self._decided_at = self.clock()
+
     def adopt(self, remote: Remote) -> None:
-        """Take on what the shared storage says (another replica's decision)."""
+        """Take on what the shared storage says (another replica's decision, or Redis's
+        answer to one of ours).
+
+        The reply to a decision of ours that a later one of ours has superseded is dropped:
+        the later one's reply tells Redis's state after both (without this, forcing open and
+        at once closed briefly rolled the replica back to open). Anything else that arrives
+        while a decision of ours is on its way (an announcement, a periodic read, a trial
+        place) may have been read before the decision reached Redis, and Redis's period
+        cannot tell: it is judged once the reply is in, against the period the reply sets.
+        A resync ends the wait, and so does a reply that has not come in
+        :data:`REPLY_WAIT_S` (its batch was lost)."""
+        if remote.decision:
+            self.answered = max(self.answered, remote.decision)
+            if remote.decision < self.decided:
+                return  # superseded: the reply to our later decision is on its way
+            self._adopt(remote)
+            self._replay()
+            return
+        if self.answered < self.decided:
+            if not remote.authoritative and self.clock() - self._decided_at < REPLY_WAIT_S:
+                self.deferred.append(remote)
+                return
+            self.answered = self.decided  # a resync, or a reply that is not coming
+            self._replay()
+        self._adopt(remote)
+
+    def _replay(self) -> None:
+        deferred = self.deferred
+        while deferred:
+            self._adopt(deferred.popleft())
+
+    def _adopt(self, remote: Remote) -> None:
         if not remote.authoritative and remote.period < self.period:
             return  # our own newer decision is on its way to the storage
         same = (
@@ -604,7 +656,7 @@ class KeyBreaker:
             self.opened = self.clock()
             self.cb.open()
         if self.shared is not None:
-            self.shared.force(self)
+            self._sent(self.shared.force(self, self.decided + 1))
 
     def force_close(self) -> None:
         """Close now, counters cleared; normal operation resumes (on every replica)."""
@@ -618,7 +670,7 @@ class KeyBreaker:
         else:
             self._new_period()
         if self.shared is not None:
-            self.shared.force(self)
+            self._sent(self.shared.force(self, self.decided + 1))
 
     def snapshot(self) -> dict[str, Any]:
         state = self.state

@@ -6,7 +6,9 @@ and decides at once from it; no Redis I/O happens on the dispatch path. One thre
 
 - a local decision (open, half-open, close, force) becomes a compare-and-set on the key's
   *period* (generation) in Redis, run as a Lua script; the winner publishes the new state
-  on a channel, so every replica adopts it within a round trip;
+  on a channel, so every replica adopts it within a round trip; the reply goes back to the
+  deciding breaker with the decision's serial, so that it can drop a reply a later decision
+  superseded and hold what it hears from Redis meanwhile (:meth:`KeyBreaker.adopt`);
 - half-open trial places are global: a replica asks Redis for one (atomically, at most
   ``half_open_max_calls`` per period across replicas, each leased for ``lease_s`` so a
   crashed replica cannot hold one forever) and admits a trial only with a place in hand;
@@ -145,7 +147,9 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _remote(reply: list[Any], *, authoritative: bool, permit: bool = False) -> Remote:
+def _remote(
+    reply: list[Any], *, authoritative: bool, permit: bool = False, decision: int = 0
+) -> Remote:
     """A script's reply (``snap`` in the Lua prelude) as a :class:`Remote`."""
     _, gen, state, opened_ms, break_ms, pinned, now_ms, extra = reply
     state_name: State = _text(state)  # type: ignore[assignment]
@@ -157,6 +161,7 @@ def _remote(reply: list[Any], *, authoritative: bool, permit: bool = False) -> R
         bool(int(pinned)),
         _text(extra) if permit and extra else None,
         authoritative,
+        decision,
     )
 
 
@@ -180,15 +185,17 @@ class SharedStorage(pybreaker.CircuitMemoryStorage):
         self.link.attach(self)
 
     # -- what the breaker asks for (never waits) ------------------------------------------------
-    def transition(self, breaker: KeyBreaker, expected: int, state: State) -> None:
+    def transition(self, breaker: KeyBreaker, expected: int, state: State, decision: int) -> bool:
+        """A local decision (serial ``decision``); False if it was dropped (Redis down)."""
         pinned = int(breaker.pinned_open)
-        self.link.send(("transition", self, expected, state, _ms(breaker.break_s), pinned, 0))
+        brk = _ms(breaker.break_s)
+        return self.link.send(("transition", self, expected, state, brk, pinned, 0, decision))
 
-    def force(self, breaker: KeyBreaker) -> None:
+    def force(self, breaker: KeyBreaker, decision: int) -> bool:
         """An operator's decision: applied whatever the period (pin, unpin)."""
         pinned = int(breaker.pinned_open)
-        state = breaker.known
-        self.link.send(("transition", self, breaker.period, state, _ms(breaker.break_s), pinned, 1))
+        state, brk = breaker.known, _ms(breaker.break_s)
+        return self.link.send(("transition", self, breaker.period, state, brk, pinned, 1, decision))
 
     def claim(self, breaker: KeyBreaker, period: int) -> None:
         member = f"{self.link.replica}:{next(self.link.serial)}"
@@ -281,10 +288,12 @@ class RedisLink:
                     self._threads.append(thread)
         self._ops.put(None)
 
-    def send(self, op: tuple[Any, ...]) -> None:
+    def send(self, op: tuple[Any, ...]) -> bool:
         """Queue a replication step; dropped while Redis is down (resynced on return)."""
         if self.up:
             self._ops.put(op)
+            return True
+        return False
 
     def close(self) -> None:
         """Hand over what is queued (waiting at most 2 s for the writer), then disconnect.
@@ -366,6 +375,8 @@ class RedisLink:
             args: tuple[Any, ...] = (CHANNEL, storage.key, *op[2:])
             if kind == "claim":
                 args = (CHANNEL, storage.key, op[2], op[3], self.lease_ms)
+            elif kind == "transition":  # the last item is the decision's serial, not an ARGV
+                args = (CHANNEL, storage.key, *op[2:7])
             self._scripts[kind](keys=storage.redis_keys, args=args, client=pipe)
         replies = pipe.execute()
         self.commands += 1
@@ -377,7 +388,9 @@ class RedisLink:
             done = bool(int(reply[0]))
             if kind == "transition":
                 # a refused local decision: Redis's state wins
-                breaker.inbox.append(_remote(reply, authoritative=not done or op[6] == 1))
+                authoritative = not done or op[6] == 1
+                remote = _remote(reply, authoritative=authoritative, decision=op[7])
+                breaker.inbox.append(remote)
             elif kind == "claim":
                 breaker.inbox.append(_remote(reply, authoritative=False, permit=done))
             else:
@@ -459,7 +472,7 @@ class RedisLink:
             if breaker.known == "open" and remote_state == "closed":
                 pin = int(breaker.pinned_open)
                 brk = _ms(breaker.break_s)
-                pushes.append(("transition", storage, int(gen or 0), "open", brk, pin, 0))
+                pushes.append(("transition", storage, int(gen or 0), "open", brk, pin, 0, 0))
             else:
                 reply = [1, gen or 0, remote_state, opened_ms or 0, break_ms or 0, pinned or 0]
                 breaker.inbox.append(_remote([*reply, now_ms, ""], authoritative=True))
