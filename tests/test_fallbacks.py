@@ -299,7 +299,7 @@ async def test_specs_can_hide_fallbacks_and_keep_a_covered_primary() -> None:
     dispatcher.breakers.force_open("backup2")
     assert dispatcher.specs(hide_fallbacks=True) == []
     marked = dispatcher.specs(unavailable="mark", hide_fallbacks=True)
-    assert marked[0]["function"]["description"].startswith("[unavailable for about")
+    assert marked[0]["function"]["description"].startswith("[unavailable: paused by an operator]")
 
 
 def test_registration_refuses_bad_fallbacks() -> None:

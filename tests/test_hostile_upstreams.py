@@ -128,14 +128,23 @@ UNREADABLE = {
 # -- clean_text itself ---------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(BOMBS))
 def test_clean_text_is_fast_and_total(name: str) -> None:
-    for size in (1, 10, 100):  # 100× the input must not cost more: it is cut first
-        text = BOMBS[name] * size
-        for limit in (20, 300, 5000):
-            started = time.perf_counter()
-            out = clean_text(text, limit)
-            elapsed = time.perf_counter() - started
-            assert elapsed < 0.02, (name, size, limit, elapsed)
-            assert out is None or len(out) <= limit
+    """Linear in its window, whatever the input's size: 100× the input costs no more (it is
+    cut first), and no window takes long (a quadratic pattern on a 41,000-character window
+    would take seconds; the worst case here is ~9 ms on a quiet machine). Each time is the
+    best of three, so another process taking the CPU cannot fail the test."""
+    for limit in (20, 300, 5000):
+        best: dict[int, float] = {}
+        for size in (1, 10, 100):
+            text = BOMBS[name] * size
+            times = []
+            for _ in range(3):
+                started = time.perf_counter()
+                out = clean_text(text, limit)
+                times.append(time.perf_counter() - started)
+                assert out is None or len(out) <= limit
+            best[size] = min(times)
+        assert max(best.values()) < 0.1, (name, limit, best)
+        assert best[100] < 2 * best[1] + 0.002, (name, limit, best)
 
 
 def test_clean_text_keeps_normal_text() -> None:
