@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -57,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -405,34 +406,6 @@ async def light_sessions(server: Server, count: int) -> AsyncIterator[list[Light
             await session.aclose()
 
 
-async def saturate(server: Server, light: Sequence[LightSession], calls: int) -> Sample:
-    """``calls`` calls over the light sessions at once, each calling back to back."""
-    latencies: list[float] = []
-    each = max(1, calls // len(light))
-
-    async def worker(session: LightSession) -> None:
-        for _ in range(each):
-            began = time.perf_counter()
-            await session.call()
-            latencies.append(time.perf_counter() - began)
-
-    gc.collect()
-    cpu, upstream, client = server.cpu_s(), server.children_cpu_s(), time.process_time()
-    began = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for session in light:
-            tg.start_soon(worker, session)
-    wall = time.perf_counter() - began
-    return Sample(
-        latencies,
-        wall,
-        server.cpu_s() - cpu,
-        each * len(light),
-        server.children_cpu_s() - upstream,
-        time.process_time() - client,
-    )
-
-
 @dataclass
 class Sample:
     latencies: list[float]
@@ -443,31 +416,45 @@ class Sample:
     client_cpu_s: float = 0.0
 
 
-async def measure(server: Server, clients: int, calls: int) -> Sample:
+async def timed(
+    server: Server, callers: Sequence[Callable[[], Awaitable[None]]], each: int
+) -> Sample:
+    """Every caller makes ``each`` calls back to back, all callers at once; the wall time,
+    the server's (and its upstream's) CPU and this process's CPU over the whole of it."""
     latencies: list[float] = []
-    each = max(1, calls // clients)
 
-    async def worker(session: ClientSession) -> None:
+    async def worker(call_once: Callable[[], Awaitable[None]]) -> None:
         for _ in range(each):
             began = time.perf_counter()
-            await call(server, session)
+            await call_once()
             latencies.append(time.perf_counter() - began)
 
     gc.collect()
     cpu, upstream, client = server.cpu_s(), server.children_cpu_s(), time.process_time()
     began = time.perf_counter()
     async with anyio.create_task_group() as tg:
-        for session in server.sessions[:clients]:
-            tg.start_soon(worker, session)
+        for caller in callers:
+            tg.start_soon(worker, caller)
     wall = time.perf_counter() - began
     return Sample(
         latencies,
         wall,
         server.cpu_s() - cpu,
-        each * clients,
+        each * len(callers),
         server.children_cpu_s() - upstream,
         time.process_time() - client,
     )
+
+
+async def measure(server: Server, clients: int, calls: int) -> Sample:
+    """``calls`` calls through ``clients`` of the SDK's sessions at once."""
+    callers = [functools.partial(call, server, session) for session in server.sessions[:clients]]
+    return await timed(server, callers, max(1, calls // clients))
+
+
+async def saturate(server: Server, light: Sequence[LightSession], calls: int) -> Sample:
+    """``calls`` calls over the light sessions at once, each calling back to back."""
+    return await timed(server, [session.call for session in light], max(1, calls // len(light)))
 
 
 # -- the report -----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -85,13 +86,20 @@ async def entered_together(*managers: AbstractAsyncContextManager[Any]) -> Async
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "examples" / "experiments"
 
 
-def load_experiment(name: str) -> ModuleType:
-    """``examples/experiments/NAME.py`` as a module (the scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(f"experiment_{name}", EXPERIMENTS / f"{name}.py")
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script that is not in a package (an experiment, a benchmark) as module ``name``,
+    registered in ``sys.modules`` (its dataclasses resolve their annotations there)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_experiment(name: str) -> ModuleType:
+    """``examples/experiments/NAME.py`` as a module (the scripts are not a package)."""
+    return load_script(EXPERIMENTS / f"{name}.py", f"experiment_{name}")
 
 
 # -- the short dependency-hang experiment, run once per session -----------------------------------

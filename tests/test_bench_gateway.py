@@ -3,25 +3,20 @@ the light load generator included), never its speed."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import anyio
 import pytest
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 GATEWAY = ROOT / "bench" / "gateway.py"
 
 
 def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("toolrelay_bench_gateway", GATEWAY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(GATEWAY, "toolrelay_bench_gateway")
 
 
 def test_every_server_answers_the_sdk_clients_and_the_light_ones() -> None:

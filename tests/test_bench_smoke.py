@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -11,17 +10,14 @@ from types import ModuleType
 
 import pytest
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "bench" / "run.py"
 
 
 def load_harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("toolrelay_bench_run", RUN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(RUN, "toolrelay_bench_run")
 
 
 @pytest.fixture(scope="module")

@@ -185,17 +185,17 @@ class SharedStorage(pybreaker.CircuitMemoryStorage):
         self.link.attach(self)
 
     # -- what the breaker asks for (never waits) ------------------------------------------------
-    def transition(self, breaker: KeyBreaker, expected: int, state: State, decision: int) -> bool:
+    def transition(
+        self, breaker: KeyBreaker, expected: int, state: State, decision: int, *, forced: int = 0
+    ) -> bool:
         """A local decision (serial ``decision``); False if it was dropped (Redis down)."""
-        pinned = int(breaker.pinned_open)
-        brk = _ms(breaker.break_s)
-        return self.link.send(("transition", self, expected, state, brk, pinned, 0, decision))
+        brk, pinned = _ms(breaker.break_s), int(breaker.pinned_open)
+        op = ("transition", self, expected, state, brk, pinned, forced, decision)
+        return self.link.send(op)
 
     def force(self, breaker: KeyBreaker, decision: int) -> bool:
         """An operator's decision: applied whatever the period (pin, unpin)."""
-        pinned = int(breaker.pinned_open)
-        state, brk = breaker.known, _ms(breaker.break_s)
-        return self.link.send(("transition", self, breaker.period, state, brk, pinned, 1, decision))
+        return self.transition(breaker, breaker.period, breaker.known, decision, forced=1)
 
     def claim(self, breaker: KeyBreaker, period: int) -> None:
         member = f"{self.link.replica}:{next(self.link.serial)}"
