@@ -242,7 +242,15 @@ def test_status_page_needs_the_token_and_shows_a_breaker_opening(
     expect(page.locator("#login-error")).to_contain_text("refused")
     expect(page.locator("#status")).to_be_hidden()
     assert page.evaluate("sessionStorage.length") == 0
-    assert watched.errors  # the browser logs the 401s; nothing else
+    wrong = "Bearer not-the-token"
+    refused = [r for r in watched.requests if r.headers.get("authorization") == wrong]
+    assert len(refused) == 5  # one round of the five data endpoints, then no more
+    # The browser logs each 401 as it lands; the console events reach us a little later.
+    for _ in range(100):
+        if len(watched.errors) >= len(refused):
+            break
+        page.wait_for_timeout(50)
+    assert len(watched.errors) == len(refused), watched.errors
     assert all("status of 401" in error for error in watched.errors), watched.errors
     watched.errors.clear()
 

@@ -198,9 +198,14 @@ async function refresh() {
       health.className = "pill down";
     }
     if (!token()) return showLogin();
-    const responses = await Promise.all(
+    // Every request of the round is answered before the page changes: a refused token shows
+    // the login once all five refusals are in, not while four are still on their way.
+    const settled = await Promise.allSettled(
       ["readyz", "tools", "breakers", "faults", "metrics"].map((path) => get(path, true)),
     );
+    const refused = settled.find((s) => s.status === "rejected");
+    if (refused) throw refused.reason;
+    const responses = settled.map((s) => s.value);
     const [ready, tools, breakers, faults] = await Promise.all(
       responses.slice(0, 4).map((r) => r.json()),
     );
