@@ -45,7 +45,7 @@ from toolrelay.sources.mcp import McpSource
 pytestmark = pytest.mark.anyio
 
 TEST_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
-ERAS = {"auto": "2026-07-28", "legacy": "2025-11-25"}
+ERAS = {"2026-07-28": "2026-07-28", "legacy": "2025-11-25"}  # the mode pins the era
 ONCE = BreakerConfig(max_attempts=1, fail_max=100)  # no retry, never open
 WIDE = BreakerConfig(max_concurrent=256)  # many calls in flight at once
 
@@ -233,7 +233,7 @@ async def test_the_raw_request_is_the_one_the_sdk_writes(tmp_path: Path) -> None
         assert meta["tracestate"] == "rojo=00f067aa0ba902b7", protocol
         stamped = "io.modelcontextprotocol/protocolVersion"
         # 2026-era requests carry the stamp
-        assert (stamped in meta) is (protocol == "auto"), protocol
+        assert (stamped in meta) is (protocol != "legacy"), protocol
         assert "_meta" not in raw["params"] or stamped in raw["params"]["_meta"], protocol
 
     await each_era(tmp_path, case)
@@ -484,7 +484,7 @@ async def test_sdk_server_under_concurrency(tmp_path: Path) -> None:
 
 # -- reading results ------------------------------------------------------------------------
 TEXT = {"type": "text", "text": "hi"}
-LEGACY, MODERN = ERAS["legacy"], ERAS["auto"]
+LEGACY, MODERN = ERAS["legacy"], ERAS["2026-07-28"]
 SHAPES: list[tuple[dict[str, Any], set[str]]] = [  # a result, and the eras it is read quickly in
     ({"content": [TEXT]}, {LEGACY}),
     ({"content": [TEXT], "isError": False}, {LEGACY}),

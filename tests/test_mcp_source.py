@@ -36,7 +36,8 @@ pytestmark = pytest.mark.anyio
 TEST_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
 OPEN = {"open": Profile(require_approval=())}  # tools without hints are "write" tools
 NO_RETRY = BreakerConfig(max_attempts=1)
-ERAS = {"auto": "2026-07-28", "legacy": "2025-11-25"}  # what each mode gets from an SDK 2.x server
+# The era each mode pins with an SDK 2.x server (``auto``: tests of its own below).
+ERAS = {"2026-07-28": "2026-07-28", "legacy": "2025-11-25"}
 # Upstream, not ours: closing a 2025-era streamable-HTTP session under trio leaves the SDK's
 # standalone GET SSE stream's httpx2/httpcore2 async generators to the garbage collector, and
 # trio's finalizer then warns (seen only with ResourceWarning enabled, e.g. python -X dev).
@@ -83,10 +84,11 @@ class TestServer:
         self.log: TextIO = (tmp / "server.log").open("a")
         self.port = free_port() if kind == "http" else 0
         self.process: subprocess.Popen[bytes] | None = None
+        self.flags: list[str] = []
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, str(TEST_SERVER), "--record", str(self.record)]
+        return [sys.executable, str(TEST_SERVER), "--record", str(self.record), *self.flags]
 
     def start(self) -> None:
         self.launch()
@@ -314,6 +316,59 @@ def test_object_schema_normalisation() -> None:
     assert object_schema({"type": "object", "required": []}) == {"type": "object", "required": []}
     assert object_schema({"type": "string"}) is None
     assert object_schema({"type": ["object", "null"]}) is None
+
+
+# -- protocol="auto": which era -----------------------------------------------------------------
+@LEGACY_HTTP_CLOSE
+async def test_auto_offers_the_handshake_over_stdio_and_2026_over_http(server: TestServer) -> None:
+    async with server.source() as source:
+        assert source.protocol == "auto"
+        era = "2025-11-25" if server.kind == "stdio" else "2026-07-28"
+        assert source.protocol_version == era
+        registry = ToolRegistry()
+        registry.register(source)
+        answer = await Dispatcher(registry).dispatch("structured", {"n": 2})
+        assert answer.data == {"n": 2, "doubled": 4}, answer.to_model()
+        assert [call["protocol"] for call in server.calls("structured")] == [era]
+        assert source.connects == 1 and source.connection_failures == 0
+    if server.kind == "stdio":
+        assert len(server.events("started")) == 1  # one process: no second try
+
+
+async def test_auto_over_stdio_speaks_2026_to_a_server_that_refuses_the_handshake(
+    stdio_server: TestServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    stdio_server.flags = ["--modern-only"]
+    with caplog.at_level(logging.INFO, logger="toolrelay.sources.mcp"):
+        async with stdio_server.source(backoff_initial_s=0.05) as source:
+            assert source.protocol_version == "2026-07-28"
+            registry = ToolRegistry()
+            registry.register(source)
+            dispatcher = Dispatcher(registry, profiles=OPEN)
+            answer = await dispatcher.dispatch("structured", {"n": 3})
+            assert answer.data == {"n": 3, "doubled": 6}, answer.to_model()
+            assert source.connects == 1 and source.connection_failures == 0
+            # a reconnect goes straight to the 2026-era protocol: no handshake offered again
+            crashed = await dispatcher.dispatch("crash", "{}", profile="open")
+            assert crashed.error_type is ErrorType.TOOL_ERROR
+            await anyio.sleep(0.1)
+            again = await dispatcher.dispatch("structured", {"n": 4})
+            assert again.data == {"n": 4, "doubled": 8}, again.to_model()
+            assert source.connects == 2 and source.protocol_version == "2026-07-28"
+    assert len(stdio_server.events("handshake_refused")) == 1
+    assert len(stdio_server.events("started")) == 3  # refused, then connected, then after the crash
+    assert {call["protocol"] for call in stdio_server.calls("structured")} == {"2026-07-28"}
+    logged = [record.getMessage() for record in caplog.records]
+    refused = [line for line in logged if "refused the 2025 handshake" in line]
+    assert len(refused) == 1 and "speaks only the 2026-era protocol" in refused[0], refused
+
+
+async def test_legacy_is_not_retried_in_another_era(stdio_server: TestServer) -> None:
+    stdio_server.flags = ["--modern-only"]
+    with pytest.raises(McpConnectError, match="2026-era"):
+        async with stdio_server.source(protocol="legacy"):
+            pass  # pragma: no cover - the handshake is refused
+    assert len(stdio_server.events("started")) == 1
 
 
 # -- deadlines: cancelled on the server ---------------------------------------------------------

@@ -5,6 +5,7 @@
     python mcp_test_server.py --record FILE --raw         # hand-written, non-conforming stdio
     python mcp_test_server.py --record FILE --hostile     # hand-written, pathological answers
     python mcp_test_server.py --record FILE --content     # also the CONTENT tools
+    python mcp_test_server.py --record FILE --modern-only # refuses the 2025 handshake
 
 It serves both protocol eras (the client's first request decides). Every ``tools/call`` it
 receives, and every call cancelled under it, is appended to FILE as one JSON line, so a
@@ -297,6 +298,19 @@ SERVER = Server(
 )
 
 
+async def refuse_handshake(ctx: ServerRequestContext[Any, Any], call_next: Any) -> Any:
+    """A 2026-era-only server: ``initialize`` is answered as the SDK's own modern-locked
+    connection answers it (-32022, naming the versions served); everything else passes."""
+    if ctx.method == "initialize":
+        record(event="handshake_refused")
+        raise MCPError(
+            code=types.UNSUPPORTED_PROTOCOL_VERSION,
+            message="this server speaks only the 2026-era protocol",
+            data={"supported": list(MODERN_PROTOCOL_VERSIONS)},
+        )
+    return await call_next(ctx)
+
+
 async def serve_stdio() -> None:
     async with stdio_server() as (read_stream, write_stream):
         options = SERVER.create_initialization_options(NotificationOptions(tools_changed=True))
@@ -434,7 +448,10 @@ def main() -> None:
     parser.add_argument("--hostile", action="store_true", help="pathological answers, no SDK")
     parser.add_argument("--json", action="store_true", help="HTTP answers as JSON, not SSE")
     parser.add_argument("--content", action="store_true", help="also the CONTENT tools")
+    parser.add_argument("--modern-only", action="store_true", help="refuse the 2025 handshake")
     options = parser.parse_args()
+    if options.modern_only:
+        SERVER.middleware.append(refuse_handshake)
     RECORD = options.record
     if options.content:
         for name in CONTENT:

@@ -138,8 +138,9 @@ class UpstreamSettings:
     protocol: (
         Annotated[str, Strict(), Field(pattern=r"^(auto|legacy|\d{4}-\d{2}-\d{2})$")] | None
     ) = None
-    """``auto`` (the default: 2026-era when the server speaks it), ``legacy`` (the 2025
-    handshake), or a 2026-era protocol version (``McpSource``'s ``protocol``)."""
+    """``auto`` (the default: over stdio the 2025 handshake unless the server refuses it,
+    over HTTP 2026-era when the server speaks it), ``legacy`` (the 2025 handshake), or a
+    2026-era protocol version (``McpSource``'s ``protocol``)."""
 
     @field_validator("protocol")
     @classmethod

@@ -159,9 +159,10 @@ class McpSource:
         timeout_s: ``timeout_s`` of every tool; ``tool_timeouts`` maps MCP tool names
             (as the server names them) to their own.
         tags: Tags for every tool, besides ``"mcp"``.
-        protocol: The SDK's connect mode: ``"auto"`` (2026-era if the server speaks it,
-            otherwise the 2025 handshake), ``"legacy"`` (always the handshake), or a
-            2026-era protocol version.
+        protocol: The connect mode: ``"auto"`` (over stdio the 2025 handshake first, the
+            2026-era protocol when the server refuses it; over HTTP the 2026-era protocol
+            when the server speaks it, otherwise the handshake), ``"legacy"`` (always the
+            handshake), or a 2026-era protocol version (always that).
         connect_timeout_s: Bound on connecting, and on each ``tools/list`` refresh.
         close_timeout_s: Bound on closing a session gracefully.
         backoff_initial_s, backoff_max_s: Wait before reconnecting after the connection

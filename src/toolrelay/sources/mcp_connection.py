@@ -22,6 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -58,12 +59,18 @@ class Unreachable(Exception):
     """Raised by :meth:`Connector.acquire` with the seconds until a retry may connect."""
 
 
+def innermost(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups; ``exc`` itself otherwise."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def why(exc: BaseException | None) -> str:
     """A short account of a failure, for logs: the innermost exception, groups flattened."""
     if exc is None:
         return "cancelled"
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
+    exc = innermost(exc)
     text = cap(str(exc), 120)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -136,6 +143,8 @@ class Connection:
         self.error: BaseException | None = None
         self.lane: RawLane | None = None
         """The stdio transport's raw lane for ``tools/call`` (``None``: the SDK's path)."""
+        self.mode = "auto"
+        """The SDK connect mode this connection was made with."""
         self.call_meta: dict[str, Any] = {}
         """The ``_meta`` the SDK's session stamps on every request of this connection."""
 
@@ -195,6 +204,8 @@ class Connector:
         """When (seconds since the epoch) and why the last one happened."""
         self._last_seen = time.monotonic()
         self._tg: anyio.abc.TaskGroup | None = None
+        self.handshake_refused = False
+        """The server refused the 2025 handshake ``auto`` offers over stdio first."""
 
     # -- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> Connector:
@@ -363,14 +374,46 @@ class Connector:
                 )
 
         transport = self._transport()
+        stdio = isinstance(transport, StdioTransport)
         conn.lane = transport.lane if isinstance(transport, StdioTransport) else None
+        conn.mode = self.source.protocol
+        if conn.mode == "auto" and stdio and not self.handshake_refused:
+            conn.mode = "legacy"  # see _enter
         return Client(
             transport,
-            mode=self.source.protocol,
+            mode=conn.mode,
             message_handler=on_message,
             client_info=mcp_types.Implementation(name="toolrelay", version=__version__),
             cache=None,  # the source keeps its own copy of the listing and re-reads on change
         )
+
+    async def _enter(self, stack: AsyncExitStack, conn: Connection) -> Client:
+        """Connect, with ``protocol="auto"`` over stdio offering the 2025 handshake first.
+
+        A stdio pipe is one long-lived connection whatever the era; on it the handshake
+        tells the server the protocol version, client info and capabilities once, where a
+        2026-era request carries them in ``_meta`` and an SDK server reads them again on
+        every call (1.5 against 1.0 ms of the server's CPU a call, ``bench/gateway.py``).
+        A server that refuses the handshake (a 2026-era-only one) is started again and
+        spoken to in the SDK's ``auto`` mode; the source remembers, so reconnects go
+        straight there. Over HTTP ``auto`` is the SDK's: 2026-era when the server speaks
+        it (no session to lose when a replica restarts).
+        """
+        try:
+            return await stack.enter_async_context(self._client(conn))
+        except Exception as exc:  # the transport's task groups wrap the server's answer
+            answer = innermost(exc)
+            offered = conn.mode != self.source.protocol
+            if not offered or not isinstance(answer, MCPError) or is_disconnect(answer):
+                raise
+            self.handshake_refused = True
+            log.info(
+                "toolrelay: MCP server %s refused the 2025 handshake (%s); speaking the "
+                "2026-era protocol to it",
+                self.name,
+                cap(answer.message, 80),
+            )
+        return await stack.enter_async_context(self._client(conn))
 
     async def _run(self, conn: Connection) -> None:
         """Own one connection from connect to close. Never raises (except cancellation)."""
@@ -378,18 +421,23 @@ class Connector:
             with anyio.CancelScope() as scope:
                 conn.scope = scope
                 scope.deadline = anyio.current_time() + self.source.connect_timeout_s
-                async with self._client(conn) as client, anyio.create_task_group() as tg:
+                async with AsyncExitStack() as stack:
+                    client = await self._enter(stack, conn)
+                    tg = await stack.enter_async_context(anyio.create_task_group())
                     # The SDK re-checks structuredContent against the upstream's outputSchema
                     # with pure-Python jsonschema, on the event loop, with a backtracking
                     # regex engine (an upstream's "^(a+)+$" held the loop for seconds).
                     # toolrelay checks the same schema itself with jsonschema-rs (linear-time
                     # regex) in its shape stage, so the SDK's copy is skipped.
                     client.session.validate_tool_result = _trust_result  # type: ignore[method-assign]
-                    # 2026-era servers send list changes only on a subscriptions/listen stream
+                    # 2026-era servers send list changes only on a subscriptions/listen
+                    # stream. A pinned version is adopted without asking the server, so its
+                    # capabilities are unknown: listen anyway (a refusal is only logged).
                     changes = client.server_capabilities.tools
                     modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
-                    if modern and changes is not None and changes.list_changed:
-                        tg.start_soon(self._listen, conn, client)
+                    pinned = conn.mode not in ("auto", "legacy")
+                    if modern and (changes.list_changed if changes is not None else pinned):
+                        tg.start_soon(self._listen, conn, client, changes is not None)
                     offered = self._listed(await list_tools(client))
                     meta = stamped_meta(client) if conn.lane is not None else None
                     if meta is None:
@@ -440,9 +488,10 @@ class Connector:
             conn.ready.set()
 
     # -- tool list changes ----------------------------------------------------------------
-    async def _listen(self, conn: Connection, client: Client) -> None:
+    async def _listen(self, conn: Connection, client: Client, advertised: bool) -> None:
         """Keep a tools-changed subscription open; every event (and every re-listen, since
-        events are not replayed) asks for a refresh."""
+        events are not replayed) asks for a refresh. ``advertised``: the server said it
+        reports changes (a refusal is then a warning; otherwise news)."""
         while not conn.closing.is_set():
             try:
                 async with client.listen(tools_list_changed=True) as subscription:
@@ -453,7 +502,8 @@ class Connector:
                 if is_disconnect(exc):
                     self.lost(conn, exc.message)
                 else:
-                    log.warning(
+                    log.log(
+                        logging.WARNING if advertised else logging.INFO,
                         "toolrelay: MCP server %s refused to report tool changes: %s",
                         self.name,
                         cap(exc.message, 80),
