@@ -374,11 +374,12 @@ class Connector:
                 )
 
         transport = self._transport()
-        stdio = isinstance(transport, StdioTransport)
-        conn.lane = transport.lane if isinstance(transport, StdioTransport) else None
+        conn.lane = None
         conn.mode = self.source.protocol
-        if conn.mode == "auto" and stdio and not self.handshake_refused:
-            conn.mode = "legacy"  # see _enter
+        if isinstance(transport, StdioTransport):
+            conn.lane = transport.lane
+            if conn.mode == "auto" and not self.handshake_refused:
+                conn.mode = "legacy"  # see _enter
         return Client(
             transport,
             mode=conn.mode,
