@@ -39,7 +39,8 @@ def test_every_server_answers_the_sdk_clients_and_the_light_ones() -> None:
         assert light.cpu_s > 0, server  # the server's own CPU was read
     table = comparison.table()
     assert table.count("| 8 light |") == len(expected)
-    assert "saturated" not in table  # no mcp-proxy: no ratio against it
+    assert "mcp-proxy" not in table  # no mcp-proxy: no ratio against it
+    assert "toolrelay-plugin[json] / upstream[json], saturated" in table
 
 
 def test_the_saturated_ratio_carries_the_throughput_target() -> None:
@@ -51,7 +52,8 @@ def test_the_saturated_ratio_carries_the_throughput_target() -> None:
         for name in ("mcp-proxy", "toolrelay", "toolrelay-plugin", "upstream", "upstream[json]")
         for c in bench.CONCURRENCY
     }
-    saturated = {"mcp-proxy": [sample], "toolrelay": [faster]}
+    saturated = {"mcp-proxy": [sample], "toolrelay": [faster], "toolrelay-plugin": [sample]}
+    saturated |= {"upstream": [sample], "upstream[json]": [sample]}
     servers = ["upstream", "upstream[json]", "mcp-proxy", "toolrelay", "toolrelay-plugin"]
     rss = dict.fromkeys(servers, 1.0)
     comparison = bench.Comparison(servers, [""], results, rss, saturated)
@@ -64,3 +66,36 @@ def test_the_saturated_ratio_carries_the_throughput_target() -> None:
     comparison = bench.Comparison(servers, [""], results, rss, saturated)
     ratios = {r.name: r for r in comparison.ratios()}
     assert not ratios["calls/s toolrelay / mcp-proxy, saturated (8 light connections)"].passed
+
+
+def test_the_plugin_is_judged_against_the_bare_server_where_the_server_sets_the_rate() -> None:
+    """With 8 SDK clients the client costs more than either server: those rows are context;
+    the 1-client rows and the saturated rows carry the 1.05x target."""
+    bench = load_bench()
+    fast = bench.Sample([0.001] * 10, 1.0, 0.5, 100)
+    slow = bench.Sample([0.002] * 10, 2.0, 0.5, 100)  # half the rate, twice the p50
+    servers = ["upstream", "upstream[json]", "toolrelay", "toolrelay-plugin"]
+    results = {(name, c): [fast] for name in servers for c in bench.CONCURRENCY}
+    results["toolrelay-plugin", 8] = [slow]
+    saturated = {name: [fast] for name in servers}
+    comparison = bench.Comparison(servers, [""], results, dict.fromkeys(servers, 1.0), saturated)
+    ratios = {r.name: r for r in comparison.ratios()}
+    sdk = ratios["p50 toolrelay-plugin / upstream[json], 8 SDK clients (client-bound)"]
+    assert sdk.value == pytest.approx(2.0) and sdk.target is None and sdk.passed
+    rate = ratios["calls/s upstream[json] / toolrelay-plugin, 8 SDK clients (client-bound)"]
+    assert rate.value == pytest.approx(2.0) and rate.target is None
+    one = ratios["calls/s upstream[json] / toolrelay-plugin, 1 client(s)"]
+    assert one.target == 1.05 and one.passed
+    light = "toolrelay-plugin / upstream[json], saturated (8 light connections)"
+    assert ratios[f"p50 {light}"].passed and ratios[f"p50 {light}"].target == 1.05
+    saturated["toolrelay-plugin"] = [slow]
+    comparison = bench.Comparison(servers, [""], results, dict.fromkeys(servers, 1.0), saturated)
+    ratios = {r.name: r for r in comparison.ratios()}
+    assert not ratios[f"p50 {light}"].passed
+    assert not ratios[
+        "calls/s upstream[json] / toolrelay-plugin, saturated (8 light connections)"
+    ].passed
+    # Without the saturated rounds, the 8-SDK-client rows are all there is: they are judged.
+    comparison = bench.Comparison(servers, [""], results, dict.fromkeys(servers, 1.0))
+    ratios = {r.name: r for r in comparison.ratios()}
+    assert not ratios["p50 toolrelay-plugin / upstream[json], 8 SDK clients (client-bound)"].passed
