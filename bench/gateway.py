@@ -505,6 +505,8 @@ class Ratio:
     target: float | None
     """``None``: shown for context, no target."""
     at_least: bool
+    label: str = ""
+    """The toolrelay configuration judged: "" (as configured by default) or a variant's name."""
 
     @property
     def passed(self) -> bool:
@@ -534,38 +536,47 @@ class Comparison:
 
     def ratios(self) -> list[Ratio]:
         out: list[Ratio] = []
+        light = "saturated (8 light connections)"
         for label in self.labels:
             tag = f"[{label}]" if label else ""
             tr, plugin = f"toolrelay{tag}", f"toolrelay-plugin{tag}"
+
+            def add(
+                name: str,
+                top: Sequence[Sample],
+                bottom: Sequence[Sample],
+                what: str,
+                target: float | None,
+                at_least: bool = False,
+                label: str = label,
+            ) -> None:
+                value = round_ratio(top, bottom, what)
+                out.append(Ratio(name, value, target, at_least, label))
+
             if "mcp-proxy" in self.servers:
                 for clients in CONCURRENCY:
                     top, bottom = self.results[tr, clients], self.results["mcp-proxy", clients]
                     name = f"{tr} / mcp-proxy, {clients} client(s)"
-                    out.append(Ratio(f"p50 {name}", round_ratio(top, bottom, "p50"), 0.9, False))
-                    out.append(Ratio(f"p99 {name}", round_ratio(top, bottom, "p99"), 1.0, False))
+                    add(f"p50 {name}", top, bottom, "p50", 0.9)
+                    add(f"p99 {name}", top, bottom, "p99", 1.0)
                 top, bottom = self.results[tr, 8], self.results["mcp-proxy", 8]
                 name = f"calls/s {tr} / mcp-proxy, 8 SDK clients (client-bound)"
-                out.append(Ratio(name, round_ratio(top, bottom, "rate"), None, True))
+                add(name, top, bottom, "rate", None, at_least=True)
                 if self.saturated:
                     top, bottom = self.saturated[tr], self.saturated["mcp-proxy"]
-                    name = f"calls/s {tr} / mcp-proxy, saturated (8 light connections)"
-                    out.append(Ratio(name, round_ratio(top, bottom, "rate"), 1.2, True))
+                    add(f"calls/s {tr} / mcp-proxy, {light}", top, bottom, "rate", 1.2, True)
             for bare in UPSTREAMS:
                 for clients in CONCURRENCY:
                     # Eight SDK clients cost more CPU than either server: context only.
                     target = 1.05 if clients == 1 or not self.saturated else None
                     top, bottom = self.results[plugin, clients], self.results[bare, clients]
-                    name = f"{plugin} / {bare}, {clients} "
-                    name += "client(s)" if clients == 1 else "SDK clients (client-bound)"
-                    out.append(Ratio(f"p50 {name}", round_ratio(top, bottom, "p50"), target, False))
-                    name = f"calls/s {bare} / {plugin}, {name.split(', ', 1)[1]}"
-                    out.append(Ratio(name, round_ratio(bottom, top, "rate"), target, False))
+                    how = "1 client(s)" if clients == 1 else "8 SDK clients (client-bound)"
+                    add(f"p50 {plugin} / {bare}, {how}", top, bottom, "p50", target)
+                    add(f"calls/s {bare} / {plugin}, {how}", bottom, top, "rate", target)
                 if self.saturated:
                     top, bottom = self.saturated[plugin], self.saturated[bare]
-                    name = f"{plugin} / {bare}, saturated (8 light connections)"
-                    out.append(Ratio(f"p50 {name}", round_ratio(top, bottom, "p50"), 1.05, False))
-                    name = f"calls/s {bare} / {plugin}, saturated (8 light connections)"
-                    out.append(Ratio(name, round_ratio(bottom, top, "rate"), 1.05, False))
+                    add(f"p50 {plugin} / {bare}, {light}", top, bottom, "p50", 1.05)
+                    add(f"calls/s {bare} / {plugin}, {light}", bottom, top, "rate", 1.05)
         return out
 
     def table(self) -> str:

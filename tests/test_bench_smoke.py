@@ -211,3 +211,28 @@ def test_quick_deadline_run_separates_checked_stress_and_diagnosis_rows() -> Non
     assert neighbours and all(
         " info " in line and "without toolrelay" in line for line in neighbours
     )
+
+
+def test_gateway_rows_hold_the_json_variant_to_its_targets(harness: ModuleType) -> None:
+    """In a full run the ratios of toolrelay with JSON answers are in force, whichever
+    side of the ratio toolrelay is on; those of the default (SSE) configuration are shown."""
+    gateway = load_script(ROOT / "bench" / "gateway.py", "toolrelay_bench_gateway")
+    sample = gateway.Sample([0.001] * 10, 1.0, 0.5, 100)
+    slow = gateway.Sample([0.002] * 10, 2.0, 0.5, 100)
+    servers = ["upstream", "upstream[json]", "toolrelay", "toolrelay-plugin"]
+    servers += ["toolrelay[json]", "toolrelay-plugin[json]"]
+    results = {(name, c): [sample] for name in servers for c in gateway.CONCURRENCY}
+    results["toolrelay-plugin", 1] = [slow]  # misses, but it is the default configuration
+    comparison = gateway.Comparison(servers, ["", "json"], results, dict.fromkeys(servers, 1.0))
+    rows = {row.name: row for row in harness.gateway_rows(comparison, quick=False)}
+    shown = rows["calls/s upstream[json] / toolrelay-plugin, 1 client(s)"]
+    assert shown.passed is False and not shown.in_force and not shown.fails_check
+    checked = rows["calls/s upstream[json] / toolrelay-plugin[json], 1 client(s)"]
+    assert checked.in_force and checked.passed
+    assert rows["p50 toolrelay-plugin[json] / upstream, 1 client(s)"].in_force
+    assert rows["toolrelay[json], 8 clients"].unit == "calls/s"
+    results["toolrelay-plugin[json]", 1] = [slow]
+    rows = {row.name: row for row in harness.gateway_rows(comparison, quick=False)}
+    assert rows["calls/s upstream[json] / toolrelay-plugin[json], 1 client(s)"].fails_check
+    quick = {row.name: row for row in harness.gateway_rows(comparison, quick=True)}
+    assert not quick["calls/s upstream[json] / toolrelay-plugin[json], 1 client(s)"].fails_check
