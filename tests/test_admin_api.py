@@ -169,7 +169,7 @@ async def test_breakers_lists_every_tool_key(api: httpx.AsyncClient) -> None:
     assert body["breakers"]["open-meteo"] == {
         "state": "closed", "failures": 0, "trials_in_flight": 0,
         "retry_after_s": None, "pinned_open": False,
-        "failure_rate": 0.0, "slow_call_rate": 0.0, "break_s": 60.0,
+        "failure_rate": None, "slow_call_rate": None, "break_s": 60.0,
     }  # fmt: skip
     one = (await call(api, "GET", "/breakers/searxng")).json()
     assert one["key"] == "searxng" and one["state"] == "closed"

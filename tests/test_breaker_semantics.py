@@ -296,6 +296,20 @@ async def test_count_window_waits_for_minimum_calls(sync: bool) -> None:
     assert (await call(dispatcher)).error_type is ErrorType.CIRCUIT_OPEN
 
 
+async def test_a_consecutive_breaker_reports_no_rate(sync: bool) -> None:
+    """It counts failures in a row: its snapshot (what /breakers shows) has no share of
+    calls to report, so the rates are None rather than a 0 beside two failures."""
+    config = BreakerConfig(fail_max=3, reset_timeout_s=30, max_attempts=1)
+    dispatcher, _ = relay(config, sync)
+    await calls(dispatcher, "ok", "fail", "fail")
+    snapshot = dispatcher.breakers.get(KEY).snapshot()
+    assert snapshot["failures"] == 2 and snapshot["state"] == "closed"
+    assert snapshot["failure_rate"] is None and snapshot["slow_call_rate"] is None
+    windowed = relay(count_window(), sync)[0]
+    await calls(windowed, "ok", "fail")
+    assert windowed.breakers.get(KEY).snapshot()["failure_rate"] == 0.5
+
+
 @pytest.mark.parametrize(
     "steps",
     [

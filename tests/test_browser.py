@@ -285,6 +285,8 @@ def test_status_page_needs_the_token_and_shows_a_breaker_opening(
     expect(page.locator("#faults tbody tr")).to_contain_text("tool crm_lookup")
     expect(tool.locator(".outcomes")).to_contain_text("circuit_open")
     expect(page.locator("#breakers tr[data-key=crm] .trial")).to_have_text(re.compile(r"\d"))
+    # Three failures in a row opened it: a consecutive breaker has no failure rate to show.
+    expect(page.locator("#breakers tr[data-key=crm] .rate")).to_have_text("—")
     expect(page.locator("#upstream")).to_contain_text("crm")
     page.screenshot(path=str(ARTIFACTS / "status-open.png"), full_page=True)
     assert live_admin.state.dispatcher.breakers.state("crm") == "open"

@@ -673,8 +673,12 @@ class KeyBreaker:
             self._sent(self.shared.force(self, self.decided + 1))
 
     def snapshot(self) -> dict[str, Any]:
+        """The breaker as ``/breakers`` shows it; the rates are ``None`` for the consecutive
+        window, which counts failures in a row, not a share of calls."""
         state = self.state
-        failure_rate, slow_rate = self.rates()
+        failure_rate = slow_rate = None
+        if self.window is not None:
+            failure_rate, slow_rate = (round(rate, 4) for rate in self.rates())
         return {
             "state": state,
             "failures": (
@@ -683,8 +687,8 @@ class KeyBreaker:
             "trials_in_flight": self.trials,
             "retry_after_s": round(self.retry_after(), 3) if state == "open" else None,
             "pinned_open": self.pinned_open,
-            "failure_rate": round(failure_rate, 4),
-            "slow_call_rate": round(slow_rate, 4),
+            "failure_rate": failure_rate,
+            "slow_call_rate": slow_rate,
             "break_s": float(self.break_s),
         }
 

@@ -103,8 +103,13 @@ class Breaker(BaseModel):
         description="Seconds until a trial call is admitted (open breakers only)."
     )
     pinned_open: bool = Field(description="Forced open: no trial calls until closed or reset.")
-    failure_rate: _Share = Field(description="Failed share of the calls in the window.")
-    slow_call_rate: _Share = Field(description="Slow share of the calls in the window.")
+    failure_rate: _Share | None = Field(
+        description="Failed share of the calls in the window; null for the consecutive "
+        "window (`failures` is its count in a row)."
+    )
+    slow_call_rate: _Share | None = Field(
+        description="Slow share of the calls in the window; null for the consecutive window."
+    )
     break_s: _Seconds = Field(description="How long an opening lasts before a trial.")
 
 

@@ -143,7 +143,7 @@ function render(ready, tools, breakers, faults, metrics) {
     row.dataset.key = key;
     cell(row, key);
     cell(row, b.state + (b.pinned_open ? " (pinned)" : ""), `state state-${b.state}`);
-    cell(row, `${(b.failure_rate * 100).toFixed(1)} %`, "num");
+    cell(row, b.failure_rate === null ? "—" : `${(b.failure_rate * 100).toFixed(1)} %`, "num rate");
     cell(row, String(b.failures), "num");
     const trial = b.pinned_open ? "not until closed" : b.state === "open" ? seconds(b.retry_after_s) : "—";
     cell(row, trial, "num trial");
