@@ -36,7 +36,9 @@ def test_every_server_answers_the_sdk_clients_and_the_light_ones() -> None:
             assert sample.calls == 16 and len(sample.latencies) == 16, (server, clients)
         (light,) = comparison.saturated[server]
         assert light.calls == 32 and len(light.latencies) == 32, server
-        assert light.cpu_s > 0, server  # the server's own CPU was read
+        assert light.cpu_s >= 0, server
+    # the servers' own CPU was read (a few ms each: the sum, as /proc counts in 10 ms ticks)
+    assert sum(light.cpu_s for (light,) in comparison.saturated.values()) > 0
     table = comparison.table()
     assert table.count("| 8 light |") == len(expected)
     assert "mcp-proxy" not in table  # no mcp-proxy: no ratio against it

@@ -472,8 +472,8 @@ async def test_force_open_close_reset_and_listeners() -> None:
         "trials_in_flight": 0,
         "retry_after_s": None,
         "pinned_open": False,
-        "failure_rate": 0.0,
-        "slow_call_rate": 0.0,
+        "failure_rate": None,  # a consecutive-failures breaker keeps no rate
+        "slow_call_rate": None,
         "break_s": 0.01,
     }
     assert seen == [
