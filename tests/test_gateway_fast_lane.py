@@ -1,5 +1,5 @@
-"""The gateway's fast lane for ``tools/call`` (JSON-response HTTP mode) answers exactly as
-the MCP SDK's server path does.
+"""The gateway's fast lane for ``tools/call`` answers exactly as the MCP SDK's server path
+does, in both HTTP answer modes (``json_response`` and the SDK's default, SSE).
 
 Each scenario runs twice against a real gateway on uvicorn, once with the lane and once
 without (``Gateway.fast_lane = False``: every request through the SDK), over raw HTTP
@@ -11,8 +11,10 @@ should (``gateway.lane.served``). The SDK's own client checks the lane end to en
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -41,6 +43,7 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.parametrize("anyio_backend", ["asyncio"]),  # the gateway serves on uvicorn
 ]
+MODES = pytest.mark.parametrize("json_response", [True, False], ids=["json", "sse"])
 
 VERSION = "2025-06-18"
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -92,7 +95,8 @@ def tools() -> ToolRegistry:
 class Gw:
     """A gateway on in-memory span and metric exporters, serving over loopback HTTP."""
 
-    def __init__(self, *, lane: bool, limited: bool = False) -> None:
+    def __init__(self, *, lane: bool, json_response: bool, limited: bool = False) -> None:
+        self.json_response = json_response
         self.spans = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.spans))
@@ -138,7 +142,9 @@ class Gw:
 
 @asynccontextmanager
 async def serving(gw: Gw, **options: Any) -> AsyncIterator[Gw]:
-    app, manager = gw.gateway.http_app(host="127.0.0.1", path="/mcp", json_response=True, **options)
+    app, manager = gw.gateway.http_app(
+        host="127.0.0.1", path="/mcp", json_response=gw.json_response, **options
+    )
     async with anyio.create_task_group() as tg, manager.run():
         service = HttpService(app, "127.0.0.1", 0)
         await service.start(tg)
@@ -150,7 +156,12 @@ async def serving(gw: Gw, **options: Any) -> AsyncIterator[Gw]:
             tg.cancel_scope.cancel()
 
 
-async def handshake(http: httpx.AsyncClient, url: str, token: str | None = None) -> str:
+async def handshake(
+    http: httpx.AsyncClient,
+    url: str,
+    token: str | None = None,
+    capabilities: dict[str, Any] | None = None,
+) -> str:
     """Open a session (``initialize`` + ``notifications/initialized``): its id."""
     headers = dict(HEADERS)
     if token is not None:
@@ -161,7 +172,7 @@ async def handshake(http: httpx.AsyncClient, url: str, token: str | None = None)
         "method": "initialize",
         "params": {
             "protocolVersion": VERSION,
-            "capabilities": {},
+            "capabilities": capabilities or {},
             "clientInfo": {"name": "lane-test", "version": "1"},
         },
     }
@@ -183,6 +194,15 @@ def call(request_id: int | str, name: str, arguments: Any = None, **params: Any)
 
 
 Exchange = tuple[int, list[tuple[str, str]], bytes]
+
+
+def message(body: bytes) -> Any:
+    """The JSON-RPC message of an answer: a JSON body, or an SSE stream's one event."""
+    if not body.startswith(b"event: "):
+        return json.loads(body)
+    events = [e for e in body.split(b"\r\n\r\n") if e.startswith(b"event: message")]
+    assert len(events) == 1, body
+    return json.loads(events[0].split(b"\r\ndata: ", 1)[1])
 
 
 async def post(
@@ -282,9 +302,11 @@ FALLS_THROUGH: list[tuple[str, bytes, dict[str, str]]] = [
 """Requests the lane must leave to the SDK (each answered as the SDK answers it)."""
 
 
-async def run_calls(lane: bool) -> tuple[list[Exchange], list[dict[str, Any]], Gw]:
+async def run_calls(
+    lane: bool, json_response: bool
+) -> tuple[list[Exchange], list[dict[str, Any]], Gw]:
     async with (
-        serving(Gw(lane=lane, limited=True)) as gw,
+        serving(Gw(lane=lane, json_response=json_response, limited=True)) as gw,
         httpx.AsyncClient(timeout=30) as http,
     ):
         session_id = await handshake(http, gw.url)
@@ -293,16 +315,22 @@ async def run_calls(lane: bool) -> tuple[list[Exchange], list[dict[str, Any]], G
         return answers + over, server_spans(gw), gw
 
 
-async def test_calls_are_answered_byte_for_byte_as_the_sdk_answers_them() -> None:
-    sdk, sdk_spans, sdk_gw = await run_calls(lane=False)
-    fast, fast_spans, fast_gw = await run_calls(lane=True)
+@MODES
+async def test_calls_are_answered_byte_for_byte_as_the_sdk_answers_them(
+    json_response: bool,
+) -> None:
+    sdk, sdk_spans, sdk_gw = await run_calls(False, json_response)
+    fast, fast_spans, fast_gw = await run_calls(True, json_response)
     assert sdk_gw.served == 0
     assert fast_gw.served == len(CALLS) + 2  # every call went through the lane
     for (label, _), want, got in zip(CALLS, sdk, fast, strict=False):
         assert got == want, label
     assert fast == sdk
     # the answers are what each case is about (not two equal failures)
-    bodies = [json.loads(body) for _, _, body in fast]
+    assert all(status == 200 for status, _, _ in fast)
+    kind = "application/json" if json_response else "text/event-stream"
+    assert all(dict(headers)["content-type"] == kind for _, headers, _ in fast)
+    bodies = [message(body) for _, _, body in fast]
     assert bodies[0]["result"]["structuredContent"] == {"text": "hi", "caller": None}
     assert bodies[1]["id"] == "req-2"
     envelopes = [json.loads(b["result"]["content"][0]["text"]) for b in bodies[2:]]
@@ -334,42 +362,58 @@ async def test_calls_are_answered_byte_for_byte_as_the_sdk_answers_them() -> Non
     assert observed(fast_gw) == observed(sdk_gw) != []
 
 
-async def fallthrough_answers(lane: bool) -> tuple[list[Exchange], Gw]:
-    async with serving(Gw(lane=lane)) as gw, httpx.AsyncClient(timeout=30) as http:
+def falls_through(json_response: bool) -> list[tuple[str, bytes, dict[str, str]]]:
+    if json_response:
+        return FALLS_THROUGH
+    return [*FALLS_THROUGH, ("no SSE accepted", call(34, "echo", {"text": "a"}), ACCEPT_JSON)]
+
+
+ACCEPT_JSON = {"Accept": "application/json"}
+
+
+async def fallthrough_answers(lane: bool, json_response: bool) -> tuple[list[Exchange], Gw]:
+    gw = Gw(lane=lane, json_response=json_response)
+    async with serving(gw), httpx.AsyncClient(timeout=30) as http:
         session_id = await handshake(http, gw.url)
         answers = [
             await post(http, gw.url, session_id, body, headers)
-            for _, body, headers in FALLS_THROUGH
+            for _, body, headers in falls_through(json_response)
         ]
         # and after all that the session still serves, through the lane when it is on
         answers.append(await post(http, gw.url, session_id, call(40, "echo", {"text": "a"})))
         return answers, gw
 
 
-async def test_everything_else_is_left_to_the_sdk() -> None:
-    sdk, _ = await fallthrough_answers(lane=False)
-    fast, gw = await fallthrough_answers(lane=True)
+@MODES
+async def test_everything_else_is_left_to_the_sdk(json_response: bool) -> None:
+    sdk, _ = await fallthrough_answers(False, json_response)
+    fast, gw = await fallthrough_answers(True, json_response)
     assert gw.served == 1  # only the last, plain call
-    for (label, _, _), want, got in zip(FALLS_THROUGH, sdk, fast, strict=False):
+    cases = falls_through(json_response)
+    for (label, _, _), want, got in zip(cases, sdk, fast, strict=False):
         assert got == want, label
     assert fast[-1] == sdk[-1] and fast[-1][0] == 200
-    statuses = {label: got[0] for (label, _, _), got in zip(FALLS_THROUGH, fast, strict=False)}
+    statuses = {label: got[0] for (label, _, _), got in zip(cases, fast, strict=False)}
     assert statuses["foreign Host"] == 421 and statuses["foreign Origin"] == 403
     assert statuses["no JSON accepted"] == 406 and statuses["unknown session"] == 404
-    invalid = json.loads(fast[0][2])
+    assert statuses.get("no SSE accepted", 406) == 406
+    invalid = message(fast[0][2])
     assert invalid["id"] == 20 and invalid["error"]["code"] == -32602
 
 
-async def test_a_session_is_served_only_with_the_token_that_opened_it() -> None:
+@MODES
+async def test_a_session_is_served_only_with_the_token_that_opened_it(
+    json_response: bool,
+) -> None:
     async with (
-        serving(Gw(lane=True), verifier=Verifier()) as gw,
+        serving(Gw(lane=True, json_response=json_response), verifier=Verifier()) as gw,
         httpx.AsyncClient(timeout=30) as http,
     ):
         session_id = await handshake(http, gw.url, token="token-a")
         body = call(1, "echo", {"text": "hi"})
         status, _, answered = await post(http, gw.url, session_id, body, token="token-a")
         assert status == 200 and gw.served == 1
-        assert json.loads(answered)["result"]["structuredContent"]["text"] == "hi"
+        assert message(answered)["result"]["structuredContent"]["text"] == "hi"
         status, _, answered = await post(http, gw.url, session_id, body, token="token-b")
         assert status == 404 and b"Session not found" in answered
         status, _, _ = await post(http, gw.url, session_id, body)
@@ -400,10 +444,14 @@ async def slow_call(
     out.append(await post(http, url, sid, call(1, "slow", {"s": s}), token=token))
 
 
+@MODES
 @pytest.mark.parametrize("lane", [True, False])
-async def test_a_session_with_a_call_in_flight_is_not_reaped(lane: bool) -> None:
+async def test_a_session_with_a_call_in_flight_is_not_reaped(
+    lane: bool, json_response: bool
+) -> None:
+    gw = Gw(lane=lane, json_response=json_response)
     async with (
-        serving(Gw(lane=lane), max_sessions=1, verifier=Verifier()) as gw,
+        serving(gw, max_sessions=1, verifier=Verifier()),
         httpx.AsyncClient(timeout=30) as http,
     ):
         busy = await handshake(http, gw.url, token="token-a")
@@ -415,14 +463,15 @@ async def test_a_session_with_a_call_in_flight_is_not_reaped(lane: bool) -> None
             refused = await http.post(gw.url, json=OPEN, headers=other)
         assert refused.status_code == 503
         status, _, body = answers[0]
-        assert status == 200 and json.loads(body)["result"]["content"][0]["text"] == "done"
+        assert status == 200 and message(body)["result"]["content"][0]["text"] == "done"
         assert gw.served == (1 if lane else 0)
         # idle again (its call answered), it is the one closed to make room
         assert (await http.post(gw.url, json=OPEN, headers=other)).status_code == 200
 
 
-async def closed_mid_call(lane: bool) -> tuple[int, dict[str, Any]]:
-    async with serving(Gw(lane=lane)) as gw, httpx.AsyncClient(timeout=30) as http:
+async def closed_mid_call(lane: bool, json_response: bool) -> Exchange:
+    gw = Gw(lane=lane, json_response=json_response)
+    async with serving(gw), httpx.AsyncClient(timeout=30) as http:
         session_id = await handshake(http, gw.url)
         answers: list[Exchange] = []
         async with anyio.create_task_group() as tg:
@@ -434,21 +483,29 @@ async def closed_mid_call(lane: bool) -> tuple[int, dict[str, Any]]:
         labels = {"tool": "slow", "outcome": "cancelled"}
         cancelled = gw.metrics.registry.get_sample_value("toolrelay_mcp_tool_calls_total", labels)
         assert cancelled == 1
-        status, _, body = answers[0]
-        return status, json.loads(body)
+        return answers[0]
 
 
-async def test_closing_the_session_cancels_a_call_as_the_sdk_does() -> None:
-    sdk = await closed_mid_call(lane=False)
-    fast = await closed_mid_call(lane=True)
+@MODES
+async def test_closing_the_session_cancels_a_call_as_the_sdk_does(json_response: bool) -> None:
+    sdk = await closed_mid_call(False, json_response)
+    fast = await closed_mid_call(True, json_response)
     assert fast == sdk
-    assert fast[0] == 500
-    assert fast[1]["error"]["message"] == "Session terminated before the request completed"
+    status, headers, body = fast
+    if json_response:
+        assert status == 500
+        assert (
+            message(body)["error"]["message"] == "Session terminated before the request completed"
+        )
+    else:  # the stream was open: it ends with no event
+        assert status == 200 and dict(headers)["content-type"] == "text/event-stream"
+        assert b"event:" not in body
 
 
-async def test_the_sdk_client_calls_through_the_lane() -> None:
+@MODES
+async def test_the_sdk_client_calls_through_the_lane(json_response: bool) -> None:
     async with (
-        serving(Gw(lane=True)) as gw,
+        serving(Gw(lane=True, json_response=json_response)) as gw,
         httpx2.AsyncClient(timeout=30) as http,
         streamable_http_client(gw.url, http_client=http) as (read, write),
         ClientSession(read, write) as session,
@@ -459,3 +516,99 @@ async def test_the_sdk_client_calls_through_the_lane() -> None:
         assert ok.structured_content == {"text": "hi", "caller": None}
         assert failed.is_error and "tool_error" in str(failed.content[0])
         assert gw.served == 2
+
+
+async def elicitation_capable(lane: bool, json_response: bool) -> tuple[list[Exchange], Gw]:
+    gw = Gw(lane=lane, json_response=json_response)
+    async with serving(gw), httpx.AsyncClient(timeout=30) as http:
+        session_id = await handshake(http, gw.url, capabilities={"elicitation": {}})
+        answers = [await post(http, gw.url, session_id, body) for _, body in CALLS[:3]]
+        return answers, gw
+
+
+@MODES
+async def test_a_client_that_can_be_asked_is_served_by_the_sdk_over_sse(
+    json_response: bool,
+) -> None:
+    """An approval may ask such a client mid-call, on the call's own SSE stream: the SDK
+    serves it. In JSON mode nothing can ride the answer, so the lane serves it there."""
+    sdk, _ = await elicitation_capable(False, json_response)
+    fast, gw = await elicitation_capable(True, json_response)
+    assert fast == sdk and all(status == 200 for status, _, _ in fast)
+    assert gw.served == (3 if json_response else 0)
+
+
+PING = re.compile(rb": ping - (\S+ \S+)\r\n\r\n")
+
+
+async def long_call(lane: bool) -> bytes:
+    gw = Gw(lane=lane, json_response=False)
+    async with serving(gw), httpx.AsyncClient(timeout=30) as http:
+        session_id = await handshake(http, gw.url)
+        _, _, body = await post(http, gw.url, session_id, call(1, "slow", {"s": 0.7}))
+        assert gw.served == (1 if lane else 0)
+        return body
+
+
+async def test_a_long_call_keeps_its_sse_stream_alive_with_the_sdks_pings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sse_starlette import EventSourceResponse
+
+    from toolrelay.serve import fast_lane
+
+    monkeypatch.setattr(fast_lane, "PING_S", 0.2)
+    monkeypatch.setattr(EventSourceResponse, "DEFAULT_PING_INTERVAL", 0.2)
+    for body in (await long_call(lane=False), await long_call(lane=True)):
+        pings = PING.findall(body)
+        assert len(pings) >= 2, body  # 0.7 s at one ping per 0.2 s
+        assert all(datetime.fromisoformat(p.decode()).tzinfo is not None for p in pings)
+        rest = PING.sub(b"", body)
+        assert rest.startswith(b"event: message\r\ndata: ") and rest.endswith(b"\r\n\r\n")
+        assert message(rest)["result"]["content"][0]["text"] == "done"
+
+
+def cancel(request_id: int | str) -> bytes:
+    params = {"requestId": request_id, "reason": "the user stopped it"}
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+
+
+async def cancelled_by_the_client(lane: bool, json_response: bool) -> tuple[Exchange, list[int]]:
+    """A slow call the client cancels (``notifications/cancelled``) after another session,
+    and another client on its session, tried to cancel the same request id: the answer,
+    and the statuses of those two attempts."""
+    gw = Gw(lane=lane, json_response=json_response)
+    async with serving(gw, verifier=Verifier()), httpx.AsyncClient(timeout=30) as http:
+        session_id = await handshake(http, gw.url, token="token-a")
+        other = await handshake(http, gw.url, token="token-a")
+        answers: list[Exchange] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow_call, http, gw.url, session_id, 20.0, answers, "token-a")
+            await anyio.sleep(0.3)
+            attempts = [
+                await post(http, gw.url, other, cancel(1), token="token-a"),
+                await post(http, gw.url, session_id, cancel(1), token="token-b"),
+            ]
+            await anyio.sleep(0.2)
+            assert not answers  # neither touched the call
+            status, _, _ = await post(http, gw.url, session_id, cancel("1"), token="token-a")
+            assert status == 202  # "1" is request 1, as the SDK correlates ids
+        assert gw.served == (1 if lane else 0)
+        labels = {"tool": "slow", "outcome": "cancelled"}
+        cancelled = gw.metrics.registry.get_sample_value("toolrelay_mcp_tool_calls_total", labels)
+        assert cancelled == 1
+        return answers[0], [status for status, _, _ in attempts]
+
+
+@MODES
+async def test_a_call_the_client_cancels_is_cancelled_and_answered_as_the_sdk_does(
+    json_response: bool,
+) -> None:
+    sdk = await cancelled_by_the_client(False, json_response)
+    with anyio.fail_after(10):  # the call sleeps 20 s unless cancelled
+        fast = await cancelled_by_the_client(True, json_response)
+    assert fast == sdk
+    (status, _, body), attempts = fast
+    assert status == 200 and attempts[0] == 202 and attempts[1] >= 400
+    error = message(body)["error"]
+    assert error == {"code": -32800, "message": "Request cancelled"}

@@ -1,21 +1,28 @@
-"""A fast lane for ``tools/call`` over streamable HTTP in JSON-response mode.
+"""A fast lane for ``tools/call`` over streamable HTTP.
 
-In ``json_response`` mode the MCP SDK serves one ``tools/call`` POST through its whole
-session machinery: a pydantic JSON-RPC parse, a memory stream to the session's task, a
+The MCP SDK serves one ``tools/call`` POST through its whole session machinery: a
+pydantic JSON-RPC parse, a memory stream to the session's task, a
 ``ServerRequestContext``, the server middleware, the ``CallToolResult`` model, and a
-memory stream back. :class:`FastLane` serves the common case in the request's own task
-instead, with the same checks and the same answer, byte for byte.
+memory stream back; in its default mode it answers through an SSE response with four
+tasks of its own besides (``sse_starlette``'s stream, keep-alive pings, shutdown and
+disconnect listeners). :class:`FastLane` serves the common case in the request's own
+task instead, with the same checks and the same answer, byte for byte: one JSON body in
+``json_response`` mode, else an SSE stream of one ``message`` event (with the SDK's
+headers, and its ``: ping`` comment every 15 s while a call runs that long).
 
 It serves a POST only when all of these hold, and hands anything else to the SDK
 untouched (the body it read is replayed):
 
-* the session manager answers JSON (``json_response``), keeps sessions (not
-  ``stateless``), and the gateway's server middleware is only its own (spans, peer
-  tracking, the approver, which cannot ask a client in this mode anyway);
+* the session manager keeps sessions (not ``stateless``), and the gateway's server
+  middleware is only its own (spans, peer tracking, the approver);
+* in SSE mode, nothing but the answer could ride the call's stream: the transport keeps
+  no event store (no priming event, no resumption) and the client did not declare the
+  ``elicitation`` capability (an approval could ask it mid-call: the SDK serves those);
 * the request passes the transport's own checks: DNS-rebinding protection (``Host``,
   ``Origin``) and ``Content-Type`` (the SDK's ``transport_security``), an ``Accept`` with
-  ``application/json``, an ``MCP-Protocol-Version`` that is absent or a handshake-era
-  version, and the SDK's own body limit;
+  ``application/json`` (and ``text/event-stream`` in SSE mode), an
+  ``MCP-Protocol-Version`` that is absent or a handshake-era version, and the SDK's own
+  body limit;
 * its ``Mcp-Session-Id`` names a session the manager holds, not terminated nor expiring,
   that was opened with the same bearer token, and whose client finished the handshake
   (``notifications/initialized``: the gateway then knows its negotiated version);
@@ -27,8 +34,14 @@ The call itself is :meth:`Gateway.call_tool` (what the SDK's handler runs too) u
 :meth:`McpServerTelemetry.serving` (the same span and duration); while it runs the session
 counts as busy, so it is neither reaped for a new session nor closed as idle. A session
 closed while a call is in flight (``DELETE``, the manager shutting down) cancels the call
-and answers as the SDK does then: HTTP 500, "Session terminated before the request
-completed".
+and answers as the SDK does then: in JSON mode HTTP 500, "Session terminated before the
+request completed"; in SSE mode the stream ends with no event. A client's
+``notifications/cancelled`` goes to the SDK as ever (its checks, its ``202``); once the
+SDK has accepted it, the lane's call with that id on that session is cancelled too, and
+answered as the SDK answers a cancelled request on the 2025-era wire (error ``-32800``,
+"Request cancelled"). In SSE mode a client that goes away mid-call (``http.disconnect``)
+has its call cancelled, as the gateway's session manager does for the SDK's answers; in
+JSON mode, as there, it is noticed when the call ends.
 """
 
 from __future__ import annotations
@@ -36,21 +49,26 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+import anyio
 import mcp.types as types
 import pydantic_core
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.connection import Connection
 from mcp.server.streamable_http import (
     MCP_SESSION_ID_HEADER,
+    REQUEST_CANCELLED,
     check_accept_headers,
 )
+from mcp.shared.dispatcher import as_request_id
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from mcp_types import methods
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -67,6 +85,14 @@ log = logging.getLogger(__name__)
 CallTool = Callable[[str, dict[str, Any] | None, types.RequestId], Awaitable[types.CallToolResult]]
 _REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
 _JSON = "application/json"
+PING_S: Final = 15.0
+"""Seconds between the ``: ping`` comments of an SSE answer still waiting for its call
+(``sse_starlette``'s default, which the SDK keeps)."""
+_SSE_HEADERS: Final = [
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"connection", b"keep-alive"),
+    (b"content-type", b"text/event-stream"),
+]
 
 
 class FastLane:
@@ -92,14 +118,47 @@ class FastLane:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         manager = self.manager
-        if scope["method"] != "POST" or not manager.json_response or manager.stateless:
+        if scope["method"] != "POST" or manager.stateless:
             await self.app(scope, receive, send)
             return
         body, replay = await _read_body(receive)
-        if body is None or not await self._serve(scope, body, send):
+        message = None if body is None else _message(body)
+        if body is None or message is None:
+            await self.app(scope, replay, send)
+        elif message.get("method") == "notifications/cancelled":
+            await self._cancel(scope, message, replay, send)
+        elif not await self._serve(scope, body, message, receive, send):
             await self.app(scope, replay, send)
 
-    async def _serve(self, scope: Scope, body: bytes, send: Send) -> bool:
+    async def _cancel(
+        self, scope: Scope, message: dict[str, Any], replay: Receive, send: Send
+    ) -> None:
+        """Hand a ``notifications/cancelled`` to the SDK (its checks, its answer); when
+        it accepts it, cancel the lane's call with that id on that session too (the
+        SDK's dispatcher knows only its own)."""
+        accepted = False
+
+        async def sent(event: Message) -> None:
+            nonlocal accepted
+            if event["type"] == "http.response.start":
+                accepted = event["status"] == HTTPStatus.ACCEPTED
+            await send(event)
+
+        await self.app(scope, replay, sent)
+        session_id = Headers(scope=scope).get(MCP_SESSION_ID_HEADER)
+        params = message.get("params")
+        request_id = as_request_id(params.get("requestId") if isinstance(params, dict) else None)
+        if accepted and session_id is not None and request_id is not None:
+            self.manager.cancel_held(session_id, request_id)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        body: bytes,
+        message: dict[str, Any],
+        receive: Receive,
+        send: Send,
+    ) -> bool:
         """Serve the request if it is one for the lane; ``False`` (nothing sent) if not."""
         manager = self.manager
         request = Request(scope)
@@ -122,14 +181,18 @@ class FastLane:
             return False
         if await transport._security.validate_request(request, is_post=True) is not None:
             return False
-        if not check_accept_headers(request)[0] or not transport._check_content_type(request):
+        sse = not manager.json_response
+        has_json, has_sse = check_accept_headers(request)
+        if not has_json or (sse and not has_sse) or not transport._check_content_type(request):
+            return False
+        if sse and (transport._event_store is not None or _may_be_asked(connection)):
             return False
         if len(body) > manager.max_request_body_size:
             return False
-        message = _tools_call(body)
-        if message is None:
+        call = _tools_call(message)
+        if call is None:
             return False
-        request_id, params = message
+        request_id, params = call
         version = connection.protocol_version
         try:
             methods.validate_client_request("tools/call", version, params)
@@ -138,43 +201,128 @@ class FastLane:
         name: str = params["name"]
         arguments: dict[str, Any] | None = params.get("arguments")
         meta = params.get("_meta")
-        held = manager.hold(session_id, transport)
+        if sse:
+            await self._stream(scope, receive, send, session_id, transport, request_id, params)
+            return True
         with (
-            held as cancel_scope,
+            manager.hold(session_id, transport, request_id) as held,
             self.telemetry.serving(
                 "tools/call", version, request_id, scope, session_id, name, meta
             ) as outcome,
         ):
             result = await self.call_tool(name, arguments, request_id)
             outcome.tool_error = result.is_error
-        if cancel_scope.cancelled_caught:
+        if held.by_client:
+            response = Response(
+                _cancelled(request_id),
+                headers={"Content-Type": _JSON, MCP_SESSION_ID_HEADER: session_id},
+            )
+        elif held.scope.cancelled_caught:
             response = transport._create_error_response(
                 "Session terminated before the request completed",
                 HTTPStatus.INTERNAL_SERVER_ERROR,
                 types.INTERNAL_ERROR,
             )
         else:
-            dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-            wire = methods.serialize_server_result("tools/call", version, dumped)
-            answer = {"jsonrpc": "2.0", "id": request_id, "result": wire}
             response = Response(
-                pydantic_core.to_json(answer),
+                _answer(result, request_id, version),
                 headers={"Content-Type": _JSON, MCP_SESSION_ID_HEADER: session_id},
             )
         self.served += 1
         await response(scope, _no_receive, send)
         return True
 
+    async def _stream(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        session_id: str,
+        transport: Any,
+        request_id: types.RequestId,
+        params: dict[str, Any],
+    ) -> None:
+        """Answer as the SDK's SSE response does: its headers, then one ``message`` event
+        and the end of the stream; the headers and a ``: ping`` comment every
+        :data:`PING_S` while the call is still running, which a client going away
+        (``http.disconnect``) cancels."""
+        version = self.connections[session_id].protocol_version
+        started = False
 
-def _tools_call(body: bytes) -> tuple[types.RequestId, dict[str, Any]] | None:
-    """The id and params of a body that is exactly one ``tools/call`` request, else None."""
+        async def start() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                headers = [*_SSE_HEADERS, (b"mcp-session-id", session_id.encode())]
+                headers.append((b"x-accel-buffering", b"no"))
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+        async def watch(call: anyio.CancelScope) -> None:
+            while True:
+                with anyio.move_on_after(PING_S):
+                    if (await receive())["type"] == "http.disconnect":
+                        call.cancel()
+                        return
+                    continue
+                await start()
+                ping = f": ping - {datetime.now(UTC)}\r\n\r\n".encode()
+                await send({"type": "http.response.body", "body": ping, "more_body": True})
+
+        body = b""  # the session closed mid-call: the stream ends with no event, as the SDK's
+        name, meta = params["name"], params.get("_meta")
+        with (
+            self.manager.hold(session_id, transport, request_id) as held,
+            self.telemetry.serving(
+                "tools/call", version, request_id, scope, session_id, name, meta
+            ) as outcome,
+        ):
+            async with anyio.create_task_group() as watching:
+                watching.start_soon(watch, held.scope)
+                result = await self.call_tool(name, params.get("arguments"), request_id)
+                watching.cancel_scope.cancel()
+            outcome.tool_error = result.is_error
+            body = b"event: message\r\ndata: " + _answer(result, request_id, version)
+            body += b"\r\n\r\n"
+        if held.by_client:
+            body = b"event: message\r\ndata: " + _cancelled(request_id) + b"\r\n\r\n"
+        self.served += 1
+        await start()
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _answer(result: types.CallToolResult, request_id: types.RequestId, version: str) -> bytes:
+    """The JSON-RPC response to a ``tools/call``, as the SDK writes it for ``version``."""
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    wire = methods.serialize_server_result("tools/call", version, dumped)
+    return pydantic_core.to_json({"jsonrpc": "2.0", "id": request_id, "result": wire})
+
+
+def _cancelled(request_id: types.RequestId) -> bytes:
+    """The SDK's answer to a request its client cancelled, on the 2025-era wire (which
+    ends a request's stream only with a response for its id)."""
+    error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
+    return pydantic_core.to_json({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+def _may_be_asked(connection: Connection) -> bool:
+    """Whether the client declared it can be asked to approve (``elicitation``)."""
+    capabilities = connection.client_capabilities
+    return capabilities is not None and capabilities.elicitation is not None
+
+
+def _message(body: bytes) -> dict[str, Any] | None:
+    """The one JSON-RPC message of a body that holds exactly one, else None."""
     try:
         message = json.loads(body)
     except ValueError:
         return None
+    return message if isinstance(message, dict) else None
+
+
+def _tools_call(message: dict[str, Any]) -> tuple[types.RequestId, dict[str, Any]] | None:
+    """The id and params of a message that is exactly a ``tools/call`` request, else None."""
     if (
-        not isinstance(message, dict)
-        or message.get("method") != "tools/call"
+        message.get("method") != "tools/call"
         or message.get("jsonrpc") != "2.0"
         or not _REQUEST_KEYS.issuperset(message)
     ):

@@ -44,6 +44,7 @@ from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import SessionMessage
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import metrics, trace
@@ -82,6 +83,18 @@ INSTRUCTIONS = (
 )
 
 
+class Held:
+    """A request the fast lane serves outside its session's transport."""
+
+    __slots__ = ("by_client", "request_id", "scope")
+
+    def __init__(self, request_id: types.RequestId) -> None:
+        self.request_id = request_id
+        self.scope = anyio.CancelScope()
+        self.by_client = False
+        """Whether the client cancelled it (``notifications/cancelled``)."""
+
+
 class _SessionManager(StreamableHTTPSessionManager):
     """The SDK's session manager, with sessions shared fairly between clients.
 
@@ -106,7 +119,7 @@ class _SessionManager(StreamableHTTPSessionManager):
         self.metrics = metrics
         self._client_of: dict[str, str] = {}
         self._last_used: dict[str, float] = {}
-        self._held: dict[str, set[anyio.CancelScope]] = {}
+        self._held: dict[str, set[Held]] = {}
         metrics.count_sessions(lambda: len(self._server_instances))
 
     @contextlib.asynccontextmanager
@@ -115,37 +128,50 @@ class _SessionManager(StreamableHTTPSessionManager):
             try:
                 yield
             finally:  # the SDK cancels its sessions' tasks; the fast lane's calls too
-                for scopes in list(self._held.values()):
-                    for scope in scopes:
-                        scope.cancel()
+                for calls in list(self._held.values()):
+                    for held in calls:
+                        held.scope.cancel()
 
     @contextlib.contextmanager
     def hold(
-        self, session_id: str, transport: StreamableHTTPServerTransport
-    ) -> Iterator[anyio.CancelScope]:
-        """Serve a request of ``session_id`` outside its transport (the fast lane): the
-        session counts as used now and busy until the block ends (as the transport counts
-        its own requests), and the block is cancelled when the session is closed or the
-        manager stops (then the scope's ``cancelled_caught`` is set)."""
+        self,
+        session_id: str,
+        transport: StreamableHTTPServerTransport,
+        request_id: types.RequestId,
+    ) -> Iterator[Held]:
+        """Serve request ``request_id`` of ``session_id`` outside its transport (the fast
+        lane): the session counts as used now and busy until the block ends (as the
+        transport counts its own requests), and the block is cancelled when the session
+        is closed, the manager stops, or the client cancels the request
+        (:meth:`cancel_held`); then the scope's ``cancelled_caught`` is set."""
         if session_id in self._last_used:
             self._last_used[session_id] = time.monotonic()
-        scope = anyio.CancelScope()
-        held = self._held.setdefault(session_id, set())
-        held.add(scope)
+        held = Held(coerce_request_id(request_id))
+        calls = self._held.setdefault(session_id, set())
+        calls.add(held)
         idle, timeout = transport.idle_scope, transport._idle_timeout
         transport._requests_in_flight += 1
         if idle is not None:
             idle.deadline = math.inf
         try:
-            with scope:
-                yield scope
+            with held.scope:
+                yield held
         finally:
-            held.discard(scope)
-            if not held:
+            calls.discard(held)
+            if not calls:
                 self._held.pop(session_id, None)
             transport._requests_in_flight -= 1
             if idle is not None and timeout is not None and not transport._requests_in_flight:
                 idle.deadline = anyio.current_time() + timeout
+
+    def cancel_held(self, session_id: str, request_id: types.RequestId) -> None:
+        """Cancel the fast lane's calls of ``session_id`` with ``request_id``, as the
+        SDK's dispatcher cancels its own on ``notifications/cancelled``."""
+        key = coerce_request_id(request_id)
+        for held in self._held.get(session_id, ()):
+            if held.request_id == key:
+                held.by_client = True
+                held.scope.cancel()
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = Headers(scope=scope).get(MCP_SESSION_ID_HEADER)
@@ -230,8 +256,8 @@ class _SessionManager(StreamableHTTPSessionManager):
     ) -> None:
         self._client_of.pop(session_id, None)
         self._last_used.pop(session_id, None)
-        for scope in self._held.get(session_id, ()):
-            scope.cancel()
+        for held in self._held.get(session_id, ()):
+            held.scope.cancel()
         await super()._discard_session(session_id, transport)
 
 
@@ -391,11 +417,11 @@ class Gateway:
         self.limits = limits or ClientLimits()
         """Per-client limits (default: none), applied to ``tools/call`` and ``tools/list``."""
         self.fast_lane = True
-        """Serve plain ``tools/call`` POSTs in JSON-response mode without the SDK's session
-        machinery (:mod:`toolrelay.serve.fast_lane`: the same checks, the same answers).
+        """Serve plain ``tools/call`` POSTs without the SDK's session machinery
+        (:mod:`toolrelay.serve.fast_lane`: the same checks, the same answers).
         ``False``: every request goes through the SDK (read per request)."""
         self.lane: FastLane | None = None
-        """The fast lane of the last :meth:`http_app` in JSON-response mode."""
+        """The fast lane of the last :meth:`http_app` that keeps sessions."""
         self.server = _GatewayServer(
             name,
             version=__version__,
@@ -459,7 +485,8 @@ class Gateway:
     def _lane_open(self) -> bool:
         """Whether the fast lane may serve a call now: it is on, and the server middleware
         is only the gateway's own (the lane runs the same steps without the chain; the
-        approver cannot ask a client in JSON mode, so skipping it changes nothing)."""
+        approver cannot ask a client the lane serves — JSON mode, or no ``elicitation``
+        capability — so skipping it changes nothing)."""
         if not self.fast_lane:
             return False
         for middleware in self.server.middleware:
@@ -540,7 +567,7 @@ class Gateway:
             stateless=stateless,
         )
         endpoint: ASGIApp = StreamableHTTPASGIApp(manager)
-        if json_response and not stateless:
+        if not stateless:
             endpoint = self.lane = FastLane(
                 endpoint,
                 manager,

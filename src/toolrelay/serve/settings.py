@@ -194,8 +194,8 @@ class HttpSection(BaseModel):
     session_idle_s: Annotated[float, Strict(), Field(ge=1, le=7 * 86400)] = DEFAULT_SESSION_IDLE_S
     """A session with no request in flight for this long is closed."""
     json_response: Flag = False
-    """Answer each HTTP request with one JSON body instead of an SSE stream (faster; no
-    progress notifications or server requests during a call, and a client that goes away
+    """Answer each HTTP request with one JSON body instead of an SSE stream (no server
+    requests such as an approval's elicitation during a call, and a client that goes away
     is not noticed until the call ends)."""
     stateless: Flag = False
     """Serve every HTTP request on its own, with no ``Mcp-Session-Id`` session (no
