@@ -83,7 +83,7 @@ INSTRUCTIONS = (
 )
 
 
-class Held:
+class _Held:
     """A request the fast lane serves outside its session's transport."""
 
     __slots__ = ("by_client", "request_id", "scope")
@@ -119,7 +119,7 @@ class _SessionManager(StreamableHTTPSessionManager):
         self.metrics = metrics
         self._client_of: dict[str, str] = {}
         self._last_used: dict[str, float] = {}
-        self._held: dict[str, set[Held]] = {}
+        self._held: dict[str, set[_Held]] = {}
         metrics.count_sessions(lambda: len(self._server_instances))
 
     @contextlib.asynccontextmanager
@@ -138,7 +138,7 @@ class _SessionManager(StreamableHTTPSessionManager):
         session_id: str,
         transport: StreamableHTTPServerTransport,
         request_id: types.RequestId,
-    ) -> Iterator[Held]:
+    ) -> Iterator[_Held]:
         """Serve request ``request_id`` of ``session_id`` outside its transport (the fast
         lane): the session counts as used now and busy until the block ends (as the
         transport counts its own requests), and the block is cancelled when the session
@@ -146,7 +146,7 @@ class _SessionManager(StreamableHTTPSessionManager):
         (:meth:`cancel_held`); then the scope's ``cancelled_caught`` is set."""
         if session_id in self._last_used:
             self._last_used[session_id] = time.monotonic()
-        held = Held(coerce_request_id(request_id))
+        held = _Held(coerce_request_id(request_id))
         calls = self._held.setdefault(session_id, set())
         calls.add(held)
         idle, timeout = transport.idle_scope, transport._idle_timeout
