@@ -469,6 +469,12 @@ async def test_a_session_with_a_call_in_flight_is_not_reaped(
         assert (await http.post(gw.url, json=OPEN, headers=other)).status_code == 200
 
 
+def cancelled_calls(gw: Gw) -> float | None:
+    """How many ``slow`` calls the gateway counted as cancelled."""
+    labels = {"tool": "slow", "outcome": "cancelled"}
+    return gw.metrics.registry.get_sample_value("toolrelay_mcp_tool_calls_total", labels)
+
+
 async def closed_mid_call(lane: bool, json_response: bool) -> Exchange:
     gw = Gw(lane=lane, json_response=json_response)
     async with serving(gw), httpx.AsyncClient(timeout=30) as http:
@@ -480,9 +486,7 @@ async def closed_mid_call(lane: bool, json_response: bool) -> Exchange:
             headers = {**HEADERS, "mcp-session-id": session_id, "mcp-protocol-version": VERSION}
             assert (await http.delete(gw.url, headers=headers)).status_code == 200
         assert gw.served == (1 if lane else 0)
-        labels = {"tool": "slow", "outcome": "cancelled"}
-        cancelled = gw.metrics.registry.get_sample_value("toolrelay_mcp_tool_calls_total", labels)
-        assert cancelled == 1
+        assert cancelled_calls(gw) == 1
         return answers[0]
 
 
@@ -594,9 +598,7 @@ async def cancelled_by_the_client(lane: bool, json_response: bool) -> tuple[Exch
             status, _, _ = await post(http, gw.url, session_id, cancel("1"), token="token-a")
             assert status == 202  # "1" is request 1, as the SDK correlates ids
         assert gw.served == (1 if lane else 0)
-        labels = {"tool": "slow", "outcome": "cancelled"}
-        cancelled = gw.metrics.registry.get_sample_value("toolrelay_mcp_tool_calls_total", labels)
-        assert cancelled == 1
+        assert cancelled_calls(gw) == 1
         return answers[0], [status for status, _, _ in attempts]
 
 

@@ -48,7 +48,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
@@ -76,7 +77,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .tracing import McpServerTelemetry
 
 if TYPE_CHECKING:
-    from .gateway import _SessionManager
+    from mcp.server.streamable_http import StreamableHTTPServerTransport
+
+    from .gateway import _Held, _SessionManager
 
 __all__ = ["FastLane"]
 
@@ -93,6 +96,17 @@ _SSE_HEADERS: Final = [
     (b"connection", b"keep-alive"),
     (b"content-type", b"text/event-stream"),
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A ``tools/call`` the lane serves: its session, id, negotiated version and params."""
+
+    session_id: str
+    transport: StreamableHTTPServerTransport
+    request_id: types.RequestId
+    version: str
+    params: dict[str, Any]
 
 
 class FastLane:
@@ -189,35 +203,26 @@ class FastLane:
             return False
         if len(body) > manager.max_request_body_size:
             return False
-        call = _tools_call(message)
-        if call is None:
+        parsed = _tools_call(message)
+        if parsed is None:
             return False
-        request_id, params = call
+        request_id, params = parsed
         version = connection.protocol_version
         try:
             methods.validate_client_request("tools/call", version, params)
         except (ValidationError, KeyError, ValueError):
             return False
-        name: str = params["name"]
-        arguments: dict[str, Any] | None = params.get("arguments")
-        meta = params.get("_meta")
+        call = _Call(session_id, transport, request_id, version, params)
         if sse:
-            await self._stream(scope, receive, send, session_id, transport, request_id, params)
+            await self._stream(scope, receive, send, call)
             return True
-        with (
-            manager.hold(session_id, transport, request_id) as held,
-            self.telemetry.serving(
-                "tools/call", version, request_id, scope, session_id, name, meta
-            ) as outcome,
-        ):
-            result = await self.call_tool(name, arguments, request_id)
-            outcome.tool_error = result.is_error
+        held, result = await self._call(scope, call)
         if held.by_client:
             response = Response(
                 _cancelled(request_id),
                 headers={"Content-Type": _JSON, MCP_SESSION_ID_HEADER: session_id},
             )
-        elif held.scope.cancelled_caught:
+        elif result is None:
             response = transport._create_error_response(
                 "Session terminated before the request completed",
                 HTTPStatus.INTERNAL_SERVER_ERROR,
@@ -232,28 +237,47 @@ class FastLane:
         await response(scope, _no_receive, send)
         return True
 
-    async def _stream(
+    async def _call(
         self,
         scope: Scope,
-        receive: Receive,
-        send: Send,
-        session_id: str,
-        transport: Any,
-        request_id: types.RequestId,
-        params: dict[str, Any],
-    ) -> None:
+        call: _Call,
+        watch: Callable[[anyio.CancelScope], Coroutine[Any, Any, None]] | None = None,
+    ) -> tuple[_Held, types.CallToolResult | None]:
+        """Run the call held by the session manager, under the server span; ``watch``
+        (given the hold's scope) runs beside it. The result is ``None`` when the hold was
+        cancelled (the session closed, the client cancelled or went away)."""
+        result: types.CallToolResult | None = None
+        session_id, request_id, params = call.session_id, call.request_id, call.params
+        name, arguments = params["name"], params.get("arguments")
+        with (
+            self.manager.hold(session_id, call.transport, request_id) as held,
+            self.telemetry.serving(
+                "tools/call", call.version, request_id, scope, session_id, name, params.get("_meta")
+            ) as outcome,
+        ):
+            if watch is None:
+                answered = await self.call_tool(name, arguments, request_id)
+            else:
+                async with anyio.create_task_group() as watching:
+                    watching.start_soon(watch, held.scope)
+                    answered = await self.call_tool(name, arguments, request_id)
+                    watching.cancel_scope.cancel()
+            outcome.tool_error = answered.is_error
+            result = answered
+        return held, result
+
+    async def _stream(self, scope: Scope, receive: Receive, send: Send, call: _Call) -> None:
         """Answer as the SDK's SSE response does: its headers, then one ``message`` event
         and the end of the stream; the headers and a ``: ping`` comment every
         :data:`PING_S` while the call is still running, which a client going away
         (``http.disconnect``) cancels."""
-        version = self.connections[session_id].protocol_version
         started = False
 
         async def start() -> None:
             nonlocal started
             if not started:
                 started = True
-                headers = [*_SSE_HEADERS, (b"mcp-session-id", session_id.encode())]
+                headers = [*_SSE_HEADERS, (b"mcp-session-id", call.session_id.encode())]
                 headers.append((b"x-accel-buffering", b"no"))
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
 
@@ -268,26 +292,21 @@ class FastLane:
                 ping = f": ping - {datetime.now(UTC)}\r\n\r\n".encode()
                 await send({"type": "http.response.body", "body": ping, "more_body": True})
 
-        body = b""  # the session closed mid-call: the stream ends with no event, as the SDK's
-        name, meta = params["name"], params.get("_meta")
-        with (
-            self.manager.hold(session_id, transport, request_id) as held,
-            self.telemetry.serving(
-                "tools/call", version, request_id, scope, session_id, name, meta
-            ) as outcome,
-        ):
-            async with anyio.create_task_group() as watching:
-                watching.start_soon(watch, held.scope)
-                result = await self.call_tool(name, params.get("arguments"), request_id)
-                watching.cancel_scope.cancel()
-            outcome.tool_error = result.is_error
-            body = b"event: message\r\ndata: " + _answer(result, request_id, version)
-            body += b"\r\n\r\n"
+        held, result = await self._call(scope, call, watch)
         if held.by_client:
-            body = b"event: message\r\ndata: " + _cancelled(request_id) + b"\r\n\r\n"
+            body = _event(_cancelled(call.request_id))
+        elif result is None:  # the session closed mid-call: no event, as the SDK's stream
+            body = b""
+        else:
+            body = _event(_answer(result, call.request_id, call.version))
         self.served += 1
         await start()
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _event(data: bytes) -> bytes:
+    """One SSE ``message`` event, framed as the SDK's stream frames it."""
+    return b"event: message\r\ndata: " + data + b"\r\n\r\n"
 
 
 def _answer(result: types.CallToolResult, request_id: types.RequestId, version: str) -> bytes:
