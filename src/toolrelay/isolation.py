@@ -48,6 +48,7 @@ from typing import Any
 
 import anyio
 
+from . import typed
 from .contract import CURRENT_ATTEMPT, AuthContext, ToolError
 from .workers import Spawner
 
@@ -242,8 +243,6 @@ def _load(target: ProcessTarget) -> Callable[[dict[str, Any], AuthContext], Any]
     for part in target.qualname.split("."):
         obj = getattr(obj, part)
     if target.typed:
-        from . import typed
-
         obj = typed.typed_tool(obj, target.tool, None).call
     fn: Callable[[dict[str, Any], AuthContext], Any] = obj
     return fn

@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 
 import jsonschema_rs
 
+from . import typed
 from .contract import ISOLATIONS, RISKS, AuthContext, Isolation, Risk, ToolDeclaration, ToolPlugin
+from .handler import is_async
 from .isolation import ProcessTarget, target_of
 
 __all__ = ["CompiledTool", "RegistrationError", "ToolRegistry"]
@@ -30,9 +32,6 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_RESERVED = frozenset({"user_id", "tenant_id"})
 
 F = TypeVar("F", bound=Callable[..., Any])
-ASYNC_MARK = "__toolrelay_async__"
-"""Set on a typed tool's caller that returns the handler's coroutine without being
-``async def`` (one frame less per call than awaiting it)."""
 Validator = Any  # jsonschema_rs.Validator; the stubs name no common base
 
 
@@ -222,16 +221,6 @@ def _isolation(
         raise RegistrationError(f"tool {name!r}: isolation='process' {exc}") from None
 
 
-def is_async(fn: Callable[..., Any]) -> bool:
-    """``async def`` functions, partials of them, objects with an ``async __call__``, and
-    typed tools' callers of an ``async def`` (marked :data:`ASYNC_MARK`: they return its
-    coroutine)."""
-    if inspect.iscoroutinefunction(fn) or getattr(fn, ASYNC_MARK, False):
-        return True
-    call = getattr(fn, "__call__", None)  # noqa: B004
-    return call is not None and inspect.iscoroutinefunction(call)
-
-
 class FunctionPlugin:
     """The plugin behind :meth:`ToolRegistry.tool`: plain functions, one declaration each."""
 
@@ -337,8 +326,6 @@ class ToolRegistry:
         fallbacks = tuple(fallback)
 
         def decorate(fn: F) -> F:
-            from . import typed  # imported when the first function tool is registered
-
             tool_name = name or getattr(fn, "__name__", None)
             if not isinstance(tool_name, str):  # a functools.partial, a callable object
                 raise RegistrationError(

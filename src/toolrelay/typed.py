@@ -27,11 +27,10 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticSerializationError, PydanticUndefined, to_jsonable_python
 
 from .contract import AuthContext, CallContext, ErrorType, ToolError
-from .registry import ASYNC_MARK, is_async
+from .handler import ASYNC_MARK, Handler, is_async
 
 __all__ = ["SignatureError", "TypedTool", "is_legacy", "typed_tool"]
 
-Handler = Callable[[dict[str, Any], AuthContext], Any]
 _EMPTY = inspect.Parameter.empty
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _NONE = type(None)
