@@ -33,8 +33,8 @@ from toolrelay import (
     ToolRegistry,
     ToolResult,
 )
-from toolrelay import isolation as isolation_module
 from toolrelay.events import Event, WorkerAbandoned, WorkerKilled
+from toolrelay.isolation import pool as isolation_pool
 from toolrelay.pipeline import Invocation
 
 pytestmark = pytest.mark.anyio
@@ -359,7 +359,7 @@ async def test_the_pool_is_bounded_by_max_concurrent(tmp_path: Path) -> None:
 async def test_an_idle_worker_leaves_by_itself_and_is_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(isolation_module, "IDLE_S", 0.3)
+    monkeypatch.setattr(isolation_pool, "IDLE_S", 0.3)
     registry = registry_with(describe=(tools.describe, {}))
     async with Dispatcher(registry, telemetry=False) as dispatcher:
         first = (await dispatcher.dispatch("describe", {})).data["pid"]
