@@ -194,7 +194,9 @@ class ToolPlugin(Protocol):
     (run on a worker thread of the tool's breaker key, abandoned at the deadline; with
     ``isolation="process"``, ``handler(name)`` must return a module-level function, run in a
     worker process killed at the deadline).
-    A plugin may also offer ``declaration(name) -> ToolDeclaration | None`` for O(1) lookups.
+    Optional capabilities (``declaration(name)`` for O(1) lookups, ``handler(name)``,
+    ``process_target(name)``, ``aclose()``) are protocols of their own, in
+    :mod:`toolrelay.capabilities` (``docs/plugins.md``).
     """
 
     def describe(self) -> Sequence[ToolDeclaration]: ...

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from .breakers import BreakerConfig, Breakers
 from .budget import RetryBudgets
+from .capabilities import Closeable
 from .config import Config, dispatcher_arguments, load_config, load_configured_plugins
 from .contract import AuthContext, ErrorType, ToolDeclaration
 from .formats import FORMATS
@@ -223,9 +224,8 @@ class Dispatcher:
         the worker processes of ``isolation="process"`` tools (killed, and gone)."""
         await self.processes.aclose()
         for plugin in self.registry.plugins():
-            closer = getattr(plugin, "aclose", None)
-            if closer is not None:
-                await closer()
+            if isinstance(plugin, Closeable):
+                await plugin.aclose()
         self.close()
 
     @property

@@ -20,8 +20,9 @@ from typing import Any, TypeVar
 import jsonschema_rs
 
 from . import typed
+from .capabilities import DeclaresOne, HasHandler, ProcessIsolatable
 from .contract import ISOLATIONS, RISKS, AuthContext, Isolation, Risk, ToolDeclaration, ToolPlugin
-from .handler import is_async
+from .handler import Handler, is_async
 from .isolation import ProcessTarget, target_of
 
 __all__ = ["CompiledTool", "RegistrationError", "ToolRegistry"]
@@ -252,35 +253,43 @@ class FunctionPlugin:
         return self._tools[name][1](args, ctx)
 
 
-def _lookup(plugin: Any, name: str) -> ToolDeclaration | None:
-    finder = getattr(plugin, "declaration", None)
-    if finder is not None:
-        found: ToolDeclaration | None = finder(name)
-        return found
+def _scan(plugin: ToolPlugin, name: str) -> ToolDeclaration | None:
+    """A declaration by name, from ``describe()`` (for plugins without ``declaration``)."""
     for decl in plugin.describe():
         if decl.name == name:
-            return decl  # type: ignore[no-any-return]
+            return decl
     return None
 
 
-def _process_target(
-    plugin: Any, name: str, handler: Callable[..., Any]
-) -> Callable[[], ProcessTarget]:
-    """Where a worker process finds the tool's handler: the decorated function for
-    ``tool()``, else the plugin's ``handler(name)``, which must be a module-level function."""
-    finder = getattr(plugin, "process_target", None)
-    if finder is not None:
-        found: Callable[[], ProcessTarget] = finder(name)
-        return found
-    return functools.partial(target_of, handler, name, typed=False)
+class _Entry:
+    """A registered plugin, and how to find one of its declarations: chosen once, at
+    registration, since lookups happen on every call."""
+
+    __slots__ = ("find", "plugin")
+
+    def __init__(self, plugin: ToolPlugin) -> None:
+        self.plugin = plugin
+        self.find: Callable[[str], ToolDeclaration | None] = (
+            plugin.declaration
+            if isinstance(plugin, DeclaresOne)
+            else functools.partial(_scan, plugin)
+        )
 
 
-def _handler(plugin: Any, name: str) -> Callable[[dict[str, Any], AuthContext], Any]:
-    direct = getattr(plugin, "handler", None)
-    if direct is not None:
-        fn: Callable[[dict[str, Any], AuthContext], Any] = direct(name)
-        return fn
+def _handler(plugin: ToolPlugin, name: str) -> Handler:
+    """The tool's handler: the plugin's ``handler(name)``, else its ``execute`` for it."""
+    if isinstance(plugin, HasHandler):
+        return plugin.handler(name)
     return functools.partial(plugin.execute, name)
+
+
+def _process_target(plugin: ToolPlugin, name: str, handler: Handler) -> Callable[[], ProcessTarget]:
+    """Where a worker process finds the tool's handler: the plugin's
+    ``process_target(name)`` (the decorated function for ``tool()``), else the handler,
+    which must then be a module-level function."""
+    if isinstance(plugin, ProcessIsolatable):
+        return plugin.process_target(name)
+    return functools.partial(target_of, handler, name, typed=False)
 
 
 class ToolRegistry:
@@ -288,10 +297,11 @@ class ToolRegistry:
 
     def __init__(self, *, reserved_properties: Iterable[str] = DEFAULT_RESERVED) -> None:
         self.reserved_properties = frozenset(reserved_properties)
-        self._plugins: list[Any] = []
-        self._owner: dict[str, Any] = {}
+        self._plugins: list[_Entry] = []
+        self._owner: dict[str, _Entry] = {}
         self._compiled: dict[str, CompiledTool] = {}
         self._functions: FunctionPlugin | None = None
+        self._functions_entry: _Entry | None = None
         self._overrides: dict[str, dict[str, Any]] = {}
 
     # -- registration -------------------------------------------------------------------
@@ -367,11 +377,12 @@ class ToolRegistry:
             # refuse a bad tool now
             compile_tool(decl, handler, self.reserved_properties, target=target)
             self._claim([decl.name], None)
-            if self._functions is None:
+            if self._functions is None or self._functions_entry is None:
                 self._functions = FunctionPlugin()
-                self._plugins.append(self._functions)
+                self._functions_entry = _Entry(self._functions)
+                self._plugins.append(self._functions_entry)
             self._functions.add(decl, handler, target)
-            self._owner[decl.name] = self._functions
+            self._owner[decl.name] = self._functions_entry
             self._compiled.pop(decl.name, None)
             return fn
 
@@ -385,28 +396,29 @@ class ToolRegistry:
             raise RegistrationError(
                 f"{type(plugin).__name__} is not a plugin: it needs describe() and execute()"
             )
-        if any(p is plugin for p in self._plugins):
+        if any(e.plugin is plugin for e in self._plugins):
             raise RegistrationError(f"{type(plugin).__name__} is registered already")
         decls = list(plugin.describe())
         names = [getattr(d, "name", None) for d in decls]
         compiled = [self._build(plugin, d) for d in decls]
         self._claim(names, plugin)
-        self._plugins.append(plugin)
+        entry = _Entry(plugin)
+        self._plugins.append(entry)
         for tool in compiled:
-            self._owner[tool.decl.name] = plugin
+            self._owner[tool.decl.name] = entry
             self._compiled[tool.decl.name] = tool
         return plugin
 
     def unregister(self, plugin: ToolPlugin) -> None:
-        self._plugins = [p for p in self._plugins if p is not plugin]
-        for name in [n for n, p in self._owner.items() if p is plugin]:
+        self._plugins = [e for e in self._plugins if e.plugin is not plugin]
+        for name in [n for n, e in self._owner.items() if e.plugin is plugin]:
             del self._owner[name]
             self._compiled.pop(name, None)
 
-    def _claim(self, names: Sequence[Any], plugin: Any) -> None:
+    def _claim(self, names: Sequence[Any], plugin: ToolPlugin | None) -> None:
         seen: set[str] = set()
         for name in names:
-            if name in seen or (name in self._owner and self._owner[name] is not plugin):
+            if name in seen or (name in self._owner and self._owner[name].plugin is not plugin):
                 raise RegistrationError(f"tool name {name!r} is registered twice")
             seen.add(name)
 
@@ -416,22 +428,22 @@ class ToolRegistry:
 
         Raises :class:`RegistrationError` when the plugin now declares it invalidly.
         """
-        plugin = self._owner.get(name)
-        decl = None if plugin is None else _lookup(plugin, name)
-        if decl is None:
-            plugin, decl = self._find(name)
-            if decl is None:
+        entry = self._owner.get(name)
+        decl = None if entry is None else entry.find(name)
+        if entry is None or decl is None:
+            entry, decl = self._find(name)
+            if entry is None or decl is None:
                 return None
-        return self._compiled_for(plugin, decl)
+        return self._compiled_for(entry.plugin, decl)
 
-    def _compiled_for(self, plugin: Any, decl: ToolDeclaration) -> CompiledTool:
+    def _compiled_for(self, plugin: ToolPlugin, decl: ToolDeclaration) -> CompiledTool:
         cached = self._compiled.get(decl.name)
         if cached is not None and (cached.source is decl or cached.source == decl):
             return cached
         compiled = self._compiled[decl.name] = self._build(plugin, decl)
         return compiled
 
-    def _build(self, plugin: Any, decl: ToolDeclaration) -> CompiledTool:
+    def _build(self, plugin: ToolPlugin, decl: ToolDeclaration) -> CompiledTool:
         if not isinstance(decl, ToolDeclaration):
             raise RegistrationError(
                 f"describe() returned {type(decl).__name__}, not ToolDeclaration"
@@ -477,26 +489,26 @@ class ToolRegistry:
         """Every valid tool now; a declaration a plugin changed into an invalid one is skipped."""
         for decl in self.declarations():
             try:
-                yield self._compiled_for(self._owner[decl.name], decl)
+                yield self._compiled_for(self._owner[decl.name].plugin, decl)
             except RegistrationError as exc:
                 log.warning("toolrelay: skipping %s", exc)
 
-    def _find(self, name: str) -> tuple[Any, ToolDeclaration | None]:
+    def _find(self, name: str) -> tuple[_Entry | None, ToolDeclaration | None]:
         """Slow path: a name no known plugin owns (any more). Ask every plugin."""
         self._owner.pop(name, None)
         self._compiled.pop(name, None)
         if not isinstance(name, str) or not NAME_RE.match(name):
             return None, None
-        for plugin in self._plugins:
-            decl = _lookup(plugin, name)
+        for entry in self._plugins:
+            decl = entry.find(name)
             if decl is not None:
-                self._owner[name] = plugin
-                return plugin, decl
+                self._owner[name] = entry
+                return entry, decl
         return None, None
 
-    def plugins(self) -> list[Any]:
+    def plugins(self) -> list[ToolPlugin]:
         """The registered plugins (the function plugin behind ``tool()`` included)."""
-        return list(self._plugins)
+        return [entry.plugin for entry in self._plugins]
 
     def owns(self, name: str) -> bool:
         """Is a plugin known to own ``name``? O(1), reads no declaration."""
@@ -505,17 +517,17 @@ class ToolRegistry:
     def declarations(self) -> Iterator[ToolDeclaration]:
         """Every declaration, read through the plugins now, first owner winning a name."""
         seen: set[str] = set()
-        for plugin in list(self._plugins):
+        for entry in list(self._plugins):
             try:
-                decls = list(plugin.describe())
+                decls = list(entry.plugin.describe())
             except Exception:
-                log.exception("toolrelay: describe() of %s failed", type(plugin).__name__)
+                log.exception("toolrelay: describe() of %s failed", type(entry.plugin).__name__)
                 continue
             for decl in decls:
                 if not isinstance(decl, ToolDeclaration) or decl.name in seen:
                     continue
-                owner = self._owner.setdefault(decl.name, plugin)
-                if owner is plugin:
+                owner = self._owner.setdefault(decl.name, entry)
+                if owner is entry:
                     seen.add(decl.name)
                     yield decl
 

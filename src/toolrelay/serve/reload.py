@@ -36,6 +36,7 @@ import anyio.abc
 from mcp.server.auth.provider import AccessToken
 
 from ..breakers import BreakerConfig
+from ..capabilities import Closeable
 from ..config import Settings, load_configured_plugins
 from ..loading import PluginLoadError
 from ..registry import RegistrationError, ToolRegistry
@@ -280,9 +281,8 @@ class Reloader:
                 keys, grace_s = self._drain_terms(plugin)
                 registry.unregister(plugin)
                 undo.append(partial(registry.register, plugin))
-                closer = getattr(plugin, "aclose", None)
-                if closer is not None:
-                    retired.append((closer, keys, grace_s))
+                if isinstance(plugin, Closeable):
+                    retired.append((plugin.aclose, keys, grace_s))
             table = config.plugins.get(name)
             if table is not None and table.enabled:
                 new = _load_plugin(registry, name, table)

@@ -1,0 +1,68 @@
+"""A plugin's optional capabilities, each an explicit protocol.
+
+:class:`~toolrelay.contract.ToolPlugin` (``describe()`` and ``execute()``) is all a plugin
+must offer. Beyond it a plugin may implement any of these; toolrelay checks for them with
+``isinstance`` (they are ``runtime_checkable``), never by probing names, and the registry
+reads them once, when the plugin is registered:
+
+- :class:`DeclaresOne`: ``declaration(name)``, one declaration by name (O(1) lookups on
+  every call, instead of a scan of ``describe()``);
+- :class:`HasHandler`: ``handler(name)``, the tool's ``fn(args, ctx)`` (called directly,
+  one frame less than ``execute``; for ``isolation="process"`` it must be a module-level
+  function, which a worker process imports by name);
+- :class:`ProcessIsolatable`: ``process_target(name)``, where a worker process finds the
+  tool's handler, when that is not the handler itself (a typed tool's function);
+- :class:`Closeable`: ``async aclose()``, called by ``Dispatcher.aclose()`` and when a
+  reload retires the plugin.
+
+Plugins need not import this module: the protocols are structural (``docs/plugins.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from .contract import ToolDeclaration
+from .handler import Handler
+from .isolation.target import ProcessTarget
+
+__all__ = ["Closeable", "DeclaresOne", "HasHandler", "ProcessIsolatable"]
+
+
+@runtime_checkable
+class DeclaresOne(Protocol):
+    """A plugin that finds one of its declarations by name."""
+
+    def declaration(self, name: str) -> ToolDeclaration | None:
+        """The tool's declaration now (what ``describe()`` would list), or ``None``."""
+        ...
+
+
+@runtime_checkable
+class HasHandler(Protocol):
+    """A plugin that hands out each tool's handler, run instead of ``execute(name, …)``."""
+
+    def handler(self, name: str) -> Handler:
+        """``fn(args, ctx)`` for the tool (sync or async, as ``execute`` may be)."""
+        ...
+
+
+@runtime_checkable
+class ProcessIsolatable(Protocol):
+    """A plugin that says where a worker process finds a tool's handler."""
+
+    def process_target(self, name: str) -> Callable[[], ProcessTarget]:
+        """A function that gives the :class:`ProcessTarget`, or raises :class:`ValueError`
+        saying why the tool cannot run in a worker process (called only for tools declared
+        ``isolation="process"``)."""
+        ...
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """A plugin holding resources (connections, processes) to release when it is done."""
+
+    async def aclose(self) -> None:
+        """Release them; called once, on the event loop."""
+        ...
