@@ -11,215 +11,28 @@ import dataclasses
 import functools
 import inspect
 import logging
-import math
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
-
-import jsonschema_rs
 
 from . import typed
 from .capabilities import DeclaresOne, HasHandler, ProcessIsolatable
-from .contract import ISOLATIONS, RISKS, AuthContext, Isolation, Risk, ToolDeclaration, ToolPlugin
-from .handler import Handler, is_async
+from .compiled import DEFAULT_RESERVED, NAME_RE, CompiledTool, RegistrationError, compile_tool
+from .contract import AuthContext, Isolation, Risk, ToolDeclaration, ToolPlugin
+from .handler import Handler
 from .isolation import ProcessTarget, target_of
 
-__all__ = ["CompiledTool", "RegistrationError", "ToolRegistry"]
+__all__ = [
+    "DEFAULT_RESERVED",
+    "NAME_RE",
+    "CompiledTool",
+    "RegistrationError",
+    "ToolRegistry",
+    "compile_tool",
+]
 
 log = logging.getLogger("toolrelay")
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-DEFAULT_RESERVED = frozenset({"user_id", "tenant_id"})
-
 F = TypeVar("F", bound=Callable[..., Any])
-Validator = Any  # jsonschema_rs.Validator; the stubs name no common base
-
-
-class RegistrationError(ValueError):
-    """A plugin or declaration that cannot be accepted. The message names the tool."""
-
-
-@dataclass(frozen=True, slots=True)
-class CompiledTool:
-    """A declaration checked once and made ready to run."""
-
-    decl: ToolDeclaration
-    """The declaration in force (the plugin's, with operator overrides applied)."""
-    fn: Callable[[dict[str, Any], AuthContext], Any]
-    is_async: bool
-    validator: Validator
-    output_validator: Validator | None
-    source: ToolDeclaration
-    """The declaration as the plugin gave it (the cache key)."""
-    process_target: ProcessTarget | None = None
-    """Where a worker process finds the handler, for ``isolation="process"``."""
-
-
-def _compile_schema(tool: str, what: str, schema: Mapping[str, Any]) -> Validator:
-    try:
-        return jsonschema_rs.Draft202012Validator(dict(schema), mask="<value>", offline=True)
-    except (jsonschema_rs.ValidationError, ValueError, TypeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise RegistrationError(
-            f"tool {tool!r}: {what} is not a valid JSON Schema: {first}"
-        ) from exc
-
-
-def _names(value: Any) -> set[str]:
-    """The strings of a JSON array (``required``, a ``dependentRequired`` entry)."""
-    if isinstance(value, list):
-        return {item for item in value if isinstance(item, str)}
-    return set()
-
-
-def _pattern_matches(pattern: Any, reserved: frozenset[str]) -> set[str]:
-    """The reserved names ``pattern`` matches, by the validator's own regex engine (so
-    ECMA-262 syntax the ``re`` module lacks is read as validation reads it)."""
-    if not isinstance(pattern, str):
-        return set()
-    try:
-        validator = jsonschema_rs.Draft202012Validator({"pattern": pattern}, offline=True)
-    except (jsonschema_rs.ValidationError, ValueError, TypeError):
-        return set()  # not a valid pattern: compiling the schema refuses it anyway
-    return {name for name in reserved if validator.is_valid(name)}
-
-
-def _named_by(schema: Any, reserved: frozenset[str]) -> set[str]:
-    """Reserved names a ``propertyNames`` schema singles out: its ``const``, ``enum`` and
-    ``pattern`` keywords (at any depth: ``anyOf`` branches included) that match them."""
-    found: set[str] = set()
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Mapping):
-            const = node.get("const")
-            if isinstance(const, str) and const in reserved:
-                found.add(const)
-            found.update(reserved.intersection(_names(node.get("enum"))))
-            found.update(_pattern_matches(node.get("pattern"), reserved))
-            stack.extend(v for k, v in node.items() if k not in ("const", "enum"))
-        elif isinstance(node, list):
-            stack.extend(node)
-    return found
-
-
-def _identity_properties(schema: Any, reserved: frozenset[str]) -> set[str]:
-    """Every reserved name the schema admits as a property, anywhere in it (nested objects,
-    ``$defs`` and every other subschema included): named in ``properties``, ``required``,
-    ``dependentRequired`` (keys or values), ``dependentSchemas`` or ``dependencies``,
-    matched by a ``patternProperties`` regex, or singled out by ``propertyNames``."""
-    found: set[str] = set()
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Mapping):
-            props = node.get("properties")
-            if isinstance(props, Mapping):  # ``"user_id": false`` forbids it: not admitted
-                found.update(n for n in reserved.intersection(props) if props[n] is not False)
-            named = node.get("dependentSchemas")
-            if isinstance(named, Mapping):
-                found.update(reserved.intersection(named))
-            found.update(reserved.intersection(_names(node.get("required"))))
-            for keyword in ("dependentRequired", "dependencies"):
-                named = node.get(keyword)
-                if isinstance(named, Mapping):
-                    found.update(reserved.intersection(named))
-                    for needed in named.values():
-                        found.update(reserved.intersection(_names(needed)))
-            patterns = node.get("patternProperties")
-            if isinstance(patterns, Mapping):
-                for pattern, sub in patterns.items():
-                    if sub is not False:
-                        found.update(_pattern_matches(pattern, reserved))
-            if "propertyNames" in node:
-                found.update(_named_by(node["propertyNames"], reserved))
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return found
-
-
-def compile_tool(
-    decl: ToolDeclaration,
-    fn: Callable[[dict[str, Any], AuthContext], Any],
-    reserved: frozenset[str],
-    source: ToolDeclaration | None = None,
-    target: Callable[[], ProcessTarget] | None = None,
-) -> CompiledTool:
-    """Check a declaration and build its validators; raise :class:`RegistrationError`.
-
-    ``target()`` gives where a worker process finds the handler (``isolation="process"``);
-    its ``ValueError`` says why there is no such place."""
-    if not isinstance(decl, ToolDeclaration):
-        raise RegistrationError(f"describe() returned {type(decl).__name__}, not ToolDeclaration")
-    name = decl.name
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise RegistrationError(f"tool name {name!r} must match {NAME_RE.pattern}")
-    if decl.risk not in RISKS:
-        raise RegistrationError(f"tool {name!r}: risk must be one of {RISKS}")
-    if not (isinstance(decl.timeout_s, int | float) and 0 < decl.timeout_s < math.inf):
-        raise RegistrationError(f"tool {name!r}: timeout_s must be a positive number")
-    if decl.max_attempts is not None and decl.max_attempts < 1:
-        raise RegistrationError(f"tool {name!r}: max_attempts must be at least 1")
-    if not isinstance(decl.parameters, Mapping) or decl.parameters.get("type") != "object":
-        raise RegistrationError(f"tool {name!r}: parameters must be an object schema")
-    process_target = _isolation(decl, fn, target)
-    _check_fallback(decl)
-    clash = _identity_properties(decl.parameters, reserved)
-    if clash:
-        raise RegistrationError(
-            f"tool {name!r} declares identity properties {sorted(clash)}; "
-            "identity comes from AuthContext, never from model arguments"
-        )
-    validator = _compile_schema(name, "parameters", decl.parameters)
-    output = (
-        None
-        if decl.output_schema is None
-        else _compile_schema(name, "output_schema", decl.output_schema)
-    )
-    return CompiledTool(decl, fn, is_async(fn), validator, output, source or decl, process_target)
-
-
-def _check_fallback(decl: ToolDeclaration) -> None:
-    """``fallback`` is a tuple of distinct tool names, not the tool's own. Names are
-    resolved when a call falls back (plugins come and go); one that is unknown then is
-    skipped. A fallback's own fallbacks are never followed, so no cycle can run."""
-    name = decl.name
-    names = decl.fallback
-    if not isinstance(names, tuple):
-        raise RegistrationError(f"tool {name!r}: fallback must be a tuple of tool names")
-    for other in names:
-        if not isinstance(other, str) or not NAME_RE.match(other):
-            raise RegistrationError(f"tool {name!r}: fallback {other!r} is not a tool name")
-        if other == name:
-            raise RegistrationError(f"tool {name!r}: a tool cannot be its own fallback")
-    if len(set(names)) != len(names):
-        raise RegistrationError(f"tool {name!r}: fallback names a tool twice")
-
-
-def _isolation(
-    decl: ToolDeclaration,
-    fn: Callable[..., Any],
-    target: Callable[[], ProcessTarget] | None,
-) -> ProcessTarget | None:
-    """Check ``decl.isolation``; for ``"process"``, where a worker process finds ``fn``."""
-    name = decl.name
-    if decl.isolation not in ISOLATIONS:
-        raise RegistrationError(f"tool {name!r}: isolation must be one of {ISOLATIONS}")
-    if decl.isolation == "thread":
-        return None
-    if is_async(fn):
-        raise RegistrationError(
-            f"tool {name!r}: isolation='process' is for sync handlers; an async one is "
-            "cancelled at its deadline already"
-        )
-    try:
-        if target is None:
-            raise ValueError("needs a module-level function, and this tool has none")
-        return target()
-    except ValueError as exc:
-        raise RegistrationError(f"tool {name!r}: isolation='process' {exc}") from None
 
 
 class FunctionPlugin:
