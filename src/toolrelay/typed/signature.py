@@ -1,0 +1,125 @@
+"""Which calling convention a function uses (typed, or ``fn(args, ctx)``), and reading
+its parameters and their annotations."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from ..contract import AuthContext
+
+__all__ = [
+    "EMPTY",
+    "NONE",
+    "SignatureError",
+    "call_parameters",
+    "is_context",
+    "is_legacy",
+    "is_union",
+    "read_signature",
+    "split",
+]
+
+EMPTY = inspect.Parameter.empty
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+NONE = type(None)
+
+
+class SignatureError(ValueError):
+    """A signature toolrelay cannot turn into a tool; the message is one line."""
+
+
+def read_signature(fn: Callable[..., Any]) -> tuple[inspect.Signature | None, bool]:
+    """The signature with its annotations evaluated (and True), or as written (and False)
+    when one cannot be evaluated; ``None`` when there is none to read (some builtins)."""
+    try:
+        return inspect.signature(fn, eval_str=True), True
+    except (TypeError, ValueError):
+        return None, False
+    except Exception:  # an annotation names something missing at run time
+        return inspect.signature(fn), False
+
+
+def call_parameters(fn: Callable[..., Any], sig: inspect.Signature) -> list[inspect.Parameter]:
+    """The parameters a call can fill: those a ``functools.partial`` binds by keyword are
+    the host's (a client, a key), never arguments, so they are left out."""
+    bound = fn.keywords if isinstance(fn, functools.partial) else {}
+    return [p for p in sig.parameters.values() if p.name not in bound]
+
+
+def split(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``Annotated[T, m1, m2]`` → ``(T, (m1, m2))``, nested ``Annotated`` flattened."""
+    metadata: tuple[Any, ...] = ()
+    while get_origin(annotation) is Annotated:
+        annotation, *extra = get_args(annotation)
+        metadata = (*metadata, *extra)
+    return annotation, metadata
+
+
+def is_union(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType)
+
+
+def is_context(annotation: Any, cls: type) -> bool:
+    """``cls`` or ``cls | None``."""
+    base, _ = split(annotation)
+    if base is cls:
+        return True
+    return is_union(base) and {a for a in get_args(base) if a is not NONE} == {cls}
+
+
+def _args_like(annotation: Any) -> bool:
+    base, _ = split(annotation)
+    return base in (EMPTY, Any, object) or (get_origin(base) or base) in (
+        dict,
+        Mapping,
+        MutableMapping,
+    )
+
+
+def _ctx_like(annotation: Any) -> bool:
+    return annotation in (EMPTY, Any, object) or is_context(annotation, AuthContext)
+
+
+def is_legacy(fn: Callable[..., Any], *, explicit_schema: bool) -> bool:
+    """Is ``fn`` an ``fn(args, ctx)`` handler? See ``docs/typed-tools.md`` for the rule.
+
+    With a hand-written schema (``explicit_schema``) it always is, and a signature that
+    plainly cannot be one raises :class:`SignatureError`. Without one, it is when it has
+    exactly two parameters, both positional, the first unannotated or a mapping (``dict``,
+    ``dict[str, Any]``, ``Mapping[…]``, ``Any``) and the second unannotated, ``Any`` or
+    ``AuthContext`` (``| None``). Anything else is typed. Parameters a ``functools.partial``
+    binds by keyword do not count.
+    """
+    sig, resolved = read_signature(fn)
+    if sig is None:
+        if explicit_schema:
+            return True
+        raise SignatureError("its signature cannot be read: give parameters= to register it")
+    fits = _fits_args_and_ctx(sig, resolved)
+    if explicit_schema:
+        if not fits:
+            raise SignatureError(
+                f"parameters= is given, so it is called as fn(args, ctx), which {sig} cannot "
+                "take; leave parameters= out to have the schema inferred from the signature"
+            )
+        return True
+    params = call_parameters(fn, sig)
+    return fits and len(params) == 2 and all(p.kind in _POSITIONAL for p in params)
+
+
+def _fits_args_and_ctx(sig: inspect.Signature, resolved: bool) -> bool:
+    """Can ``fn(args, ctx)`` bind, to parameters whose annotations (when readable) fit?"""
+    try:
+        bound = sig.bind(None, None)
+    except TypeError:
+        return False
+    taking = [sig.parameters[name] for name in bound.arguments]
+    if not resolved or len(taking) < 2:  # ``*args`` took both
+        return True
+    return _args_like(taking[0].annotation) and (
+        taking[1].kind is inspect.Parameter.VAR_POSITIONAL or _ctx_like(taking[1].annotation)
+    )

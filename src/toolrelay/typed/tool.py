@@ -1,0 +1,139 @@
+"""A typed function turned, once, into a tool's declaration parts and its caller."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, TypeAdapter, create_model
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from ..contract import AuthContext, CallContext
+from ..handler import Handler, is_async
+from .convert import caller, dump, dump_foreign, input_plan, output_plan
+from .docstrings import docstring
+from .schema import tidy
+from .signature import EMPTY, SignatureError, call_parameters, is_context, read_signature, split
+
+__all__ = ["TypedTool", "typed_tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class TypedTool:
+    """What a typed function declares, and the ``(args, ctx)`` caller that runs it."""
+
+    parameters: dict[str, Any]
+    output_schema: dict[str, Any] | None
+    description: str
+    call: Handler
+
+
+def _annotated(base: Any, metadata: tuple[Any, ...]) -> Any:
+    return typing.cast(Any, Annotated)[(base, *metadata)] if metadata else base
+
+
+def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> TypedTool:
+    """Infer a typed function's declaration parts and build its caller.
+
+    Raises :class:`SignatureError` for what cannot be a tool's parameters."""
+    sig, resolved = read_signature(fn)
+    if sig is None or not resolved:
+        raise SignatureError(
+            "its annotations cannot be evaluated (a name imported only for type checking?)"
+        )
+    summary, described = docstring(fn)
+    fields: dict[str, Any] = {}
+    auth: str | None = None
+    call: str | None = None
+    python_defaults: dict[str, Any] = {}
+    for param in call_parameters(fn, sig):
+        annotation = Any if param.annotation is EMPTY else param.annotation
+        if is_context(annotation, AuthContext) or is_context(annotation, CallContext):
+            is_auth = is_context(annotation, AuthContext)
+            if (auth if is_auth else call) is not None:
+                raise SignatureError(f"more than one parameter is annotated {annotation}")
+            if is_auth:
+                auth = param.name
+            else:
+                call = param.name
+            continue
+        if param.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD and (
+            param.kind is not inspect.Parameter.KEYWORD_ONLY
+        ):
+            raise SignatureError(
+                f"parameter {param.name!r} is {param.kind.description}: a tool's arguments "
+                "are named (make it a plain or keyword-only parameter)"
+            )
+        base, metadata = split(annotation)
+        if param.name in described:  # an explicit Field(description=…) overrides it
+            metadata = (Field(description=described[param.name]), *metadata)
+        python_defaults[param.name] = param.default
+        field_type = _annotated(base, metadata)  # its own Field(default=…) may apply
+        # ``PydanticUndefined``, not a bare annotation: pydantic would take a name that
+        # ``BaseModel`` has (``model_dump``…) as a default, and the parameter as optional
+        default = PydanticUndefined if param.default is EMPTY else param.default
+        fields[param.name] = (field_type, default)
+    try:
+        model = create_model(
+            f"{name}_arguments",
+            __config__=ConfigDict(extra="forbid", protected_namespaces=()),
+            **fields,
+        )
+        parameters = tidy(model.model_json_schema(), close_objects=True)
+    except Exception as exc:  # pydantic's errors for what it cannot model are many
+        raise SignatureError(_first_line(exc)) from exc
+    for missing in fields.keys() - model.model_fields.keys():  # pydantic's private names
+        raise SignatureError(f"parameter {missing!r} cannot be an argument: rename it")
+    for field_name, field in model.model_fields.items():
+        if field.alias is not None or field.validation_alias is not None:
+            raise SignatureError(f"parameter {field_name!r} has an alias: rename the parameter")
+
+    converters: list[tuple[str, frozenset[type], Callable[[Any], Any]]] = []
+    fills: list[tuple[str, Callable[[], Any]]] = []
+    for field_name, field in model.model_fields.items():
+        tp = _annotated(field.annotation, tuple(field.metadata))
+        plain, kinds = input_plan(tp)
+        if not plain:
+            converters.append((field_name, kinds, TypeAdapter(tp).validate_python))
+        python_default = python_defaults[field_name]
+        if not field.is_required() and (
+            python_default is EMPTY or isinstance(python_default, FieldInfo)
+        ):  # pydantic knows a default Python does not: it is filled in per call
+            fills.append(
+                (field_name, functools.partial(field.get_default, call_default_factory=True))
+            )
+
+    output_schema, convert_output = _output(sig.return_annotation)
+    run = caller(
+        fn, name, is_async(fn), auth, call, tuple(converters), tuple(fills), convert_output
+    )
+    return TypedTool(
+        parameters, output_schema, summary if description is None else description, run
+    )
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _output(annotation: Any) -> tuple[dict[str, Any] | None, Callable[[Any], Any] | None]:
+    """The output schema a return annotation implies (objects only: a model, dataclass or
+    TypedDict), and how a returned value is made JSON-safe (``None``: it already is)."""
+    plan = output_plan(annotation)
+    convert = None if plan else dump if plan is False else dump_foreign
+    if plan is not False:
+        return None, convert
+    try:
+        schema = TypeAdapter(annotation).json_schema(mode="serialization")
+    except Exception as exc:
+        raise SignatureError(
+            f"its return annotation has no JSON Schema: {_first_line(exc)}"
+        ) from exc
+    schema = tidy(schema, close_objects=False)
+    return (schema if schema.get("type") == "object" else None), convert
