@@ -2,7 +2,9 @@
 
 Declarations are read through on every lookup, so a plugin that changes what ``describe()``
 returns is seen at once by ``specs()`` and ``dispatch()``. Compiling a declaration (checking
-it, building its JSON Schema validators) happens once per declaration content.
+it, building its JSON Schema validators: :mod:`toolrelay.compiled`) happens once per
+declaration content. A plugin's optional capabilities (:mod:`toolrelay.capabilities`) are
+read once, when it is registered.
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class FunctionPlugin:
-    """The plugin behind :meth:`ToolRegistry.tool`: plain functions, one declaration each."""
+    """The plugin behind :meth:`ToolRegistry.tool`: plain functions, one declaration each.
+
+    It offers every lookup capability: :class:`~toolrelay.capabilities.DeclaresOne`,
+    :class:`~toolrelay.capabilities.HasHandler` and
+    :class:`~toolrelay.capabilities.ProcessIsolatable`."""
 
     def __init__(self) -> None:
         self._tools: dict[str, tuple[ToolDeclaration, Callable[..., Any]]] = {}
@@ -59,7 +65,7 @@ class FunctionPlugin:
         entry = self._tools.get(name)
         return None if entry is None else entry[0]
 
-    def handler(self, name: str) -> Callable[..., Any]:
+    def handler(self, name: str) -> Handler:
         return self._tools[name][1]
 
     def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
