@@ -2,8 +2,9 @@
 
 :class:`~toolrelay.contract.ToolPlugin` (``describe()`` and ``execute()``) is all a plugin
 must offer. Beyond it a plugin may implement any of these; toolrelay checks for them with
-``isinstance`` (they are ``runtime_checkable``), never by probing names, and the registry
-reads them once, when the plugin is registered:
+``isinstance`` (they are ``runtime_checkable``), never by probing names. The registry
+checks for :class:`DeclaresOne` once, when the plugin is registered (lookups happen on every
+call), and for the others whenever it compiles one of the plugin's declarations:
 
 - :class:`DeclaresOne`: ``declaration(name)``, one declaration by name (O(1) lookups on
   every call, instead of a scan of ``describe()``);
