@@ -67,11 +67,10 @@ def test_quick_run_prints_one_table_and_writes_results(tmp_path: Path) -> None:
 def test_a_quick_run_writes_no_results_unless_told_where(
     tmp_path: Path, harness: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the real script, run from a copy: its default RESULTS.md is the copy's, never the
-    # repository's (which a concurrent full run may be writing)
+    # the real script (and its suite), run from a copy: its default RESULTS.md is the
+    # copy's, never the repository's (which a concurrent full run may be writing)
     bench = tmp_path / "bench"
-    bench.mkdir()
-    shutil.copy(RUN, bench / "run.py")
+    shutil.copytree(RUN.parent, bench, ignore=shutil.ignore_patterns("RESULTS.md", "__pycache__"))
     proc = subprocess.run(
         [sys.executable, str(bench / "run.py"), "--quick", "--only", "fastfail"],
         capture_output=True,
