@@ -40,6 +40,11 @@ from .harness import (
     percentile,
 )
 
+BARE_SHARE_LIMIT = 1.3
+"""The checked async flood's target: the healthy calls' p99 / unloaded ratio through
+toolrelay at most this many times the same ratio of the same flood on bare anyio, in the
+same run (toolrelay's own share: what the machine does to the event loop, it does to both)."""
+
 
 async def bench_deadline(s: Settings) -> list[Row]:
     timeout_s = s.flood_timeout_s
@@ -107,14 +112,35 @@ async def bench_deadline(s: Settings) -> list[Row]:
             await anyio.sleep(0.05)
         return runs
 
-    def rows_for(label: str, runs: list[Flood], limit: float, checked: bool = True) -> list[Row]:
+    async def paired(n: int, count: int) -> tuple[list[Flood], list[Flood]]:
+        """``count`` checked async floods through toolrelay, each beside the same flood on
+        bare anyio (the order alternating pair by pair)."""
+        ours: list[Flood] = []
+        bare: list[Flood] = []
+        for index in range(count):
+            pair = [(ours, d), (bare, BareAnyio(timeout_s))]
+            for runs, on in pair if index % 2 == 0 else reversed(pair):
+                runs += await floods("hang_async", n, 1, s.flood_spread_s, on=on)
+        return ours, bare
+
+    def rows_for(
+        label: str,
+        runs: list[Flood],
+        limit: float,
+        checked: bool = True,
+        bare: list[Flood] | None = None,
+    ) -> list[Row]:
         """Lateness and healthy-call rows; ``checked=False``: the same figures, as info.
         A checked target is in force in a full run whose floods the other processes on the
-        machine left alone (see ``CPU_WAIT_LIMIT_S``)."""
+        machine left alone (see ``CPU_WAIT_LIMIT_S``). With ``bare`` (the same floods on
+        bare anyio, pair by pair), the healthy row is toolrelay's own share: its ratio over
+        bare anyio's, per pair."""
         p99 = statistics.median(r.p99 for r in runs)
         everything = [x for r in runs for x in r.lateness]
         of = f"median of {len(runs)} floods (p99s " if len(runs) > 1 else "one flood ("
-        left_alone = all(r.cpu_wait_s is None or r.cpu_wait_s <= CPU_WAIT_LIMIT_S for r in runs)
+        left_alone = all(
+            r.cpu_wait_s is None or r.cpu_wait_s <= CPU_WAIT_LIMIT_S for r in [*runs, *(bare or [])]
+        )
         in_force = not s.quick and left_alone
         why = "" if in_force or not checked else (
             "; not checked: a quick run's one flood" if s.quick else
@@ -150,14 +176,35 @@ async def bench_deadline(s: Settings) -> list[Row]:
             f"{waits(runs)}; {priority} priority{why}",
             in_force=in_force,
         )
-        return [lateness, healthy]
+        if bare is None:
+            return [lateness, healthy]
+        shares = [a.ratio / b.ratio for a, b in zip(runs, bare, strict=True)]
+        share = statistics.median(shares)
+        alone = statistics.median(r.ratio for r in bare)
+        relative = Row(
+            "deadline",
+            f"{label}: healthy p99 / unloaded, toolrelay / bare anyio",
+            share,
+            target=f"≤ {BARE_SHARE_LIMIT:g}×",
+            passed=share <= BARE_SHARE_LIMIT,
+            context=f"toolrelay {ratio:.2f}× (p99 {ms(probe)} during the flood, {ms(base)} "
+            f"unloaded just before), bare anyio {alone:.2f}× (p99 "
+            f"{ms(statistics.median(r.probe_p99 for r in bare))}, "
+            f"{ms(statistics.median(r.unloaded_p99 for r in bare))} unloaded just before), "
+            "the same flood with `anyio.fail_after` around the handler; "
+            + (f"per pair {', '.join(f'{x:.2f}' for x in shares)}; " if len(runs) > 1 else "")
+            + f"all floored at {FLOOR_S * 1e3:g} ms; {collector_summary(runs)}; "
+            f"{waits([*runs, *bare])}; {priority} priority{why}",
+            in_force=in_force,
+        )
+        return [lateness, relative]
 
     # The checked floods arrive over flood_spread_s (10,000 calls/s for 1,000 calls); the
     # stress floods start every call in one event-loop iteration, which stalls the whole
     # process for the launch (any asyncio program would), so they are reported, not
     # checked; the diagnosis repeats the checked floods with the garbage collector paused.
     spread = s.flood_spread_s
-    async_runs = await floods("hang_async", s.async_flood, s.floods, spread)
+    async_runs, bare_runs = await paired(s.async_flood, s.floods)
     # the first sync flood starts the key's worker threads, the next ones find them waiting
     cold = await floods("hang_sync", s.sync_flood, 1, spread)
     warm = await floods("hang_sync", s.sync_flood, s.floods, spread)
@@ -174,7 +221,7 @@ async def bench_deadline(s: Settings) -> list[Row]:
     held = d.workers.live().get("flood_sync", 0)
     calls = s.sync_flood * (1 + s.floods)
     rows = [
-        *rows_for(f"{s.async_flood} hung async calls", async_runs, 0.005),
+        *rows_for(f"{s.async_flood} hung async calls", async_runs, 0.005, bare=bare_runs),
         *rows_for(f"{s.sync_flood} hung sync calls, new threads", cold, 0.020),
         *rows_for(f"{s.sync_flood} hung sync calls, warm threads", warm, 0.020),
         *rows_for(
@@ -230,7 +277,11 @@ async def neighbour_rows(
                 await anyio.sleep(0.2)  # it is spinning
                 ours = await floods("hang_async", s.async_flood, s.floods, s.flood_spread_s)
                 bare = await floods(
-                    "hang_async", s.async_flood, s.floods, s.flood_spread_s, on=BareAnyio()
+                    "hang_async",
+                    s.async_flood,
+                    s.floods,
+                    s.flood_spread_s,
+                    on=BareAnyio(s.flood_timeout_s),
                 )
             probe = statistics.median(r.probe_p99 for r in ours)
             rows.append(

@@ -262,13 +262,16 @@ class BareAnyio:
     """The async flood with no toolrelay: ``json.loads`` and ``anyio.fail_after`` around the
     handler, the healthy call one checkpoint (what any anyio program pays for the flood)."""
 
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+
     async def dispatch(self, name: str, raw: str, ctx: AuthContext) -> Answer:
         json.loads(raw)
         if name == "healthy":
             await anyio.lowlevel.checkpoint()
             return Answer(True)
         try:
-            with anyio.fail_after(0.2):
+            with anyio.fail_after(self.timeout_s):
                 await anyio.sleep_forever()
         except TimeoutError:
             return Answer(False, "timeout")
