@@ -19,7 +19,9 @@ force unless its row says "(not checked)": info and stress rows have no target; 
 ``--quick`` run the targets whose quick figure is noise (tracing extras, scale, the slowed
 Redis p99, the flood latencies measured on one flood) are shown but not checked; and a
 flood's latency targets are not checked when its event loop waited for a CPU (other
-processes took it: see ``CPU_WAIT_LIMIT_S``).
+processes took it: see ``CPU_WAIT_LIMIT_S``). The checked async flood's healthy-call target
+is toolrelay's own share: its p99 / unloaded ratio over that of the same flood on bare
+anyio, run beside it.
 
 A full run writes bench/RESULTS.md; ``--quick`` is a seconds-long smoke run that writes
 nothing unless ``--results PATH`` says where; ``--results -`` writes nothing.

@@ -9,6 +9,7 @@ import platform
 import time
 from collections.abc import Sequence
 
+from .deadline import BARE_SHARE_LIMIT
 from .flood import CPU_WAIT_LIMIT_S
 from .harness import (
     ARGS,
@@ -142,7 +143,13 @@ def markdown(rows: Sequence[Row], settings: Settings, wall_s: float, command: st
         "was due; p99 over the flood window against the p99 of the same probe over an "
         "unloaded window of 0.3 s just before the flood (a ratio per flood, the median of "
         f"them), both floored at {FLOOR_S * 1e3:g} ms (asyncio's epoll waits have 1 ms "
-        "resolution). The event loop runs at real-time priority (`SCHED_FIFO`, the lowest "
+        "resolution). The checked async flood is judged on toolrelay's own share: each of "
+        "its floods is paired with the same flood on bare anyio in the same run "
+        "(`json.loads` and `anyio.fail_after` around the handler, the healthy call one "
+        "checkpoint; the order alternating pair by pair), and the target "
+        f"(≤ {BARE_SHARE_LIMIT:g}×) is on the median of the per-pair ratios of the two "
+        "healthy-p99 ratios, so what the machine does to the event loop counts on both "
+        "sides. The event loop runs at real-time priority (`SCHED_FIFO`, the lowest "
         "level; the threads it starts inherit it) where the OS permits, so that what is "
         "measured is toolrelay's share of the loop, not the other processes' share of the "
         "CPU (`--normal-priority` to not); how long the loop waited for a CPU is read from "
