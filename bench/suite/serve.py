@@ -1,13 +1,11 @@
-"""The MCP gateway (``toolrelay serve``) beside the bare upstream and ``mcp-proxy``,
-measured by bench/gateway.py."""
+"""The MCP gateway (``toolrelay serve``) beside the bare upstream and ``mcp-proxy``, as
+:mod:`.gateway` measures it (also run alone: ``python bench/gateway.py``)."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from .harness import (
-    HERE,
     Row,
     Settings,
 )
@@ -17,11 +15,11 @@ async def bench_gateway(s: Settings) -> list[Row]:
     """``toolrelay serve`` beside the bare upstream and ``mcp-proxy`` (bench/gateway.py),
     with ``[serve.http] json_response = true`` (the targets) and as configured by default
     (SSE answers: shown, not checked)."""
-    sys.path.insert(0, str(HERE))
-    import gateway
+    # imported here: the MCP SDK, h11 and httpx2 load in this benchmark's worker only
+    from .gateway import compare
 
     rounds, calls = (2, 80) if s.quick else (6, 400)
-    comparison = await gateway.compare(rounds, calls, [("json", "json_response = true")])
+    comparison = await compare(rounds, calls, [("json", "json_response = true")])
     return gateway_rows(comparison, s.quick)
 
 
