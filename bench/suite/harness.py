@@ -30,7 +30,7 @@ SCHEMA: dict[str, Any] = {
 }
 ARGS = '{"city": "Oslo"}'
 PARSED = {"city": "Oslo"}
-FLOOR_S = 0.001  # latency floor for the "within 2× of unloaded" comparison
+FLOOR_S = 0.001  # latency floor of the healthy-call p99 / unloaded ratios (asyncio: 1 ms)
 COST_CLOCK = time.process_time
 """What a compared cost is timed with: the process's CPU time, not the wall clock. On a
 shared machine a round's wall time also counts the slices other processes took meanwhile,
