@@ -1,6 +1,9 @@
 """The benchmark suite behind ``bench/run.py``: a shared harness (:mod:`.harness`: settings,
 rows and targets, interleaved rounds, the no-op tool and its dispatchers), one module per
-family of benchmarks, and the report (:mod:`.report`: the table, bench/RESULTS.md).
+family of benchmarks (:mod:`.overhead`, :mod:`.baselines`, :mod:`.deadline` with its
+instrument :mod:`.flood`, :mod:`.memory`, :mod:`.breakers`, :mod:`.adapters`, :mod:`.serve`
+over the gateway benchmark :mod:`.gateway`, which ``bench/gateway.py`` also runs alone), and
+the report (:mod:`.report`: the table, bench/RESULTS.md).
 
 Each benchmark is an ``async def bench_NAME(settings) -> list[Row]``; :data:`BENCHES` names
 them in the order a run takes (the ``--only`` names)."""
