@@ -1,0 +1,102 @@
+"""Every upstream failure becomes a :class:`~toolrelay.contract.ToolError` here and nowhere
+else. Messages are one short sentence naming the service; they never carry a response
+body, a URL or an exception's text.
+
+==========================================  ==========  =========  =================
+upstream                                    error_type  retryable  counts as failure
+==========================================  ==========  =========  =================
+HTTP 429, HTTP 503                          tool_error  yes        yes (+ Retry-After)
+other HTTP 5xx                              tool_error  yes        yes
+connect error, reset, broken or cut body    tool_error  yes        yes
+httpx timeout (toolrelay's deadline first)  timeout     yes        yes
+malformed or oversized body, odd shape      tool_error  no         yes
+redirect to an internal address (feeds)     tool_error  no         yes
+other HTTP 4xx, unfollowed 3xx              tool_error  no         no
+a URL httpx cannot use (configuration)      tool_error  no         no
+==========================================  ==========  =========  =================
+
+A malformed body is a fault of the service, so it counts towards opening the breaker;
+but it is not retryable: a service that sends garbage (a broken deploy, an HTML error
+page from a proxy) usually sends the same garbage a moment later, so an immediate retry
+would only spend the call's deadline. An httpx timeout is answered as ``timeout``, the
+envelope's name for "the tool did not answer in time".
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+import httpx
+
+from toolrelay.contract import ErrorType, ToolError
+
+MAX_RETRY_AFTER_S = 3600.0
+
+
+def retry_after_seconds(value: str | None, *, now: datetime | None = None) -> float | None:
+    """A ``Retry-After`` header in seconds (delay-seconds or HTTP-date form), capped."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return min(seconds, MAX_RETRY_AFTER_S)
+
+
+def status_error(service: str, response: httpx.Response) -> ToolError | None:
+    """The answer to a non-2xx response; ``None`` for a success."""
+    code = response.status_code
+    if 200 <= code < 300:
+        return None
+    if code in (429, 503):
+        retry_after = retry_after_seconds(response.headers.get("retry-after"))
+        what = "is limiting requests" if code == 429 else "is unavailable"
+        return ToolError(
+            f"{service} {what} (HTTP {code})", retryable=True, retry_after_s=retry_after
+        )
+    if code >= 500:
+        return ToolError(f"{service} failed (HTTP {code})", retryable=True)
+    if 300 <= code < 400:
+        return ToolError(f"{service} answered with a redirect (HTTP {code})")
+    if code >= 400:
+        return ToolError(f"{service} refused the request (HTTP {code})")
+    return ToolError(f"{service} gave an unexpected answer (HTTP {code})", counts_as_failure=True)
+
+
+def transport_error(service: str, exc: Exception) -> ToolError:
+    """The answer to an exception raised by httpx."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.ProxyError):
+        return ToolError(f"{service} could not be reached", retryable=True)
+    if isinstance(exc, httpx.TimeoutException):
+        return ToolError(
+            f"{service} did not answer in time", error_type=ErrorType.TIMEOUT, retryable=True
+        )
+    if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
+        return ToolError(f"{service} broke off the connection", retryable=True)
+    if isinstance(exc, httpx.DecodingError):
+        return malformed(service)
+    if isinstance(exc, httpx.TooManyRedirects):
+        return ToolError(f"{service} redirected too many times", counts_as_failure=True)
+    return ToolError(f"{service} could not be called; check the plugin's configuration")
+
+
+def malformed(service: str) -> ToolError:
+    """A body that cannot be read, or does not have the expected shape."""
+    return ToolError(f"{service} sent an answer that could not be read", counts_as_failure=True)
+
+
+def too_large(service: str, limit: int) -> ToolError:
+    """A body over ``max_response_bytes``."""
+    return ToolError(f"{service} sent more than {limit} bytes", counts_as_failure=True)
