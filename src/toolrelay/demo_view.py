@@ -1,17 +1,145 @@
-"""How the demo shows itself: a rich live view on a terminal, plain lines elsewhere."""
+"""How the demo shows itself: its figures (:class:`DemoReport`, also its ``--json``), a
+rich live view on a terminal, plain lines elsewhere, and the summary at the end."""
 
 from __future__ import annotations
 
+import math
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, TextIO
 
 import anyio
 
-if TYPE_CHECKING:
-    from .demo import DemoReport
-    from .dispatcher import Dispatcher
+from .chaos.record import Check, Record
+from .chaos.timeline import Timeline
+from .dispatcher import Dispatcher
+
+__all__ = ["DemoReport", "PlainView", "RichView", "pick_view", "print_summary"]
 
 STATE_STYLE = {"closed": "green", "open": "bold red", "half_open": "yellow"}
+
+
+@dataclass
+class DemoReport:
+    """The demo's figures, read from the runner's record (live, while the run goes)."""
+
+    duration_s: float
+    seed: int
+    record: Record = field(default_factory=lambda: Record(0.0))
+    slot_budget_s: float = 3.0
+    verdicts: list[Check] = field(default_factory=list)
+    metrics_url: str | None = None
+    timeline: Timeline | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+    @property
+    def turns(self) -> int:
+        return self.record.turns
+
+    @property
+    def calls(self) -> int:
+        return self.record.calls
+
+    @property
+    def answered(self) -> int:
+        return self.record.answered
+
+    @property
+    def escaped(self) -> list[str]:
+        return self.record.escaped
+
+    @property
+    def hedges(self) -> Counter[str]:
+        return self.record.hedges
+
+    @property
+    def outcomes(self) -> dict[str, Counter[str]]:
+        outcomes: dict[str, Counter[str]] = {}
+        for _, tool, result, _ in self.record.answers:
+            outcome = "ok" if result.ok else str(result.error_type)
+            outcomes.setdefault(tool, Counter())[outcome] += 1
+        return outcomes
+
+    @property
+    def transitions(self) -> list[tuple[float, str, str, str]]:
+        return [(t[0], t[1], t[2], t[3]) for t in self.record.transitions]
+
+    @property
+    def slot_holds(self) -> list[float]:
+        return [held for held, _ in self.record.holds]
+
+    @property
+    def overruns_ms(self) -> list[float]:
+        """How late each timeout was answered, past its deadline."""
+        return [
+            max(0.0, (result.duration_s - deadline) * 1000)
+            for _, _, result, deadline in self.record.answers
+            if result.error_type == "timeout"
+        ]
+
+    @property
+    def windows(self) -> list[tuple[str, float, float]]:
+        return [(w.fault, w.from_s, w.until_s) for w in self.record.windows]
+
+    @property
+    def served(self) -> list[tuple[float, str, bool]]:
+        """(started at, fallback, ok) of each answer a fallback gave."""
+        return [
+            (started, result.served_by, result.ok)
+            for started, _, result, _ in self.record.answers
+            if result.served_by is not None
+        ]
+
+    def p95(self, tool: str) -> float:
+        values = sorted(a[2].duration_s for a in self.record.answers if a[1] == tool)
+        if not values:
+            return 0.0
+        return values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
+
+    def to_json(self) -> dict[str, Any]:
+        holds, overruns, served = self.slot_holds, self.overruns_ms, self.served
+        return {
+            "name": "toolrelay demo",
+            "duration_s": self.duration_s,
+            "seed": self.seed,
+            "turns": self.turns,
+            "calls": self.calls,
+            "answered": self.answered,
+            "exceptions_escaped": self.escaped,
+            "tools": {
+                tool: {"outcomes": dict(outcomes), "p95_latency_s": round(self.p95(tool), 4)}
+                for tool, outcomes in sorted(self.outcomes.items())
+            },
+            "breaker_transitions": [
+                {"at_s": round(at, 3), "breaker_key": key, "from": old, "to": new}
+                for at, key, old, new in self.transitions
+            ],
+            "slot": {
+                "budget_s": self.slot_budget_s,
+                "holds": len(holds),
+                "max_hold_s": round(max(holds, default=0.0), 4),
+            },
+            "timeouts": {
+                "count": len(overruns),
+                "max_overrun_ms": round(max(overruns, default=0.0), 2),
+            },
+            "fault_windows": [
+                {"fault": what, "from_s": round(a, 2), "to_s": round(b, 2)}
+                for what, a, b in self.windows
+            ],
+            "served_by_fallback": {
+                name: sum(1 for _, by, _ in served if by == name)
+                for name in sorted({by for _, by, _ in served})
+            },
+            "hedges": dict(self.hedges),
+            "invariants": [v.__dict__ for v in self.verdicts],
+            "ok": self.ok,
+            "timeline": (self.timeline or Timeline(self.duration_s)).to_json(),
+        }
 
 
 def _tool_rows(report: DemoReport) -> list[tuple[str, int, str, float]]:
@@ -79,7 +207,7 @@ class RichView:
         holds = report.slot_holds
         slot = (
             f"model slot: {len(holds)} turns, last hold {holds[-1]:.2f} s, "
-            f"max {max(holds):.2f} s of a 3.0 s budget"
+            f"max {max(holds):.2f} s of a {report.slot_budget_s:.1f} s budget"
             if holds
             else "model slot: waiting for the first turn"
         )
@@ -125,9 +253,8 @@ def print_summary(report: DemoReport, out: TextIO | None = None) -> None:
               f"{report.hedges['skipped']} skipped)", file=out)  # fmt: skip
     for at, key, old, new in report.transitions:
         print(f"  [{at:5.1f}s] breaker {key}: {old} → {new}", file=out)
-    for invariant in report.invariants:
-        mark = "PASS" if invariant.ok else "FAIL"
-        print(f"  {mark}  {invariant.name}: {invariant.figure}", file=out)
+    for check in report.verdicts:
+        print(f"  {'PASS' if check.ok else 'FAIL'}  {check.name}: {check.figure}", file=out)
     if report.metrics_url:
         print(f"metrics were served at {report.metrics_url}", file=out)
     print("all invariants hold" if report.ok else "an invariant failed", file=out)
