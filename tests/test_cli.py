@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def one_clear_line(result: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    upstream = Upstream()
+    upstream = StandInUpstream()
     with upstream.run_in_thread() as up:
         path = tmp_path_factory.mktemp("cli") / "toolrelay.toml"
         path.write_text(

@@ -24,7 +24,7 @@ from ..pipeline.faults import Fault
 from ..registry import ToolRegistry
 from ..result import ToolCall, ToolResult
 from .record import Check, Run
-from .upstream import Fault as UpstreamFault
+from .upstream_faults import UpstreamFault
 
 __all__ = ["EXPERIMENT_SCHEMA", "Experiment", "Extras", "Model", "Switch"]
 

@@ -29,7 +29,7 @@ from .checks import judge
 from .definition import WINDOW_KEYS, Experiment, Model
 from .record import Record, Run
 from .timeline import Timeline, Window
-from .upstream import Upstream
+from .upstream import StandInUpstream
 
 __all__ = ["View", "play"]
 
@@ -57,7 +57,7 @@ async def play(
     seed = data.get("seed", 1) if seed is None else seed
     duration = float(data.get("duration_s", 10.0))
     metrics = CollectorRegistry() if metrics is None else metrics
-    up: Upstream | None = Upstream(seed=seed) if data.get("upstream", True) else None
+    up: StandInUpstream | None = StandInUpstream(seed=seed) if data.get("upstream", True) else None
     threads_before = set(threading.enumerate())
     tasks_before = len(anyio.get_running_tasks())
     if up is not None:
@@ -138,7 +138,7 @@ def _timeline(
 
 
 async def _schedule(
-    experiment: Experiment, dispatcher: Dispatcher, up: Upstream | None, record: Record
+    experiment: Experiment, dispatcher: Dispatcher, up: StandInUpstream | None, record: Record
 ) -> None:
     data, switches = experiment.data, experiment.extras.switches
     events: list[tuple[float, bool, dict[str, Any]]] = []

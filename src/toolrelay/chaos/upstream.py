@@ -3,7 +3,7 @@
 A small HTTP/1.1 server (anyio TCP listener + h11) on loopback that answers like
 Open-Meteo (``/v1/forecast``, ``/v1/search``), SearXNG (``/search?format=json``) and two
 feeds (``/feeds/rss.xml``, ``/feeds/atom.xml``). Faults are set per path prefix, from Python
-(:meth:`Upstream.set_fault`) or over HTTP::
+(:meth:`StandInUpstream.set_fault`) or over HTTP::
 
     POST   /_admin/faults   {"path": "/v1/forecast", "fault": "status", "status": 503, "rate": 0.5}
     GET    /_admin/faults   the faults in force
@@ -63,15 +63,15 @@ from . import upstream_admin as admin
 from . import upstream_wire as wire
 from ._upstream_data import REFERENCE_NOW, ROUTES
 from ._upstream_replies import BadRequest, Reply, error_reply, malformed
-from .upstream_faults import FAULT_KINDS, Fault, FaultError, FaultTable
+from .upstream_faults import FAULT_KINDS, FaultError, FaultTable, UpstreamFault
 
-__all__ = ["FAULT_KINDS", "Fault", "FaultError", "Upstream", "main"]
+__all__ = ["FAULT_KINDS", "UpstreamFault", "FaultError", "StandInUpstream", "main"]
 
 log = logging.getLogger("toolrelay.chaos")
 
 
-class Upstream:
-    """The stand-in server. Use ``async with Upstream() as up:`` or ``run_in_thread()``.
+class StandInUpstream:
+    """The stand-in server. Use ``async with StandInUpstream() as up:`` or ``run_in_thread()``.
 
     ``now`` is the server's clock (a fixed instant by default, so answers are
     reproducible; pass a callable such as ``lambda: datetime.now(UTC)`` for a live one).
@@ -113,9 +113,9 @@ class Upstream:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def set_fault(self, path: str, fault: str, rate: float = 1.0, **params: Any) -> Fault:
+    def set_fault(self, path: str, fault: str, rate: float = 1.0, **params: Any) -> UpstreamFault:
         """Apply ``fault`` to requests under ``path`` (replacing its previous fault)."""
-        parsed = Fault.parse({"path": path, "fault": fault, "rate": rate, **params})
+        parsed = UpstreamFault.parse({"path": path, "fault": fault, "rate": rate, **params})
         self._table.put(parsed)
         return parsed
 
@@ -124,7 +124,7 @@ class Upstream:
         self._table.clear(path)
 
     @property
-    def faults(self) -> list[Fault]:
+    def faults(self) -> list[UpstreamFault]:
         """The faults in force, most specific last."""
         return self._table.listed()
 
@@ -148,7 +148,7 @@ class Upstream:
         self._static[path] = Reply(200, bytes(body), content_type)
 
     # -- lifecycle ------------------------------------------------------------------------
-    async def __aenter__(self) -> Upstream:
+    async def __aenter__(self) -> StandInUpstream:
         if self._stack is not None:
             raise RuntimeError("the upstream is running already")
         stack = AsyncExitStack()
@@ -176,7 +176,7 @@ class Upstream:
         return await stack.__aexit__(exc_type, exc, tb)
 
     @contextlib.contextmanager
-    def run_in_thread(self) -> Iterator[Upstream]:
+    def run_in_thread(self) -> Iterator[StandInUpstream]:
         """Run on an event loop in a background thread, for synchronous callers.
 
         The thread is stopped and joined when the block ends.
@@ -257,7 +257,12 @@ class Upstream:
             return error_reply(400, str(exc))
 
     async def _misbehave(
-        self, fault: Fault, conn: h11.Connection, stream: SocketStream, reply: Reply, head: bool
+        self,
+        fault: UpstreamFault,
+        conn: h11.Connection,
+        stream: SocketStream,
+        reply: Reply,
+        head: bool,
     ) -> bool:
         kind = fault.fault
         retry_after = () if fault.retry_after is None else (("retry-after", fault.retry_after),)
@@ -328,7 +333,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> int:
         (lambda: datetime.now(UTC)) if args.live_clock else REFERENCE_NOW
     )
     try:
-        upstream = Upstream(args.host, args.port, seed=args.seed, now=clock)
+        upstream = StandInUpstream(args.host, args.port, seed=args.seed, now=clock)
     except ValueError as exc:
         print(f"toolrelay: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ._upstream_replies import Reply, json_reply
-from .upstream_faults import Fault, FaultError, FaultTable
+from .upstream_faults import FaultError, FaultTable, UpstreamFault
 
 __all__ = ["answer", "is_loopback", "refusal"]
 
@@ -68,7 +68,7 @@ def answer(table: FaultTable, method: str, path: str, query: str, body: bytes) -
             if method == "GET":
                 return json_reply({"faults": [f.to_json() for f in table.listed()]})
             if method == "POST":
-                fault = Fault.parse(_json_object(body))
+                fault = UpstreamFault.parse(_json_object(body))
                 table.put(fault)
                 return json_reply({"fault": fault.to_json()})
             if method == "DELETE":

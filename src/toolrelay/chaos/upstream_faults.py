@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FAULT_KINDS", "Fault", "FaultError", "FaultTable"]
+__all__ = ["FAULT_KINDS", "UpstreamFault", "FaultError", "FaultTable"]
 
 FAULT_KINDS: dict[str, frozenset[str]] = {
     "delay": frozenset({"seconds"}),
@@ -37,7 +37,7 @@ class FaultError(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Fault:
+class UpstreamFault:
     """One fault, applied to requests whose path starts with ``path``."""
 
     path: str
@@ -60,7 +60,7 @@ class Fault:
         return out
 
     @classmethod
-    def parse(cls, data: Mapping[str, Any]) -> Fault:
+    def parse(cls, data: Mapping[str, Any]) -> UpstreamFault:
         """Check an admin request's fields; raise :class:`FaultError` with a clear reason."""
         if not isinstance(data, Mapping):
             raise FaultError("a fault must be a JSON object")
@@ -126,12 +126,12 @@ class FaultTable:
 
     def __init__(self, seed: int) -> None:
         self.lock = threading.Lock()
-        self.faults: dict[str, Fault] = {}
+        self.faults: dict[str, UpstreamFault] = {}
         self.random = random.Random(seed)
         self.requests: Counter[str] = Counter()
         self.applied: Counter[str] = Counter()
 
-    def draw(self, path: str) -> Fault | None:
+    def draw(self, path: str) -> UpstreamFault | None:
         """Count the request; return the fault to apply to it, if any."""
         with self.lock:
             if path in self.requests or len(self.requests) < MAX_PATHS:
@@ -147,7 +147,7 @@ class FaultTable:
             self.applied[fault.fault] += 1
             return fault
 
-    def put(self, fault: Fault) -> None:
+    def put(self, fault: UpstreamFault) -> None:
         """Apply ``fault`` under its path (replacing that path's previous fault)."""
         with self.lock:
             self.faults[fault.path] = fault
@@ -160,7 +160,7 @@ class FaultTable:
             else:
                 self.faults.pop(path, None)
 
-    def listed(self) -> list[Fault]:
+    def listed(self) -> list[UpstreamFault]:
         """The faults in force, most specific last."""
         with self.lock:
             return sorted(self.faults.values(), key=lambda f: (len(f.path), f.path))
