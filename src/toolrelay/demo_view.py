@@ -3,7 +3,6 @@ rich live view on a terminal, plain lines elsewhere, and the summary at the end.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -11,8 +10,8 @@ from typing import Any, TextIO
 
 import anyio
 
-from .chaos.record import Check, Record
-from .chaos.timeline import Timeline
+from .chaos.record import Check, Record, outcome
+from .chaos.timeline import Timeline, percentile, transition_rows
 from .dispatcher import Dispatcher
 
 __all__ = ["DemoReport", "PlainView", "RichView", "pick_view", "print_summary"]
@@ -60,13 +59,12 @@ class DemoReport:
     def outcomes(self) -> dict[str, Counter[str]]:
         outcomes: dict[str, Counter[str]] = {}
         for _, tool, result, _ in self.record.answers:
-            outcome = "ok" if result.ok else str(result.error_type)
-            outcomes.setdefault(tool, Counter())[outcome] += 1
+            outcomes.setdefault(tool, Counter())[outcome(result)] += 1
         return outcomes
 
     @property
     def transitions(self) -> list[tuple[float, str, str, str]]:
-        return [(t[0], t[1], t[2], t[3]) for t in self.record.transitions]
+        return self.record.moves
 
     @property
     def slot_holds(self) -> list[float]:
@@ -95,10 +93,8 @@ class DemoReport:
         ]
 
     def p95(self, tool: str) -> float:
-        values = sorted(a[2].duration_s for a in self.record.answers if a[1] == tool)
-        if not values:
-            return 0.0
-        return values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
+        latencies = [a[2].duration_s for a in self.record.answers if a[1] == tool]
+        return percentile(latencies, 0.95) or 0.0
 
     def to_json(self) -> dict[str, Any]:
         holds, overruns, served = self.slot_holds, self.overruns_ms, self.served
@@ -114,10 +110,7 @@ class DemoReport:
                 tool: {"outcomes": dict(outcomes), "p95_latency_s": round(self.p95(tool), 4)}
                 for tool, outcomes in sorted(self.outcomes.items())
             },
-            "breaker_transitions": [
-                {"at_s": round(at, 3), "breaker_key": key, "from": old, "to": new}
-                for at, key, old, new in self.transitions
-            ],
+            "breaker_transitions": transition_rows(self.transitions),
             "slot": {
                 "budget_s": self.slot_budget_s,
                 "holds": len(holds),
@@ -254,7 +247,7 @@ def print_summary(report: DemoReport, out: TextIO | None = None) -> None:
     for at, key, old, new in report.transitions:
         print(f"  [{at:5.1f}s] breaker {key}: {old} → {new}", file=out)
     for check in report.verdicts:
-        print(f"  {'PASS' if check.ok else 'FAIL'}  {check.name}: {check.figure}", file=out)
+        print(f"  {check.line()}", file=out)
     if report.metrics_url:
         print(f"metrics were served at {report.metrics_url}", file=out)
     print("all invariants hold" if report.ok else "an invariant failed", file=out)

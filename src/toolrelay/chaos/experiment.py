@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import anyio
 
 from .definition import EXPERIMENT_SCHEMA, Experiment
-from .record import Check, Run
+from .record import Check, Run, outcome
 from .runner import play
 from .timeline import Timeline
 
@@ -55,7 +55,7 @@ class ExperimentReport:
             calls=record.calls,
             answers=record.answered,
             escaped=list(record.escaped),
-            outcomes=Counter("ok" if a[2].ok else str(a[2].error_type) for a in record.answers),
+            outcomes=Counter(outcome(a[2]) for a in record.answers),
             verdicts=run.checks,
             timeline=run.timeline,
         )
@@ -103,7 +103,7 @@ def print_report(report: ExperimentReport, out: TextIO | None = None) -> None:
     else:
         print(title, file=out)
         for v in report.verdicts:
-            print(f"  {'PASS' if v.ok else 'FAIL'}  {v.name}: {v.figure}", file=out)
+            print(f"  {v.line()}", file=out)
     outcomes = ", ".join(f"{k} {n}" for k, n in report.outcomes.most_common())
     print(f"outcomes: {outcomes}", file=out)
     print("all invariants hold" if report.ok else "an invariant was violated", file=out)

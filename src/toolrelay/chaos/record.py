@@ -19,13 +19,18 @@ from ..dispatcher import Dispatcher
 from ..result import ToolResult
 from .timeline import Timeline, Window
 
-__all__ = ["Answered", "Check", "Record", "Run", "Transition"]
+__all__ = ["Answered", "Check", "Record", "Run", "Transition", "outcome"]
 
 Transition = tuple[float, str, str, str, int, int, int]
 """(at, breaker key, from, to, admitted, trials admitted, failures recorded) at the move."""
 
 Answered = tuple[float, str, ToolResult, float]
 """(turn started at, tool, the answer, the call's deadline in seconds)."""
+
+
+def outcome(result: ToolResult) -> str:
+    """``ok``, or the answer's error type."""
+    return "ok" if result.ok else str(result.error_type)
 
 
 @dataclass
@@ -35,6 +40,10 @@ class Check:
     name: str
     ok: bool
     figure: str
+
+    def line(self) -> str:
+        """``PASS  name: figure`` (or ``FAIL``), as the reports print it."""
+        return f"{'PASS' if self.ok else 'FAIL'}  {self.name}: {self.figure}"
 
 
 @dataclass
@@ -62,6 +71,11 @@ class Record:
     @property
     def answered(self) -> int:
         return len(self.answers)
+
+    @property
+    def moves(self) -> list[tuple[float, str, str, str]]:
+        """The breaker transitions as (at, breaker key, from, to)."""
+        return [(t[0], t[1], t[2], t[3]) for t in self.transitions]
 
 
 @dataclass

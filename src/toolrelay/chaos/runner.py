@@ -27,7 +27,7 @@ from ..registry import ToolRegistry
 from ..result import ToolCall, ToolResult
 from .checks import judge
 from .definition import WINDOW_KEYS, Experiment, Model
-from .record import Record, Run
+from .record import Record, Run, outcome
 from .timeline import Timeline, Window
 from .upstream import StandInUpstream
 
@@ -40,7 +40,7 @@ NOWHERE = "http://127.0.0.1:9"
 """``${upstream}`` in an experiment that runs without the stand-in upstream."""
 
 
-def add_observer(dispatcher: Dispatcher, observer: Observer) -> None:
+def _add_observer(dispatcher: Dispatcher, observer: Observer) -> None:
     dispatcher.observers = (*dispatcher.observers, observer)
 
 
@@ -86,7 +86,7 @@ async def play(
                 (record.now(), key, old, new, *_counters(dispatcher, key))
             )
         )
-        add_observer(dispatcher, _observer(record))
+        _add_observer(dispatcher, _observer(record))
         try:
             async with anyio.create_task_group() as outer:
                 if view is not None:
@@ -128,10 +128,9 @@ def _timeline(
 ) -> Timeline:
     timeline = Timeline(duration, upstream_requests=requests, windows=list(record.windows))
     for started, name, result, deadline in record.answers:
-        outcome = "ok" if result.ok else str(result.error_type)
-        timeline.answer(started, name, outcome, result.duration_s, deadline)
+        timeline.answer(started, name, outcome(result), result.duration_s, deadline)
     timeline.breaker_keys = {tool.decl.name: tool.decl.key for tool in dispatcher.registry.tools()}
-    timeline.transitions = [(t[0], t[1], t[2], t[3]) for t in record.transitions]
+    timeline.transitions = record.moves
     for _, _, attempt in record.attempts:
         timeline.attempt(attempt)
     return timeline
