@@ -193,22 +193,24 @@ def demo_experiment(duration_s: float, seed: int) -> Experiment:
 
 def _checks(run: Run) -> list[Check]:
     report = DemoReport(run.duration_s, run.seed, run.record, SLOT_BUDGET_S)
-    hang = next(w for w in report.windows if w[0].startswith("search"))
-    opened = [at for at, key, _, new in report.transitions if key == "searxng" and new == "open"]
-    closed = [at for at, key, _, new in report.transitions if key == "searxng" and new == "closed"]
-    opened_in = [at for at in opened if hang[1] <= at <= hang[2] + 1.0]
-    closed_after = [at for at in closed if opened_in and at >= hang[2]]
+    record = run.record
+    hang = next(w for w in record.windows if w.fault.startswith("search"))
+    start, end = hang.from_s, hang.until_s
+    opened = [at for at, key, _, new in record.moves if key == "searxng" and new == "open"]
+    closed = [at for at, key, _, new in record.moves if key == "searxng" and new == "closed"]
+    opened_in = [at for at in opened if start <= at <= end + 1.0]
+    closed_after = [at for at in closed if opened_in and at >= end]
     max_hold = max(report.slot_holds, default=0.0)
     overruns = report.overruns_ms
     max_overrun = max(overruns, default=0.0)
     # while search was down: from the outage's start until its breaker closed after it
     until = closed_after[0] if closed_after else run.duration_s
-    served = [ok for at, by, ok in report.served if by == FALLBACK and hang[1] <= at < until]
+    served = [ok for at, by, ok in report.served if by == FALLBACK and start <= at < until]
     return [
         Check(
             "every call answered",
-            report.calls == report.answered and report.calls > 0,
-            f"{report.answered}/{report.calls} answered",
+            record.calls == record.answered and record.calls > 0,
+            f"{record.answered}/{record.calls} answered",
         ),
         Check(
             "no slot held beyond its budget",
@@ -225,22 +227,21 @@ def _checks(run: Run) -> list[Check]:
             bool(opened_in and closed_after),
             (
                 f"opened at {opened_in[0]:.1f} s, closed at {closed_after[0]:.1f} s "
-                f"(outage {hang[1]:.1f}–{hang[2]:.1f} s)"
+                f"(outage {start:.1f}–{end:.1f} s)"
                 if opened_in and closed_after
-                else f"opened at {opened}, closed at {closed} "
-                f"(outage {hang[1]:.1f}–{hang[2]:.1f} s)"
+                else f"opened at {opened}, closed at {closed} (outage {start:.1f}–{end:.1f} s)"
             ),
         ),
         Check(
             f"{FALLBACK} answered web_search calls while search was down",
             sum(served) > 0,
             f"{sum(served)} ok answers served by {FALLBACK} "
-            f"({len(served) - sum(served)} failed) between {hang[1]:.1f} and {until:.1f} s",
+            f"({len(served) - sum(served)} failed) between {start:.1f} and {until:.1f} s",
         ),
         Check(
             "no exception escaped",
-            not report.escaped,
-            f"{len(report.escaped)} escaped" + (f": {report.escaped[0]}" if report.escaped else ""),
+            not record.escaped,
+            f"{len(record.escaped)} escaped" + (f": {record.escaped[0]}" if record.escaped else ""),
         ),
     ]
 

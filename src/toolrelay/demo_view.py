@@ -36,35 +36,11 @@ class DemoReport:
         return all(v.ok for v in self.verdicts)
 
     @property
-    def turns(self) -> int:
-        return self.record.turns
-
-    @property
-    def calls(self) -> int:
-        return self.record.calls
-
-    @property
-    def answered(self) -> int:
-        return self.record.answered
-
-    @property
-    def escaped(self) -> list[str]:
-        return self.record.escaped
-
-    @property
-    def hedges(self) -> Counter[str]:
-        return self.record.hedges
-
-    @property
     def outcomes(self) -> dict[str, Counter[str]]:
         outcomes: dict[str, Counter[str]] = {}
         for _, tool, result, _ in self.record.answers:
             outcomes.setdefault(tool, Counter())[outcome(result)] += 1
         return outcomes
-
-    @property
-    def transitions(self) -> list[tuple[float, str, str, str]]:
-        return self.record.moves
 
     @property
     def slot_holds(self) -> list[float]:
@@ -78,10 +54,6 @@ class DemoReport:
             for _, _, result, deadline in self.record.answers
             if result.error_type == "timeout"
         ]
-
-    @property
-    def windows(self) -> list[tuple[str, float, float]]:
-        return [(w.fault, w.from_s, w.until_s) for w in self.record.windows]
 
     @property
     def served(self) -> list[tuple[float, str, bool]]:
@@ -98,19 +70,20 @@ class DemoReport:
 
     def to_json(self) -> dict[str, Any]:
         holds, overruns, served = self.slot_holds, self.overruns_ms, self.served
+        record = self.record
         return {
             "name": "toolrelay demo",
             "duration_s": self.duration_s,
             "seed": self.seed,
-            "turns": self.turns,
-            "calls": self.calls,
-            "answered": self.answered,
-            "exceptions_escaped": self.escaped,
+            "turns": record.turns,
+            "calls": record.calls,
+            "answered": record.answered,
+            "exceptions_escaped": record.escaped,
             "tools": {
                 tool: {"outcomes": dict(outcomes), "p95_latency_s": round(self.p95(tool), 4)}
                 for tool, outcomes in sorted(self.outcomes.items())
             },
-            "breaker_transitions": transition_rows(self.transitions),
+            "breaker_transitions": transition_rows(record.moves),
             "slot": {
                 "budget_s": self.slot_budget_s,
                 "holds": len(holds),
@@ -121,14 +94,14 @@ class DemoReport:
                 "max_overrun_ms": round(max(overruns, default=0.0), 2),
             },
             "fault_windows": [
-                {"fault": what, "from_s": round(a, 2), "to_s": round(b, 2)}
-                for what, a, b in self.windows
+                {"fault": w.fault, "from_s": round(w.from_s, 2), "to_s": round(w.until_s, 2)}
+                for w in record.windows
             ],
             "served_by_fallback": {
                 name: sum(1 for _, by, _ in served if by == name)
                 for name in sorted({by for _, by, _ in served})
             },
-            "hedges": dict(self.hedges),
+            "hedges": dict(record.hedges),
             "invariants": [v.__dict__ for v in self.verdicts],
             "ok": self.ok,
             "timeline": (self.timeline or Timeline(self.duration_s)).to_json(),
@@ -155,15 +128,16 @@ class PlainView:
         while True:
             await anyio.sleep(1.0)
             now = anyio.current_time() - t0
-            for at, key, old, new in report.transitions[seen:]:
+            for at, key, old, new in report.record.moves[seen:]:
                 print(f"[{at:5.1f}s] breaker {key}: {old} → {new}", file=self.out)
-            seen = len(report.transitions)
+            seen = len(report.record.moves)
             states = " ".join(
                 f"{key}={info['state']}" for key, info in dispatcher.breakers.snapshot().items()
             )
             ok = sum(c["ok"] for c in report.outcomes.values())
+            record = report.record
             print(
-                f"[{now:5.1f}s] calls {report.calls} answered {report.answered} ok {ok} "
+                f"[{now:5.1f}s] calls {record.calls} answered {record.answered} ok {ok} "
                 f"| breakers {states}",
                 file=self.out,
                 flush=True,
@@ -193,7 +167,7 @@ class RichView:
         for column in ("breaker key", "state", "transitions", "last change"):
             breakers.add_column(column)
         for key, info in dispatcher.breakers.snapshot().items():
-            moves = [t for t in report.transitions if t[1] == key]
+            moves = [t for t in report.record.moves if t[1] == key]
             last = f"{moves[-1][2]} → {moves[-1][3]} at {moves[-1][0]:.1f} s" if moves else "—"
             style = STATE_STYLE.get(info["state"], "")
             breakers.add_row(key, f"[{style}]{info['state']}[/]", str(len(moves)), last)
@@ -204,8 +178,8 @@ class RichView:
             if holds
             else "model slot: waiting for the first turn"
         )
-        active = [w for w in report.windows if w[1] <= elapsed < w[2]]
-        faults = "faults now: " + (", ".join(w[0] for w in active) if active else "none")
+        active = [w.fault for w in report.record.windows if w.from_s <= elapsed < w.until_s]
+        faults = "faults now: " + (", ".join(active) if active else "none")
         bar = ProgressBar(total=self.duration_s, completed=min(elapsed, self.duration_s))
         return Group(tools, breakers, slot, faults, bar, f"{elapsed:.1f} / {self.duration_s:.0f} s")
 
@@ -234,17 +208,18 @@ def print_summary(report: DemoReport, out: TextIO | None = None) -> None:
     out = sys.stdout if out is None else out
     print("", file=out)
     print(f"toolrelay demo — {report.duration_s:.0f} s, seed {report.seed}", file=out)
-    print(f"{report.turns} turns, {report.calls} tool calls, {report.answered} answers", file=out)
+    record = report.record
+    print(f"{record.turns} turns, {record.calls} tool calls, {record.answered} answers", file=out)
     for tool, calls, detail, p95 in _tool_rows(report):
         print(f"  {tool:<18} {calls:>4} calls  p95 {p95 * 1000:6.0f} ms  {detail}", file=out)
     for name in sorted({by for _, by, _ in report.served}):
         ok = sum(1 for _, by, good in report.served if by == name and good)
         print(f"  {ok} ok answers were served by the fallback {name}", file=out)
-    if report.hedges:
-        won, lost = report.hedges["won"], report.hedges["lost"]
+    if record.hedges:
+        won, lost, skipped = (record.hedges[k] for k in ("won", "lost", "skipped"))
         print(f"  hedging: {won} slow feed calls answered by a hedge ({lost} hedges lost, "
-              f"{report.hedges['skipped']} skipped)", file=out)  # fmt: skip
-    for at, key, old, new in report.transitions:
+              f"{skipped} skipped)", file=out)  # fmt: skip
+    for at, key, old, new in report.record.moves:
         print(f"  [{at:5.1f}s] breaker {key}: {old} → {new}", file=out)
     for check in report.verdicts:
         print(f"  {check.line()}", file=out)
