@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from .chaos.definition import Experiment, Extras
 from .chaos.record import Check, Record, Run
+from .chaos.report_html import require_renderer, write_html
 from .chaos.runner import play
 from .contract import AuthContext
 from .demo_view import DemoReport
@@ -261,8 +262,6 @@ async def run_demo(
     from .telemetry import serve_metrics
 
     if options.html_path is not None:
-        from .chaos.report_html import require_renderer
-
         require_renderer()  # before the run, not after it
     experiment = demo_experiment(options.duration_s, options.seed)
     report = DemoReport(options.duration_s, options.seed, slot_budget_s=SLOT_BUDGET_S)
@@ -294,7 +293,5 @@ async def run_demo(
     if options.json_path is not None:
         options.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
     if options.html_path is not None:
-        from .chaos.report_html import write_html
-
         write_html([report.to_json()], options.html_path)
     return report

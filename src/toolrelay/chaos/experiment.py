@@ -19,6 +19,7 @@ import anyio
 
 from .definition import EXPERIMENT_SCHEMA, Experiment
 from .record import Check, Run, outcome
+from .report_html import require_renderer, write_html
 from .runner import play
 from .timeline import Timeline
 
@@ -124,8 +125,6 @@ def main(
     """
     experiments = [Experiment.load(p) for p in (path, compare) if p is not None]
     if html_path is not None:
-        from .report_html import require_renderer
-
         require_renderer()  # before the run, not after it
     reports = []
     for experiment in experiments:
@@ -136,7 +135,5 @@ def main(
         document = data[0] if len(data) == 1 else {"runs": data, "ok": all(r.ok for r in reports)}
         json_path.write_text(json.dumps(document, indent=2) + "\n")
     if html_path is not None:
-        from .report_html import write_html
-
         write_html(data, html_path)
     return 0 if all(r.ok for r in reports) else 1
