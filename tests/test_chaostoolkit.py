@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from toolrelay.chaos import chaostoolkit
 from toolrelay.chaos.chaostoolkit import ToolrelayAdminError
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = ROOT / "examples" / "chaostoolkit-experiment.json"
@@ -64,7 +64,7 @@ class Gateway:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("chaos")
-    with Upstream().run_in_thread() as upstream:
+    with StandInUpstream().run_in_thread() as upstream:
         config = tmp / "toolrelay.toml"
         config.write_text(CONFIG.format(url=upstream.url))
         errlog = tmp / "serve.err"

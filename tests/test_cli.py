@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def one_clear_line(result: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    upstream = Upstream()
+    upstream = StandInUpstream()
     with upstream.run_in_thread() as up:
         path = tmp_path_factory.mktemp("cli") / "toolrelay.toml"
         path.write_text(
@@ -219,20 +219,24 @@ def test_demo_sends_spans_to_an_otlp_endpoint(tmp_path: Path) -> None:
 
 
 def test_live_view_renders_tools_breakers_and_slot() -> None:
-    from collections import Counter
-
     from rich.console import Console
 
-    from toolrelay import Dispatcher, ToolRegistry
+    from toolrelay import Dispatcher, ErrorType, ToolRegistry
+    from toolrelay.chaos.record import Record
+    from toolrelay.chaos.timeline import Window
     from toolrelay.demo import DemoReport
     from toolrelay.demo_view import RichView
+    from toolrelay.result import ToolResult
 
-    report = DemoReport(duration_s=30, seed=1)
-    report.outcomes["web_search"] = Counter({"ok": 3, "timeout": 1})
-    report.latencies["web_search"] = [0.01, 0.02, 0.03, 1.0]
-    report.slot_holds = [0.4, 1.2]
-    report.transitions = [(9.2, "searxng", "closed", "open")]
-    report.windows = [("search upstream hangs", 8.0, 18.0)]
+    answers = [ToolResult(True, "web_search", None, duration_s=s) for s in (0.01, 0.02, 0.03)]
+    answers.append(
+        ToolResult(False, "web_search", None, error_type=ErrorType.TIMEOUT, duration_s=1.0)
+    )
+    record = Record(0.0, windows=[Window("search upstream hangs", 8.0, 18.0)])
+    record.answers = [(0.0, "web_search", result, 1.0) for result in answers]
+    record.holds = [(0.4, 3.0), (1.2, 3.0)]
+    record.transitions = [(9.2, "searxng", "closed", "open", 0, 0, 0)]
+    report = DemoReport(duration_s=30, seed=1, record=record)
     dispatcher = Dispatcher(ToolRegistry(), telemetry=False)
     dispatcher.breakers.force_open("searxng")
     console = Console(record=True, width=140)

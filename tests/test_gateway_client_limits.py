@@ -26,7 +26,7 @@ from test_serve_mcp import (
     start_http_server,
     stop_http_server,
 )
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 from toolrelay.serve.client_limits import (
     RATE_LIMITED,
     ClientLimit,
@@ -145,13 +145,13 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with Upstream().run_in_thread() as up:
+def upstream() -> Iterator[StandInUpstream]:
+    with StandInUpstream().run_in_thread() as up:
         yield up
 
 
 @pytest.fixture
-def server(upstream: Upstream, tmp_path: Path) -> Iterator[HttpServer]:
+def server(upstream: StandInUpstream, tmp_path: Path) -> Iterator[HttpServer]:
     server = start_http_server(tmp_path, upstream.url, extra=LIMITS)
     yield server
     stop_http_server(server)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from test_serve_mcp import start_http_server, stop_http_server
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 from toolrelay.serve.limits import _lines
 
 LIMIT = 4096
@@ -60,7 +60,7 @@ def test_a_refused_line_without_a_readable_id_gets_null() -> None:
 
 
 def test_stdio_answers_an_oversized_line_and_serves_the_next(tmp_path: Path) -> None:
-    with Upstream().run_in_thread() as up:
+    with StandInUpstream().run_in_thread() as up:
         config = tmp_path / "toolrelay.toml"
         config.write_text(
             f'[plugins.weather]\nbase_url = "{up.url}"\ngeocoding_url = "{up.url}"\n'
@@ -102,7 +102,7 @@ def test_stdio_answers_an_oversized_line_and_serves_the_next(tmp_path: Path) -> 
 
 
 def test_http_answers_an_oversized_body_413_and_serves_the_next(tmp_path: Path) -> None:
-    with Upstream().run_in_thread() as up:
+    with StandInUpstream().run_in_thread() as up:
         server = start_http_server(tmp_path, up.url, serve_extra=EXTRA)
         try:
             headers = {

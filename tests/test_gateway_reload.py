@@ -36,7 +36,7 @@ from test_serve_mcp import (
     stdio_session,
     stop_http_server,
 )
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 
 SUPPORT = """
 [serve.http.clients.support]
@@ -81,8 +81,8 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with Upstream().run_in_thread() as up:
+def upstream() -> Iterator[StandInUpstream]:
+    with StandInUpstream().run_in_thread() as up:
         yield up
 
 
@@ -135,7 +135,7 @@ async def envelope(session: ClientSession, tool: str, args: dict[str, Any]) -> d
 
 
 @pytest.fixture
-def server(upstream: Upstream, tmp_path: Path) -> Iterator[HttpServer]:
+def server(upstream: StandInUpstream, tmp_path: Path) -> Iterator[HttpServer]:
     started = start_http_server(tmp_path, upstream.url, SUPPORT + OPS + SEARXNG)
     yield started
     stop_http_server(started)
@@ -143,7 +143,7 @@ def server(upstream: Upstream, tmp_path: Path) -> Iterator[HttpServer]:
 
 @pytest.mark.anyio
 async def test_profiles_breakers_and_faults_change_live(
-    server: HttpServer, upstream: Upstream, tmp_path: Path
+    server: HttpServer, upstream: StandInUpstream, tmp_path: Path
 ) -> None:
     config, admin = tmp_path / "toolrelay.toml", server.admin
     async with (
@@ -199,7 +199,7 @@ async def test_profiles_breakers_and_faults_change_live(
 
 @pytest.mark.anyio
 async def test_client_tokens_and_upstreams_are_added_and_removed(
-    upstream: Upstream, tmp_path: Path
+    upstream: StandInUpstream, tmp_path: Path
 ) -> None:
     config = tmp_path / "toolrelay.toml"
     upstream_conf = upstream_table(tmp_path / "calls.jsonl")
@@ -279,7 +279,9 @@ async def test_a_bad_file_is_refused_and_the_old_config_keeps_serving(
 
 
 @pytest.mark.anyio
-async def test_reload_under_load_answers_every_call(upstream: Upstream, tmp_path: Path) -> None:
+async def test_reload_under_load_answers_every_call(
+    upstream: StandInUpstream, tmp_path: Path
+) -> None:
     """100 calls in flight across a reload that changes a profile and a breaker, and
     removes the upstream 20 of them are calling: every call is answered."""
     config = tmp_path / "toolrelay.toml"
@@ -347,7 +349,7 @@ def _pid_of(config: Path) -> int:
 @pytest.mark.anyio
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP here")
 async def test_stdio_reloads_on_sighup_and_on_a_changed_file(
-    upstream: Upstream, tmp_path: Path
+    upstream: StandInUpstream, tmp_path: Path
 ) -> None:
     config = tmp_path / "toolrelay.toml"
     write(config, upstream.url, transport="stdio", extra=SEARXNG)

@@ -29,7 +29,7 @@ from test_serve_mcp import (
     start_http_server,
     stop_http_server,
 )
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 from toolrelay.serve.settings import parse_serve_section
 
 MCP_TEST_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
@@ -49,8 +49,8 @@ PING = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with Upstream().run_in_thread() as up:
+def upstream() -> Iterator[StandInUpstream]:
+    with StandInUpstream().run_in_thread() as up:
         yield up
 
 
@@ -105,7 +105,7 @@ profile = "all"
 
 
 def test_one_client_over_its_cap_is_refused_and_others_still_initialize(
-    upstream: Upstream, tmp_path: Path
+    upstream: StandInUpstream, tmp_path: Path
 ) -> None:
     server = start_http_server(tmp_path, upstream.url, extra=CLIENTS)
     try:
@@ -133,7 +133,7 @@ def test_one_client_over_its_cap_is_refused_and_others_still_initialize(
 
 
 def test_when_full_the_least_recently_used_idle_session_makes_room(
-    upstream: Upstream, tmp_path: Path
+    upstream: StandInUpstream, tmp_path: Path
 ) -> None:
     extra = CLIENTS.replace("max_sessions = 10", "max_sessions = 3\nsession_idle_s = 600")
     server = start_http_server(tmp_path, upstream.url, extra=extra)
@@ -204,7 +204,7 @@ def recorded(record: Path, event: str) -> list[dict[str, object]]:
     return [e for e in map(json.loads, lines) if e.get("event") == event]
 
 
-def test_a_killed_clients_calls_are_cancelled(upstream: Upstream, tmp_path: Path) -> None:
+def test_a_killed_clients_calls_are_cancelled(upstream: StandInUpstream, tmp_path: Path) -> None:
     """A client killed with calls in flight (2025-era session over HTTP) has them cancelled
     on the upstream at once; they no longer fill the bulkhead, so another client is not
     answered ``overloaded`` (before: they ran for their whole 60 s)."""

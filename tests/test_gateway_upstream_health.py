@@ -25,7 +25,7 @@ from mcp import Client
 
 from redis_server import free_port
 from test_serve_mcp import TOKEN, HttpServer, start_http_server, stop_http_server
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
 MCP_TEST_SERVER = ROOT / "tests" / "servers" / "mcp_test_server.py"
@@ -90,13 +90,15 @@ def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> N
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with Upstream().run_in_thread() as up:
+def upstream() -> Iterator[StandInUpstream]:
+    with StandInUpstream().run_in_thread() as up:
         yield up
 
 
 @pytest.fixture
-def gateway(upstream: Upstream, tmp_path: Path) -> Iterator[tuple[HttpServer, dict[str, Any]]]:
+def gateway(
+    upstream: StandInUpstream, tmp_path: Path
+) -> Iterator[tuple[HttpServer, dict[str, Any]]]:
     """A gateway over a stdio upstream (``local``), an HTTP one (``remote``, a process of
     the test's) and an optional one nobody serves (``spare``), pinging every 0.5 s."""
     port = free_port()
@@ -148,7 +150,7 @@ def pid_through_the_gateway(server: HttpServer, tool: str) -> int | None:
 
 
 def test_failures_inside_clients_calls_are_counted_with_no_ping(
-    upstream: Upstream, tmp_path: Path
+    upstream: StandInUpstream, tmp_path: Path
 ) -> None:
     """A connection lost in a client's call, and reconnects that fail inside clients' calls,
     are counted where they happen: no ping runs, no scrape sees the upstream down (it is

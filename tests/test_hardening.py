@@ -335,10 +335,10 @@ FAULT = b'{"path": "/v1/forecast", "fault": "status", "status": 503}'
 async def test_chaos_admin_refuses_cross_site_requests() -> None:
     import httpx
 
-    from toolrelay.chaos.upstream import Upstream
+    from toolrelay.chaos.upstream import StandInUpstream
 
     async with (
-        Upstream(host="127.0.0.1", port=0) as up,
+        StandInUpstream(host="127.0.0.1", port=0) as up,
         httpx.AsyncClient(base_url=up.url, timeout=5, trust_env=False) as client,
     ):
         here = f"127.0.0.1:{up.port}"

@@ -25,7 +25,7 @@ import pytest
 from helpers import entered_together
 from loop_watchdog import watchdog
 from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 from toolrelay.sources.mcp import McpSource
 from toolrelay_plugins import _http
 from toolrelay_plugins._http import HttpPlugin, clean_text
@@ -56,8 +56,8 @@ BOMBS: dict[str, str] = {
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    async with Upstream(host="127.0.0.1", port=0) as up:
+async def upstream() -> AsyncIterator[StandInUpstream]:
+    async with StandInUpstream(host="127.0.0.1", port=0) as up:
         yield up
 
 
@@ -160,12 +160,12 @@ def test_clean_text_keeps_normal_text() -> None:
 
 
 # -- websearch -----------------------------------------------------------------------------
-def search(up: Upstream) -> WebSearchPlugin:
+def search(up: StandInUpstream) -> WebSearchPlugin:
     return WebSearchPlugin({"base_url": up.url, "timeout_s": DEADLINE_S})
 
 
 @pytest.mark.parametrize("name", sorted(BOMBS))
-async def test_search_snippet_bombs(upstream: Upstream, name: str) -> None:
+async def test_search_snippet_bombs(upstream: StandInUpstream, name: str) -> None:
     body = search_body(BOMBS[name])
     upstream.serve_static("/search", body, "application/json")
     got, _ = await call(search(upstream), "web_search", {"query": "q"})
@@ -178,7 +178,7 @@ async def test_search_snippet_bombs(upstream: Upstream, name: str) -> None:
 
 
 @pytest.mark.parametrize("unit", ["<!--", "&lt;a", "<a "])
-async def test_search_body_at_the_cap(upstream: Upstream, unit: str) -> None:
+async def test_search_body_at_the_cap(upstream: StandInUpstream, unit: str) -> None:
     body = padded(search_body, unit, CAP)
     assert len(body) == CAP
     upstream.serve_static("/search", body, "application/json")
@@ -186,7 +186,7 @@ async def test_search_body_at_the_cap(upstream: Upstream, unit: str) -> None:
     assert got["ok"] is True
 
 
-async def test_search_body_over_the_cap(upstream: Upstream) -> None:
+async def test_search_body_over_the_cap(upstream: StandInUpstream) -> None:
     upstream.serve_static("/search", padded(search_body, "<!--", CAP + 1), "application/json")
     got, _ = await call(search(upstream), "web_search", {"query": "q"})
     assert got == {
@@ -205,14 +205,14 @@ async def test_search_body_over_the_cap(upstream: Upstream) -> None:
         pytest.param(None, id="deep-10000"),
     ],
 )
-async def test_search_huge_json_is_refused(upstream: Upstream, body: Any) -> None:
+async def test_search_huge_json_is_refused(upstream: StandInUpstream, body: Any) -> None:
     raw = b'{"results": ' + b"[" * 10_000 + b"]" * 10_000 + b"}" if body is None else b""
     upstream.serve_static("/search", raw or json.dumps(body).encode(), "application/json")
     got, _ = await call(search(upstream), "web_search", {"query": "q"})
     assert got == UNREADABLE
 
 
-async def test_search_many_junk_results(upstream: Upstream) -> None:
+async def test_search_many_junk_results(upstream: StandInUpstream) -> None:
     junk = [{"url": "javascript:x", "title": "<!--" * 5} for _ in range(12_000)]
     good = {"url": "https://example.org/z", "title": "late"}
     body = json.dumps({"results": [*junk, good]}).encode()
@@ -222,12 +222,12 @@ async def test_search_many_junk_results(upstream: Upstream) -> None:
 
 
 # -- weather's geocoder --------------------------------------------------------------------
-def weather(up: Upstream) -> WeatherPlugin:
+def weather(up: StandInUpstream) -> WeatherPlugin:
     return WeatherPlugin({"base_url": up.url, "geocoding_url": up.url, "timeout_s": DEADLINE_S})
 
 
 @pytest.mark.parametrize("name", sorted(BOMBS))
-async def test_geocoder_name_bombs(upstream: Upstream, name: str) -> None:
+async def test_geocoder_name_bombs(upstream: StandInUpstream, name: str) -> None:
     body = geocoder_body(BOMBS[name])
     upstream.serve_static("/v1/search", body, "application/json")
     got, _ = await call(weather(upstream), "weather_current", {"city": "Oslo"})
@@ -240,7 +240,7 @@ async def test_geocoder_name_bombs(upstream: Upstream, name: str) -> None:
         assert place[key] is None or len(place[key]) <= 80
 
 
-async def test_geocoder_body_at_the_cap(upstream: Upstream) -> None:
+async def test_geocoder_body_at_the_cap(upstream: StandInUpstream) -> None:
     upstream.serve_static("/v1/search", padded(geocoder_body, "<!--", CAP), "application/json")
     got, _ = await call(weather(upstream), "weather_current", {"city": "Oslo"})
     assert got["ok"] is True
@@ -253,13 +253,13 @@ async def test_geocoder_body_at_the_cap(upstream: Upstream) -> None:
         pytest.param(b'{"results": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", id="deep-10000"),
     ],
 )
-async def test_geocoder_huge_json_is_refused(upstream: Upstream, body: bytes) -> None:
+async def test_geocoder_huge_json_is_refused(upstream: StandInUpstream, body: bytes) -> None:
     upstream.serve_static("/v1/search", body, "application/json")
     got, _ = await call(weather(upstream), "weather_current", {"city": "Oslo"})
     assert got == {**UNREADABLE, "message": "open-meteo sent an answer that could not be read"}
 
 
-async def test_forecast_with_huge_columns(upstream: Upstream) -> None:
+async def test_forecast_with_huge_columns(upstream: StandInUpstream) -> None:
     n = 9_000
     body = {
         "timezone": "GMT",
@@ -287,7 +287,7 @@ def feeds(**urls: str) -> FeedsPlugin:
 
 
 @pytest.mark.parametrize("name", sorted(BOMBS))
-async def test_feed_text_bombs(upstream: Upstream, name: str) -> None:
+async def test_feed_text_bombs(upstream: StandInUpstream, name: str) -> None:
     upstream.serve_static("/feed.xml", feed_body(BOMBS[name]), "application/rss+xml")
     got, _ = await call(feeds(news=f"{upstream.url}/feed.xml"), "feed_latest", {"feed": "news"})
     assert got["ok"] is True
@@ -296,7 +296,7 @@ async def test_feed_text_bombs(upstream: Upstream, name: str) -> None:
     assert item["summary"] is None or len(item["summary"]) <= 280
 
 
-async def test_feed_over_the_cap(upstream: Upstream) -> None:
+async def test_feed_over_the_cap(upstream: StandInUpstream) -> None:
     upstream.serve_static("/feed.xml", padded(feed_body, "<!--", CAP + 1), "application/rss+xml")
     got, _ = await call(feeds(news=f"{upstream.url}/feed.xml"), "feed_latest", {"feed": "news"})
     assert got["ok"] is False

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from toolrelay import Dispatcher, ToolRegistry
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 from toolrelay.loading import (
     ENTRY_POINT_GROUP,
     PluginLoadError,
@@ -183,7 +183,7 @@ def test_group_name() -> None:
 
 
 async def test_entry_point_plugin_answers_through_the_dispatcher() -> None:
-    async with Upstream() as up:
+    async with StandInUpstream() as up:
         registry = ToolRegistry()
         config = {"weather": {"base_url": up.url, "geocoding_url": up.url}}
         load_entry_points(registry, ["weather"], config)

@@ -21,7 +21,7 @@ import pytest
 from pydantic import ValidationError
 
 from toolrelay import BreakerConfig, Dispatcher, ErrorType, ToolRegistry
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 from toolrelay_plugins._http import HttpPlugin, clean_text, retry_after_seconds, safe_url
 from toolrelay_plugins.feeds import FeedsPlugin, FeedsSettings, parse_feed
 from toolrelay_plugins.weather import WMO_CODES, WeatherPlugin, wmo_meaning
@@ -34,20 +34,22 @@ NO_RETRY = {"open-meteo": ONCE, "searxng": ONCE, "feeds": ONCE}
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    async with Upstream(host="127.0.0.1", port=0) as up:
+async def upstream() -> AsyncIterator[StandInUpstream]:
+    async with StandInUpstream(host="127.0.0.1", port=0) as up:
         yield up
 
 
-def weather(up: Upstream, **config: Any) -> WeatherPlugin:
+def weather(up: StandInUpstream, **config: Any) -> WeatherPlugin:
     return WeatherPlugin({"base_url": up.url, "geocoding_url": up.url, **config})
 
 
-def search(up: Upstream, **config: Any) -> WebSearchPlugin:
+def search(up: StandInUpstream, **config: Any) -> WebSearchPlugin:
     return WebSearchPlugin({"base_url": up.url, **config})
 
 
-def feeds(up: Upstream, extra: Mapping[str, str] | None = None, **config: Any) -> FeedsPlugin:
+def feeds(
+    up: StandInUpstream, extra: Mapping[str, str] | None = None, **config: Any
+) -> FeedsPlugin:
     urls = {"news": f"{up.url}/feeds/rss.xml", "updates": f"{up.url}/feeds/atom.xml"}
     return FeedsPlugin({"feeds": {**urls, **(extra or {})}, **config})
 
@@ -74,7 +76,7 @@ async def answer(dispatcher: Dispatcher, tool: str, args: Mapping[str, Any]) -> 
 OSLO = {"name": "Oslo", "country": "Norway", "latitude": 59.9127, "longitude": 10.7461}
 
 
-async def test_weather_current_by_city(upstream: Upstream) -> None:
+async def test_weather_current_by_city(upstream: StandInUpstream) -> None:
     async with relay(weather(upstream)) as dispatcher:
         result = await dispatcher.dispatch("weather_current", '{"city": "Oslo"}')
     assert result.breaker_key == "open-meteo"
@@ -93,7 +95,7 @@ async def test_weather_current_by_city(upstream: Upstream) -> None:
     }
 
 
-async def test_weather_current_by_coordinates(upstream: Upstream) -> None:
+async def test_weather_current_by_coordinates(upstream: StandInUpstream) -> None:
     async with relay(weather(upstream)) as dispatcher:
         got = await answer(dispatcher, "weather_current", {"latitude": -33.87, "longitude": 151.21})
     assert got == {
@@ -112,7 +114,7 @@ async def test_weather_current_by_coordinates(upstream: Upstream) -> None:
     assert "/v1/search" not in upstream.stats["requests"]  # no geocoding needed
 
 
-async def test_weather_forecast(upstream: Upstream) -> None:
+async def test_weather_forecast(upstream: StandInUpstream) -> None:
     async with relay(weather(upstream)) as dispatcher:
         got = await answer(dispatcher, "weather_forecast", {"city": "tokyo", "days": 2})
         default = await answer(dispatcher, "weather_forecast", {"city": "Oslo"})
@@ -153,7 +155,7 @@ async def test_weather_forecast(upstream: Upstream) -> None:
     ]
 
 
-async def test_unknown_city_is_an_answer_not_a_failure(upstream: Upstream) -> None:
+async def test_unknown_city_is_an_answer_not_a_failure(upstream: StandInUpstream) -> None:
     breakers = {"open-meteo": BreakerConfig(max_attempts=3, fail_max=2)}
     async with relay(weather(upstream), breakers=breakers) as dispatcher:
         for _ in range(4):
@@ -183,14 +185,16 @@ async def test_unknown_city_is_an_answer_not_a_failure(upstream: Upstream) -> No
         {"city": "Oslo", "units": "imperial"},
     ],
 )
-async def test_place_arguments_are_validated(upstream: Upstream, args: dict[str, Any]) -> None:
+async def test_place_arguments_are_validated(
+    upstream: StandInUpstream, args: dict[str, Any]
+) -> None:
     async with relay(weather(upstream)) as dispatcher:
         result = await dispatcher.dispatch("weather_forecast", json.dumps(args))
     assert result.error_type is ErrorType.VALIDATION_ERROR
     assert upstream.stats["requests"] == {}
 
 
-async def test_only_measurements_cross(upstream: Upstream) -> None:
+async def test_only_measurements_cross(upstream: StandInUpstream) -> None:
     sneaky: dict[str, Any] = {
         "latitude": 1.0,
         "longitude": 2.0,
@@ -315,7 +319,11 @@ def failed(message: str, retryable: bool, **extra: Any) -> dict[str, Any]:
     ],
 )
 async def test_upstream_failures_become_precise_answers(
-    upstream: Upstream, path: str, fault: str, params: dict[str, Any], expected: dict[str, Any]
+    upstream: StandInUpstream,
+    path: str,
+    fault: str,
+    params: dict[str, Any],
+    expected: dict[str, Any],
 ) -> None:
     upstream.set_fault(path, fault, **params)
     async with relay(weather(upstream)) as dispatcher:
@@ -325,7 +333,7 @@ async def test_upstream_failures_become_precise_answers(
     assert upstream.stats["faults"] == {fault: 1}
 
 
-async def test_retry_after_as_an_http_date(upstream: Upstream) -> None:
+async def test_retry_after_as_an_http_date(upstream: StandInUpstream) -> None:
     upstream.set_fault("/v1", "rate_limit", retry_after=formatdate(time.time() + 30, usegmt=True))
     async with relay(weather(upstream)) as dispatcher:
         got = await answer(dispatcher, "weather_current", {"city": "Oslo"})
@@ -335,7 +343,7 @@ async def test_retry_after_as_an_http_date(upstream: Upstream) -> None:
 
 @pytest.mark.parametrize(("fault", "params"), [("delay", {"seconds": 5}), ("hang", {})])
 async def test_slow_upstream_meets_the_tool_deadline(
-    upstream: Upstream, fault: str, params: dict[str, Any]
+    upstream: StandInUpstream, fault: str, params: dict[str, Any]
 ) -> None:
     upstream.set_fault("/v1/forecast", fault, **params)
     started = time.perf_counter()
@@ -350,14 +358,14 @@ async def test_slow_upstream_meets_the_tool_deadline(
     assert time.perf_counter() - started < 3
 
 
-async def test_slow_body_within_the_deadline_is_fine(upstream: Upstream) -> None:
+async def test_slow_body_within_the_deadline_is_fine(upstream: StandInUpstream) -> None:
     upstream.set_fault("/v1/forecast", "slow_body", seconds=0.2)
     async with relay(weather(upstream, timeout_s=5)) as dispatcher:
         got = await answer(dispatcher, "weather_current", {"city": "Oslo"})
     assert got["ok"] is True and got["data"]["temperature_c"] == 10.5
 
 
-async def test_httpx_read_timeout_is_a_retryable_timeout(upstream: Upstream) -> None:
+async def test_httpx_read_timeout_is_a_retryable_timeout(upstream: StandInUpstream) -> None:
     upstream.set_fault("/v1/forecast", "delay", seconds=3)
     async with relay(weather(upstream, timeout_s=5, read_timeout_s=0.2)) as dispatcher:
         got = await answer(dispatcher, "weather_current", {"city": "Oslo"})
@@ -369,8 +377,8 @@ async def test_httpx_read_timeout_is_a_retryable_timeout(upstream: Upstream) -> 
     }
 
 
-async def test_unreachable_upstream(upstream: Upstream) -> None:
-    async with Upstream() as gone:
+async def test_unreachable_upstream(upstream: StandInUpstream) -> None:
+    async with StandInUpstream() as gone:
         url = gone.url  # a port that is closed once the block ends
     plugin = WeatherPlugin({"base_url": url, "geocoding_url": url})
     async with relay(plugin) as dispatcher:
@@ -378,7 +386,7 @@ async def test_unreachable_upstream(upstream: Upstream) -> None:
     assert got == failed("open-meteo could not be reached", True)
 
 
-async def test_breaker_opens_after_enough_failures(upstream: Upstream) -> None:
+async def test_breaker_opens_after_enough_failures(upstream: StandInUpstream) -> None:
     upstream.set_fault("/v1/forecast", "status", status=500)
     breakers = {"open-meteo": BreakerConfig(max_attempts=1, fail_max=3, reset_timeout_s=60)}
     async with relay(weather(upstream), breakers=breakers) as dispatcher:
@@ -398,7 +406,7 @@ async def test_breaker_opens_after_enough_failures(upstream: Upstream) -> None:
     assert upstream.stats["requests"] == {"/v1/forecast": 3}  # open: nothing reached it
 
 
-async def test_retries_for_a_failing_upstream(upstream: Upstream) -> None:
+async def test_retries_for_a_failing_upstream(upstream: StandInUpstream) -> None:
     upstream.set_fault("/v1/forecast", "status", status=502)
     breakers = {"open-meteo": BreakerConfig(max_attempts=3, backoff_initial_s=0.01)}
     async with relay(weather(upstream), breakers=breakers) as dispatcher:
@@ -413,7 +421,7 @@ async def test_retries_for_a_failing_upstream(upstream: Upstream) -> None:
 
 
 # -- websearch -----------------------------------------------------------------------------
-async def test_web_search_results(upstream: Upstream) -> None:
+async def test_web_search_results(upstream: StandInUpstream) -> None:
     async with relay(search(upstream)) as dispatcher:
         result = await dispatcher.dispatch(
             "web_search", '{"query": "anyio structured concurrency", "max_results": 3}'
@@ -436,7 +444,7 @@ async def test_web_search_results(upstream: Upstream) -> None:
     }
 
 
-async def test_answers_and_infoboxes_never_reach_the_model(upstream: Upstream) -> None:
+async def test_answers_and_infoboxes_never_reach_the_model(upstream: StandInUpstream) -> None:
     async with httpx.AsyncClient(base_url=upstream.url) as client:
         raw = (await client.get("/search", params={"q": "moon landing", "format": "json"})).json()
     answer_text = raw["answers"][0]["answer"]
@@ -450,7 +458,7 @@ async def test_answers_and_infoboxes_never_reach_the_model(upstream: Upstream) -
         assert dropped not in text
 
 
-async def test_hostile_search_results_are_cleaned(upstream: Upstream) -> None:
+async def test_hostile_search_results_are_cleaned(upstream: StandInUpstream) -> None:
     hostile = {
         "query": "q",
         "results": [
@@ -496,7 +504,7 @@ async def test_hostile_search_results_are_cleaned(upstream: Upstream) -> None:
     assert len(snippet) == 300
 
 
-async def test_no_results_because_engines_failed(upstream: Upstream) -> None:
+async def test_no_results_because_engines_failed(upstream: StandInUpstream) -> None:
     body = {"query": "q", "results": [], "unresponsive_engines": [["brave", "timeout"]]}
     upstream.serve_static("/search", json.dumps(body).encode(), "application/json")
     async with relay(search(upstream)) as dispatcher:
@@ -522,14 +530,14 @@ async def test_no_results_because_engines_failed(upstream: Upstream) -> None:
         {"query": "ok", "engines": "google"},
     ],
 )
-async def test_web_search_arguments(upstream: Upstream, args: dict[str, Any]) -> None:
+async def test_web_search_arguments(upstream: StandInUpstream, args: dict[str, Any]) -> None:
     async with relay(search(upstream)) as dispatcher:
         result = await dispatcher.dispatch("web_search", json.dumps(args))
     assert result.error_type is ErrorType.VALIDATION_ERROR
     assert upstream.stats["requests"] == {}
 
 
-async def test_web_search_upstream_failure(upstream: Upstream) -> None:
+async def test_web_search_upstream_failure(upstream: StandInUpstream) -> None:
     upstream.set_fault("/search", "status", status=503, retry_after=3)
     async with relay(search(upstream)) as dispatcher:
         got = await answer(dispatcher, "web_search", {"query": "q"})
@@ -580,7 +588,7 @@ def news_items(fourth_published: str | None) -> list[dict[str, Any]]:
     ]
 
 
-async def test_rss_feed(upstream: Upstream) -> None:
+async def test_rss_feed(upstream: StandInUpstream) -> None:
     async with relay(feeds(upstream)) as dispatcher:
         result = await dispatcher.dispatch("feed_latest", '{"feed": "news"}')
     assert result.breaker_key == "feeds"
@@ -591,7 +599,7 @@ async def test_rss_feed(upstream: Upstream) -> None:
     assert len(LONG_SUMMARY) <= 280  # summary_chars, "…" included
 
 
-async def test_atom_feed_and_limit(upstream: Upstream) -> None:
+async def test_atom_feed_and_limit(upstream: StandInUpstream) -> None:
     async with relay(feeds(upstream)) as dispatcher:
         got = await answer(dispatcher, "feed_latest", {"feed": "updates", "limit": 20})
         two = await answer(dispatcher, "feed_latest", {"feed": "updates", "limit": 2})
@@ -604,7 +612,7 @@ async def test_atom_feed_and_limit(upstream: Upstream) -> None:
     assert two["data"]["items"] == got["data"]["items"][:2]
 
 
-async def test_summary_chars(upstream: Upstream) -> None:
+async def test_summary_chars(upstream: StandInUpstream) -> None:
     async with relay(feeds(upstream, summary_chars=40)) as dispatcher:
         got = await answer(dispatcher, "feed_latest", {"feed": "news"})
     summaries = [item["summary"] for item in got["data"]["items"]]
@@ -622,7 +630,7 @@ async def test_summary_chars(upstream: Upstream) -> None:
     ],
 )
 async def test_feed_failures(
-    upstream: Upstream, fault: str, params: dict[str, Any], expected: dict[str, Any]
+    upstream: StandInUpstream, fault: str, params: dict[str, Any], expected: dict[str, Any]
 ) -> None:
     upstream.set_fault("/feeds/rss.xml", fault, **params)
     async with relay(feeds(upstream)) as dispatcher:
@@ -630,13 +638,13 @@ async def test_feed_failures(
         assert (await answer(dispatcher, "feed_latest", {"feed": "updates"}))["ok"] is True
 
 
-async def test_oversized_feed_is_refused(upstream: Upstream) -> None:
+async def test_oversized_feed_is_refused(upstream: StandInUpstream) -> None:
     async with relay(feeds(upstream, max_response_bytes=1024)) as dispatcher:
         got = await answer(dispatcher, "feed_latest", {"feed": "news"})
     assert got == failed("feed 'news' sent more than 1024 bytes", False)
 
 
-async def test_feed_names_only(upstream: Upstream) -> None:
+async def test_feed_names_only(upstream: StandInUpstream) -> None:
     async with relay(feeds(upstream)) as dispatcher:
         (spec,) = dispatcher.specs()
         assert spec["function"]["parameters"]["properties"]["feed"]["enum"] == ["news", "updates"]
@@ -653,7 +661,9 @@ def _rss(doctype: str, title: str) -> bytes:
     ).encode()
 
 
-async def test_external_entities_are_never_resolved(upstream: Upstream, tmp_path: Path) -> None:
+async def test_external_entities_are_never_resolved(
+    upstream: StandInUpstream, tmp_path: Path
+) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET-MARKER")
     body = _rss(f'<!DOCTYPE rss [<!ENTITY xxe SYSTEM "file://{secret}">]>', "&xxe;")
@@ -665,7 +675,7 @@ async def test_external_entities_are_never_resolved(upstream: Upstream, tmp_path
     assert got == failed("feed 'xxe' sent an answer that could not be read", False)
 
 
-async def test_billion_laughs_does_not_expand(upstream: Upstream) -> None:
+async def test_billion_laughs_does_not_expand(upstream: StandInUpstream) -> None:
     entities = ['<!ENTITY lol "lol">'] + [
         f'<!ENTITY lol{n} "{("&lol" + str(n - 1 or "") + ";") * 10}">' for n in range(1, 10)
     ]
@@ -768,7 +778,7 @@ def test_settings_are_models_with_their_defaults() -> None:
     }  # fmt: skip
 
 
-async def test_declarations_are_tight_and_honest(upstream: Upstream) -> None:
+async def test_declarations_are_tight_and_honest(upstream: StandInUpstream) -> None:
     plugins = (weather(upstream, timeout_s=4), search(upstream), feeds(upstream))
     async with relay(*plugins) as dispatcher:
         specs = {spec["name"]: spec for spec in dispatcher.specs(format="mcp")}

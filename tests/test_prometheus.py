@@ -26,7 +26,7 @@ from test_serve_mcp import (
     stop_http_server,
     wait_for_http_server,
 )
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 
 pytestmark = pytest.mark.servers
 
@@ -154,7 +154,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
     )
     # A third target: the MCP gateway, whose own metrics (sessions) are on its admin API.
     stack = contextlib.ExitStack()
-    upstream = stack.enter_context(Upstream().run_in_thread())
+    upstream = stack.enter_context(StandInUpstream().run_in_thread())
     # with an upstream MCP server, for the upstream panels
     mcp_server = [sys.executable, str(ROOT / "tests" / "servers" / "mcp_test_server.py")]
     mcp_server += ["--record", str(tmp / "mcp-calls.jsonl")]

@@ -32,7 +32,7 @@ from mcp.client.session import IncomingMessage
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "admin-token-for-the-tests-0123456789"
@@ -87,8 +87,8 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with Upstream().run_in_thread() as up:
+def upstream() -> Iterator[StandInUpstream]:
+    with StandInUpstream().run_in_thread() as up:
         yield up
 
 
@@ -203,7 +203,7 @@ def stop_http_server(server: HttpServer) -> None:
 
 @pytest.fixture(scope="module")
 def http_servers(
-    upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
+    upstream: StandInUpstream, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, HttpServer]]:
     """The module's two HTTP servers, without and with client tokens (``CLIENTS``): two
     independent processes, started side by side."""
@@ -370,7 +370,7 @@ async def check_session(session: ClientSession, admin: Admin, notes: Notificatio
 
 
 @pytest.mark.anyio
-async def test_stdio_session(upstream: Upstream, tmp_path: Path) -> None:
+async def test_stdio_session(upstream: StandInUpstream, tmp_path: Path) -> None:
     config = tmp_path / "toolrelay.toml"
     config.write_text(config_text(upstream.url, transport="stdio"))
     async with stdio_session(config, tmp_path) as (session, admin, notes):
@@ -447,7 +447,9 @@ async def test_http_bearer_tokens_choose_the_profile(token_server: HttpServer) -
 
 
 @pytest.mark.anyio
-async def test_upstream_mcp_server_behind_the_gateway(upstream: Upstream, tmp_path: Path) -> None:
+async def test_upstream_mcp_server_behind_the_gateway(
+    upstream: StandInUpstream, tmp_path: Path
+) -> None:
     record = tmp_path / "calls.jsonl"
     command = [sys.executable, str(ROOT / "tests" / "servers" / "mcp_test_server.py")]
     extra = f"""
@@ -554,7 +556,7 @@ def test_telemetry_metrics_port_serves_the_registry() -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the server runs uvicorn: asyncio only
-async def test_closed_sessions_are_forgotten(upstream: Upstream, tmp_path: Path) -> None:
+async def test_closed_sessions_are_forgotten(upstream: StandInUpstream, tmp_path: Path) -> None:
     """The Service in-process: a 2025-era HTTP session is remembered for list_changed while
     open and forgotten when the client ends it."""
     import io

@@ -13,7 +13,7 @@ import anyio
 import httpx
 import pytest
 
-from toolrelay.chaos.upstream import FAULT_KINDS, FaultError, Upstream, main
+from toolrelay.chaos.upstream import FAULT_KINDS, FaultError, StandInUpstream, main
 
 pytestmark = pytest.mark.anyio
 
@@ -28,13 +28,13 @@ FORECAST = {
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    async with Upstream(host="127.0.0.1", port=0) as up:
+async def upstream() -> AsyncIterator[StandInUpstream]:
+    async with StandInUpstream(host="127.0.0.1", port=0) as up:
         yield up
 
 
 @pytest.fixture
-async def client(upstream: Upstream) -> AsyncIterator[httpx.AsyncClient]:
+async def client(upstream: StandInUpstream) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=upstream.url, timeout=5, trust_env=False) as c:
         yield c
 
@@ -122,7 +122,9 @@ async def test_unknown_path_and_method(client: httpx.AsyncClient) -> None:
 
 
 # -- faults -----------------------------------------------------------------------------
-async def test_status_and_rate_limit_faults(upstream: Upstream, client: httpx.AsyncClient) -> None:
+async def test_status_and_rate_limit_faults(
+    upstream: StandInUpstream, client: httpx.AsyncClient
+) -> None:
     upstream.set_fault("/v1", "status", status=503, retry_after=7)
     unavailable = await client.get("/v1/search?name=Oslo")
     assert (unavailable.status_code, unavailable.headers["retry-after"]) == (503, "7")
@@ -139,7 +141,7 @@ async def test_status_and_rate_limit_faults(upstream: Upstream, client: httpx.As
     assert upstream.stats["faults"] == {"status": 2, "rate_limit": 2}
 
 
-async def test_malformed_bodies(upstream: Upstream, client: httpx.AsyncClient) -> None:
+async def test_malformed_bodies(upstream: StandInUpstream, client: httpx.AsyncClient) -> None:
     upstream.set_fault("/", "malformed")
     response = await client.get("/v1/search?name=Oslo")
     assert response.status_code == 200
@@ -151,7 +153,7 @@ async def test_malformed_bodies(upstream: Upstream, client: httpx.AsyncClient) -
         ET.fromstring(feed.content)
 
 
-async def test_delay_and_slow_body(upstream: Upstream, client: httpx.AsyncClient) -> None:
+async def test_delay_and_slow_body(upstream: StandInUpstream, client: httpx.AsyncClient) -> None:
     expected = (await client.get("/feeds/atom.xml")).content
     for kind in ("delay", "slow_body"):
         upstream.set_fault("/feeds", kind, seconds=0.3)
@@ -161,14 +163,18 @@ async def test_delay_and_slow_body(upstream: Upstream, client: httpx.AsyncClient
         assert time.perf_counter() - started >= 0.25, kind
 
 
-async def test_slow_body_arrives_in_pieces(upstream: Upstream, client: httpx.AsyncClient) -> None:
+async def test_slow_body_arrives_in_pieces(
+    upstream: StandInUpstream, client: httpx.AsyncClient
+) -> None:
     upstream.set_fault("/feeds", "slow_body", seconds=0.5)
     async with client.stream("GET", "/feeds/rss.xml") as response:
         pieces = [chunk async for chunk in response.aiter_raw()]
     assert len(pieces) > 3
 
 
-async def test_truncated_reset_and_hang(upstream: Upstream, client: httpx.AsyncClient) -> None:
+async def test_truncated_reset_and_hang(
+    upstream: StandInUpstream, client: httpx.AsyncClient
+) -> None:
     upstream.set_fault("/v1/search", "truncated")
     with pytest.raises(httpx.RemoteProtocolError, match="complete message body"):
         await client.get("/v1/search?name=Oslo")
@@ -189,7 +195,7 @@ async def test_truncated_reset_and_hang(upstream: Upstream, client: httpx.AsyncC
 
 
 async def test_reset_sends_rst() -> None:
-    async with Upstream() as up:
+    async with StandInUpstream() as up:
         up.set_fault("/", "reset")
         stream = await anyio.connect_tcp("127.0.0.1", up.port)
         async with stream:
@@ -199,7 +205,7 @@ async def test_reset_sends_rst() -> None:
 
 
 async def test_most_specific_prefix_wins_and_clearing_one(
-    upstream: Upstream, client: httpx.AsyncClient
+    upstream: StandInUpstream, client: httpx.AsyncClient
 ) -> None:
     upstream.set_fault("/", "status", status=500)
     upstream.set_fault("/v1/search", "status", status=404)
@@ -215,7 +221,7 @@ async def _codes(client: httpx.AsyncClient, n: int) -> list[int]:
 
 
 async def test_rates_are_seeded_and_reproducible(
-    upstream: Upstream, client: httpx.AsyncClient
+    upstream: StandInUpstream, client: httpx.AsyncClient
 ) -> None:
     upstream.set_fault("/v1", "status", rate=0.5, status=500)
     upstream.seed(7)
@@ -224,7 +230,7 @@ async def test_rates_are_seeded_and_reproducible(
     assert 8 <= first.count(500) <= 32
     upstream.seed(7)
     assert await _codes(client, 40) == first
-    async with Upstream(seed=7) as other, httpx.AsyncClient(base_url=other.url) as c:
+    async with StandInUpstream(seed=7) as other, httpx.AsyncClient(base_url=other.url) as c:
         other.set_fault("/v1", "status", rate=0.5, status=500)
         assert await _codes(c, 40) == first
     upstream.set_fault("/v1", "status", rate=0.0, status=500)
@@ -236,7 +242,7 @@ async def test_rates_are_seeded_and_reproducible(
 
 
 # -- admin --------------------------------------------------------------------------------
-async def test_admin_round_trip(upstream: Upstream, client: httpx.AsyncClient) -> None:
+async def test_admin_round_trip(upstream: StandInUpstream, client: httpx.AsyncClient) -> None:
     fault = {"path": "/v1/forecast", "fault": "delay", "rate": 0.25, "seconds": 2}
     created = await client.post("/_admin/faults", json=fault)
     assert created.status_code == 200
@@ -283,7 +289,7 @@ async def test_admin_round_trip(upstream: Upstream, client: httpx.AsyncClient) -
     ],
 )
 async def test_bad_admin_input_is_a_clear_400(
-    upstream: Upstream, client: httpx.AsyncClient, body: bytes, needle: str
+    upstream: StandInUpstream, client: httpx.AsyncClient, body: bytes, needle: str
 ) -> None:
     response = await client.post("/_admin/faults", content=body)
     assert response.status_code == 400
@@ -301,7 +307,7 @@ async def test_other_admin_mistakes(client: httpx.AsyncClient) -> None:
     assert (await client.get("/_admin/nothing")).status_code == 404
 
 
-async def test_oversized_request_body_is_refused(upstream: Upstream) -> None:
+async def test_oversized_request_body_is_refused(upstream: StandInUpstream) -> None:
     stream = await anyio.connect_tcp("127.0.0.1", upstream.port)
     async with stream:
         await stream.send(
@@ -311,7 +317,7 @@ async def test_oversized_request_body_is_refused(upstream: Upstream) -> None:
     assert reply.startswith(b"HTTP/1.1 413 ")
 
 
-async def test_python_api_validates_like_admin(upstream: Upstream) -> None:
+async def test_python_api_validates_like_admin(upstream: StandInUpstream) -> None:
     with pytest.raises(FaultError, match="'rate'"):
         upstream.set_fault("/", "delay", rate=1.5)
     with pytest.raises(ValueError, match="'fault' must be one of"):
@@ -330,7 +336,7 @@ async def test_python_api_validates_like_admin(upstream: Upstream) -> None:
     }
 
 
-async def test_garbage_on_the_wire_gets_400_and_server_survives(upstream: Upstream) -> None:
+async def test_garbage_on_the_wire_gets_400_and_server_survives(upstream: StandInUpstream) -> None:
     stream = await anyio.connect_tcp("127.0.0.1", upstream.port)
     async with stream:
         await stream.send(b"\x16\x03\x01 definitely not http\r\n\r\n")
@@ -341,7 +347,7 @@ async def test_garbage_on_the_wire_gets_400_and_server_survives(upstream: Upstre
 
 
 async def test_serve_static_overrides_a_route(
-    upstream: Upstream, client: httpx.AsyncClient
+    upstream: StandInUpstream, client: httpx.AsyncClient
 ) -> None:
     upstream.serve_static("/feeds/rss.xml", b"<rss/>", "application/rss+xml")
     response = await client.get("/feeds/rss.xml")
@@ -355,7 +361,7 @@ async def test_serve_static_overrides_a_route(
 
 async def test_hanging_connection_ends_with_the_server() -> None:
     with anyio.fail_after(5):
-        async with Upstream() as up:
+        async with StandInUpstream() as up:
             up.set_fault("/", "hang")
             stream = await anyio.connect_tcp("127.0.0.1", up.port)
             await stream.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -375,7 +381,7 @@ def _port_open(port: int) -> bool:
 
 def test_run_in_thread_for_sync_callers() -> None:
     before = set(threading.enumerate())
-    upstream = Upstream(seed=3)
+    upstream = StandInUpstream(seed=3)
     with upstream.run_in_thread() as up:
         assert up is upstream
         assert httpx.get(f"{up.url}/v1/search?name=Berlin").json()["results"][0]["name"] == (
@@ -391,7 +397,7 @@ def test_run_in_thread_for_sync_callers() -> None:
 
 
 async def test_listener_closes_on_exit() -> None:
-    async with Upstream() as up:
+    async with StandInUpstream() as up:
         port = up.port
         assert _port_open(port)
     assert not _port_open(port)
@@ -402,7 +408,7 @@ async def test_listener_closes_on_exit() -> None:
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "example.org"])
 def test_only_loopback_by_default(host: str) -> None:
     with pytest.raises(ValueError, match="admin endpoint has no authentication"):
-        Upstream(host=host)
+        StandInUpstream(host=host)
     assert main(["--host", host, "--port", "0"]) == 2
 
 
@@ -415,7 +421,7 @@ def test_main_reports_a_busy_port(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 async def test_slow_tail_delays_a_share_of_requests(
-    upstream: Upstream, client: httpx.AsyncClient
+    upstream: StandInUpstream, client: httpx.AsyncClient
 ) -> None:
     upstream.set_fault("/feeds", "slow_tail", seconds=0.0, tail=0.25, tail_seconds=0.3)
     slow = 0

@@ -26,7 +26,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolError, ToolRegistry
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 
 KEY = "feeds"
 PATH = "/feeds/rss.xml"
@@ -38,7 +38,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def run_side(
-    up: Upstream, hedge_after: float | Literal["adaptive"] | None, args: argparse.Namespace
+    up: StandInUpstream, hedge_after: float | Literal["adaptive"] | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     up.seed(args.seed)  # the same dice for both sides
     up.reset_stats()
@@ -104,7 +104,7 @@ async def experiment(args: argparse.Namespace) -> dict[str, Any]:
     hedge_after: float | Literal["adaptive"] = (
         "adaptive" if args.hedge_after == "adaptive" else float(args.hedge_after)
     )
-    with Upstream(seed=args.seed).run_in_thread() as up:
+    with StandInUpstream(seed=args.seed).run_in_thread() as up:
         up.set_fault(
             "/feeds", "slow_tail", seconds=args.base, tail=args.tail, tail_seconds=args.tail_seconds
         )

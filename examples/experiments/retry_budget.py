@@ -31,7 +31,7 @@ import anyio
 import httpx
 
 from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolError, ToolRegistry
-from toolrelay.chaos.upstream import Upstream
+from toolrelay.chaos.upstream import StandInUpstream
 
 KEY = "feeds"
 PATH = "/feeds/rss.xml"
@@ -119,7 +119,7 @@ def redis_server(url: str | None) -> Iterator[str]:
 
 
 def run_side(
-    up: Upstream, redis_url: str, budget: float, args: argparse.Namespace
+    up: StandInUpstream, redis_url: str, budget: float, args: argparse.Namespace
 ) -> dict[str, Any]:
     import redis
 
@@ -154,7 +154,7 @@ def run_side(
 
 
 def experiment(args: argparse.Namespace) -> dict[str, Any]:
-    with redis_server(args.redis) as url, Upstream(seed=1).run_in_thread() as up:
+    with redis_server(args.redis) as url, StandInUpstream(seed=1).run_in_thread() as up:
         up.set_fault("/feeds", "status", status=503)
         off = run_side(up, url, 0.0, args)
         on = run_side(up, url, args.budget, args)

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config import ConfigError
+
 __all__ = ["render_html", "require_renderer", "write_html"]
 
 OUTCOME_COLOURS = {
@@ -50,8 +52,6 @@ def require_renderer() -> None:
     try:
         import vl_convert  # noqa: F401
     except ImportError:
-        from ..config import ConfigError
-
         raise ConfigError(
             "--html needs vl-convert-python: pip install 'toolrelay[report]'"
         ) from None

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_POINTS", "Answer", "Timeline", "Window"]
+__all__ = ["MAX_POINTS", "Answer", "Timeline", "Window", "percentile", "transition_rows"]
 
 MAX_POINTS = 3000
 """The most call points the report's scatter shows; past it, ok answers are sampled evenly."""
@@ -122,10 +122,7 @@ class Timeline:
                 }
                 for w in self.windows
             ],
-            "breaker_transitions": [
-                {"at_s": round(at, 3), "breaker_key": key, "from": old, "to": new}
-                for at, key, old, new in self.transitions
-            ],
+            "breaker_transitions": transition_rows(self.transitions),
             "breaker_states": {key: self._states(key, end) for key in keys},
         }
 
@@ -157,11 +154,24 @@ class Timeline:
         return bands
 
 
-def _p99(answers: list[Answer]) -> float | None:
-    values = sorted(a.latency_s for a in answers)
-    if not values:
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank ``q`` quantile (0.99 for p99); ``None`` for no values."""
+    ranked = sorted(values)
+    if not ranked:
         return None
-    return values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)]
+    return ranked[min(len(ranked) - 1, math.ceil(q * len(ranked)) - 1)]
+
+
+def transition_rows(transitions: list[tuple[float, str, str, str]]) -> list[dict[str, Any]]:
+    """Breaker transitions as the JSON reports list them."""
+    return [
+        {"at_s": round(at, 3), "breaker_key": key, "from": old, "to": new}
+        for at, key, old, new in transitions
+    ]
+
+
+def _p99(answers: list[Answer]) -> float | None:
+    return percentile([a.latency_s for a in answers], 0.99)
 
 
 def _round(value: float | None) -> float | None:

@@ -1,0 +1,187 @@
+"""The stand-in upstream's faults: what each kind takes, how a fault is checked, and the
+table the server draws from (one seeded :class:`random.Random`, so the same seed and the
+same requests give the same faults)."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FAULT_KINDS", "UpstreamFault", "FaultError", "FaultTable"]
+
+FAULT_KINDS: dict[str, frozenset[str]] = {
+    "delay": frozenset({"seconds"}),
+    "slow_body": frozenset({"seconds"}),
+    "hang": frozenset(),
+    "reset": frozenset(),
+    "status": frozenset({"status", "retry_after"}),
+    "rate_limit": frozenset({"retry_after"}),
+    "malformed": frozenset(),
+    "truncated": frozenset(),
+    "load": frozenset({"seconds", "capacity"}),
+    "slow_tail": frozenset({"seconds", "tail", "tail_seconds"}),
+}
+"""Every fault kind and the parameters it takes (besides ``path`` and ``rate``)."""
+
+MAX_SECONDS = 3600.0
+MAX_PATHS = 1000
+
+
+class FaultError(ValueError):
+    """A fault description that cannot be used; the message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpstreamFault:
+    """One fault, applied to requests whose path starts with ``path``."""
+
+    path: str
+    fault: str
+    rate: float = 1.0
+    seconds: float = 1.0
+    status: int = 500
+    retry_after: str | None = None
+    capacity: int = 20
+    tail: float = 0.05
+    tail_seconds: float = 2.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The fault as the admin endpoint lists it: only the parameters its kind uses."""
+        out: dict[str, Any] = {"path": self.path, "fault": self.fault, "rate": self.rate}
+        for name in sorted(FAULT_KINDS[self.fault]):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> UpstreamFault:
+        """Check an admin request's fields; raise :class:`FaultError` with a clear reason."""
+        if not isinstance(data, Mapping):
+            raise FaultError("a fault must be a JSON object")
+        kind = data.get("fault")
+        if not isinstance(kind, str) or kind not in FAULT_KINDS:
+            raise FaultError(f"'fault' must be one of {', '.join(sorted(FAULT_KINDS))}")
+        path = data.get("path")
+        if not isinstance(path, str) or not path.startswith("/") or len(path) > 200:
+            raise FaultError("'path' must be a path prefix starting with '/'")
+        if path.startswith("/_admin"):
+            raise FaultError("the admin endpoint cannot be given faults")
+        allowed = FAULT_KINDS[kind]
+        unknown = sorted(set(data) - {"path", "fault", "rate"} - allowed)
+        if unknown:
+            raise FaultError(f"fault {kind!r} takes no parameter {unknown[0]!r}")
+        rate = _number(data.get("rate", 1.0), "rate", 0.0, 1.0)
+        fields: dict[str, Any] = {"path": path, "fault": kind, "rate": rate}
+        if "seconds" in allowed:
+            fields["seconds"] = _number(data.get("seconds", 1.0), "seconds", 0.0, MAX_SECONDS)
+        if "status" in allowed:
+            status = data.get("status", 500)
+            if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 599:
+                raise FaultError("'status' must be an integer from 400 to 599")
+            fields["status"] = status
+        if "capacity" in allowed:
+            fields["capacity"] = int(_number(data.get("capacity", 20), "capacity", 1, 10000))
+        if "tail" in allowed:
+            fields["tail"] = _number(data.get("tail", 0.05), "tail", 0.0, 1.0)
+            fields["tail_seconds"] = _number(
+                data.get("tail_seconds", 2.0), "tail_seconds", 0.0, MAX_SECONDS
+            )
+        if "retry_after" in allowed:
+            default = "1" if kind == "rate_limit" else None
+            fields["retry_after"] = _retry_after(data.get("retry_after", default))
+        return cls(**fields)
+
+
+def _number(value: Any, name: str, low: float, high: float) -> float:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        raise FaultError(f"{name!r} must be a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def _retry_after(value: Any) -> str | None:
+    """Seconds (a number) or an HTTP-date (a string), as the header will carry it."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not 0 < len(value) <= 64 or not all(" " <= ch <= "~" for ch in value):
+            raise FaultError("'retry_after' must be seconds or a short HTTP-date")
+        return value
+    seconds = _number(value, "retry_after", 0.0, 86400.0)
+    return str(int(seconds)) if seconds.is_integer() else str(seconds)
+
+
+class FaultTable:
+    """Faults, dice and counters; shared by the server's loop and other threads."""
+
+    def __init__(self, seed: int) -> None:
+        self.lock = threading.Lock()
+        self.faults: dict[str, UpstreamFault] = {}
+        self.random = random.Random(seed)
+        self.requests: Counter[str] = Counter()
+        self.applied: Counter[str] = Counter()
+
+    def draw(self, path: str) -> UpstreamFault | None:
+        """Count the request; return the fault to apply to it, if any."""
+        with self.lock:
+            if path in self.requests or len(self.requests) < MAX_PATHS:
+                self.requests[path] += 1
+            else:
+                self.requests["<other>"] += 1
+            matches = [p for p in self.faults if path.startswith(p)]
+            if not matches:
+                return None
+            fault = self.faults[max(matches, key=len)]  # the most specific prefix wins
+            if self.random.random() >= fault.rate:
+                return None
+            self.applied[fault.fault] += 1
+            return fault
+
+    def put(self, fault: UpstreamFault) -> None:
+        """Apply ``fault`` under its path (replacing that path's previous fault)."""
+        with self.lock:
+            self.faults[fault.path] = fault
+
+    def clear(self, path: str | None = None) -> None:
+        """Remove every fault, or the fault of one path prefix."""
+        with self.lock:
+            if path is None:
+                self.faults.clear()
+            else:
+                self.faults.pop(path, None)
+
+    def listed(self) -> list[UpstreamFault]:
+        """The faults in force, most specific last."""
+        with self.lock:
+            return sorted(self.faults.values(), key=lambda f: (len(f.path), f.path))
+
+    def reseed(self, seed: int) -> None:
+        """Restart the dice: the same seed gives the same sequence again."""
+        with self.lock:
+            self.random.seed(seed)
+
+    def chance(self, share: float) -> bool:
+        """A throw of the dice that comes up with probability ``share``."""
+        with self.lock:
+            return self.random.random() < share
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """``{"requests": {path: n}, "faults": {kind: n}}`` since start (or the last reset)."""
+        with self.lock:
+            return {"requests": dict(self.requests), "faults": dict(self.applied)}
+
+    def reset_stats(self) -> None:
+        """Start counting requests and faults from zero."""
+        with self.lock:
+            self.requests.clear()
+            self.applied.clear()
