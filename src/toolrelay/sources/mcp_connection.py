@@ -4,7 +4,7 @@
 connector's task group (the SDK's session and transport task groups run there, so a
 transport failure is contained; leaving the source's ``async with`` closes the session and
 stops the server process). A dead connection is replaced when a call asks for one and the
-back-off allows: tenacity's exponential wait (``backoff_initial_s``, doubling per failed
+back-off allows: an exponential wait (``backoff_initial_s``, doubling per failed
 attempt in a row, up to ``backoff_max_s``). A loss is noticed by the call that meets it
 (or, on 2026-era connections, by the ``subscriptions/listen`` stream); a call cancelled at
 its deadline while a reconnect is under way leaves the reconnect running, so the next call
@@ -33,7 +33,6 @@ from mcp import Client, MCPError
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
-from tenacity import RetryCallState, Retrying, wait_exponential
 
 from .. import __version__
 from .mcp_mapping import cap
@@ -155,24 +154,23 @@ class Connection:
 
 
 class Backoff:
-    """When the next attempt may start: tenacity's exponential wait over the attempts that
-    failed in a row (none: at once)."""
+    """When the next attempt may start: ``initial_s`` doubled per attempt that failed in a
+    row, up to ``max_s`` (none failed: at once)."""
 
     def __init__(self, initial_s: float, max_s: float) -> None:
-        self._retrying = Retrying(wait=wait_exponential(multiplier=initial_s, max=max_s))
-        self._failed = RetryCallState(self._retrying, None, (), {})
-        self._failed.attempt_number = 0
+        self.initial_s, self.max_s = initial_s, max(max_s, initial_s)
+        self.failures = 0
         self.retry_at = -math.inf
 
     def failed(self) -> float:
         """Count a failed attempt; the wait before the next one."""
-        self._failed.attempt_number += 1
-        wait = float(self._retrying.wait(self._failed))
+        self.failures += 1
+        wait = min(self.initial_s * 2.0 ** min(self.failures - 1, 64), self.max_s)
         self.retry_at = anyio.current_time() + wait
         return wait
 
     def succeeded(self) -> None:
-        self._failed.attempt_number = 0
+        self.failures = 0
 
     def remaining(self) -> float | None:
         """Seconds until the next attempt may start (``None``: now)."""
