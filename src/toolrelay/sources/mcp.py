@@ -63,20 +63,26 @@ from types import TracebackType
 from typing import Any, Literal, TextIO
 
 from ..contract import AuthContext, ErrorType, ToolDeclaration, ToolError
-from .limits import TOO_LARGE_TEXT
 from .options import McpSourceOptions
 
 try:
-    import anyio
     import mcp.types as mcp_types
-    from mcp import MCPError, StdioServerParameters
+    from mcp import StdioServerParameters
     from mcp.client import Transport
     from mcp.types.version import MODERN_PROTOCOL_VERSIONS
     from opentelemetry.propagate import inject
-    from pydantic import ValidationError
 
     from .connection import Connection
-    from .errors import UNREADABLE_TEXT, McpConnectError, Unreachable, cap, is_disconnect
+    from .errors import (
+        AnswerTooLarge,
+        Disconnected,
+        McpConnectError,
+        NotAToolResult,
+        Refused,
+        Unreachable,
+        cap,
+        map_mcp_errors,
+    )
     from .http import http_transport
     from .mcp_connection import Connector
     from .mcp_mapping import (
@@ -95,14 +101,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 __all__ = ["McpConnectError", "McpSource", "McpSourceOptions", "object_schema"]
 
-_SSE_TOO_LARGE = re.compile(r"event exceeded the \d+ byte limit")  # httpx2's SSE refusal
-
 TransportFactory = Callable[[], Transport]
-
-
-def _too_large(exc: MCPError) -> bool:
-    """The transport refused the answer for its size (see :mod:`.transport`)."""
-    return TOO_LARGE_TEXT in exc.message or _SSE_TOO_LARGE.search(exc.message) is not None
 
 
 class McpSource:
@@ -123,10 +122,6 @@ class McpSource:
         self._outage = re.compile(count) if isinstance(count, str) else count
         self._tools = ToolMap(options, self.name)
         self._link = Connector(options, self.name, transport, self._tools.install)
-
-    @property
-    def breaker_key(self) -> str:
-        return self.options.breaker_key
 
     @property
     def connect_timeout_s(self) -> float:
@@ -244,33 +239,27 @@ class McpSource:
         except Unreachable as gone:
             raise self._unreachable(gone.args[0]) from None
         try:
-            result = await self._call(conn, entry.remote, args)
-        except MCPError as exc:
-            if _too_large(exc):
-                raise ToolError(
-                    f"{self.name} sent an answer too large to read "
-                    f"(over {self.options.max_message_bytes} bytes or "
-                    f"{self.options.max_message_values} JSON values); it was refused",
-                    error_type=ErrorType.INVALID_OUTPUT,
-                    counts_as_failure=False,
-                ) from None
-            if exc.code == mcp_types.PARSE_ERROR and UNREADABLE_TEXT in exc.message:
-                raise self._not_a_result() from None
-            if is_disconnect(exc):
-                self._link.lost(conn, exc.message)
-                raise self._unreachable(self._link.backoff.remaining()) from None
-            if exc.code in (mcp_types.INVALID_PARAMS, mcp_types.METHOD_NOT_FOUND):
-                conn.refresh_wanted.set()  # our list may be stale (e.g. the tool was removed)
-            failed = exc.code == mcp_types.INTERNAL_ERROR
-            raise ToolError(
-                f"{self.name} refused the call: {cap(exc.message)}",
-                counts_as_failure=failed,
-            ) from None
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream) as exc:
-            self._link.lost(conn, type(exc).__name__)
+            with map_mcp_errors():
+                result = await self._call(conn, entry.remote, args)
+        except Disconnected as exc:
+            self._link.lost(conn, str(exc))
             raise self._unreachable(self._link.backoff.remaining()) from None
-        except ValidationError:
+        except AnswerTooLarge:
+            limits = self.options.max_message_bytes, self.options.max_message_values
+            raise ToolError(
+                f"{self.name} sent an answer too large to read (over {limits[0]} bytes or "
+                f"{limits[1]} JSON values); it was refused",
+                error_type=ErrorType.INVALID_OUTPUT,
+                counts_as_failure=False,
+            ) from None
+        except NotAToolResult:
             raise self._not_a_result() from None
+        except Refused as exc:
+            if exc.stale:
+                conn.refresh_wanted.set()  # our list may be stale (e.g. the tool was removed)
+            raise ToolError(
+                f"{self.name} refused the call: {cap(str(exc))}", counts_as_failure=exc.counted
+            ) from None
         self._link.answered()
         if isinstance(result, str):
             return result

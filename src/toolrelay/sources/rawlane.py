@@ -85,9 +85,8 @@ class RawLane:
         """Send one request; its response's ``result``.
 
         Raises ``MCPError``: the server's JSON-RPC error; a refusal of the transport
-        (:data:`~.errors.MESSAGE_TOO_LARGE`, or ``PARSE_ERROR`` with
-        :data:`~.errors.UNREADABLE_TEXT` for a response that is not JSON-RPC);
-        ``CONNECTION_CLOSED`` when the connection is gone.
+        (:data:`~.errors.MESSAGE_TOO_LARGE`, or :data:`~.errors.MESSAGE_UNREADABLE` for a
+        response that is not JSON-RPC); ``CONNECTION_CLOSED`` when the connection is gone.
         ``ValueError`` (nothing sent): ``params`` cannot be written as strict JSON.
         On cancellation the server is sent ``notifications/cancelled`` and the cancellation
         propagates at once: lines are queued for the connection's one writer task, so a

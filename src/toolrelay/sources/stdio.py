@@ -12,8 +12,8 @@ usable. When the head does not show which request it answers (``{"jsonrpc":"2.0"
 "id":…,"result"…}`` in that order, as every SDK writes it), the connection is dropped
 instead (the source reconnects on a later call). A message with more than ``max_values``
 JSON values is refused the same way before it is parsed, and a response the SDK cannot
-parse (e.g. nested past pydantic's limit) is answered with a parse error
-(:data:`~.errors.UNREADABLE_TEXT`) rather than left for the deadline.
+parse (e.g. nested past pydantic's limit) is answered with an error (code
+:data:`~.errors.MESSAGE_UNREADABLE`) rather than left for the deadline.
 
 It also carries a :class:`~.rawlane.RawLane` (``.lane``): see :mod:`.rawlane`. Every line,
 the SDK's and the raw lane's, goes through one queue to one writer task.
@@ -45,7 +45,7 @@ from mcp.client.stdio import (  # private SDK names: the SDK's own process handl
 )
 from mcp.shared.message import SessionMessage
 
-from .errors import MESSAGE_TOO_LARGE, UNREADABLE_TEXT, closed
+from .errors import MESSAGE_TOO_LARGE, MESSAGE_UNREADABLE, UNREADABLE_TEXT, closed
 from .limits import DEFAULT_MAX_MESSAGE_VALUES, json_values, too_large, too_many
 from .rawlane import HEAD_BYTES, RAW_ID_PREFIX, RawLane, answered_id
 
@@ -200,7 +200,7 @@ async def _stdio_streams(
         message = _parse_line(line.decode(server.encoding, server.encoding_error_handler))
         if isinstance(message, Exception) and answered_id(line[:HEAD_BYTES]) is not None:
             # e.g. nested too deeply to parse: answer the call instead of leaving it waiting
-            return await refuse(line, UNREADABLE_TEXT, mcp_types.PARSE_ERROR)
+            return await refuse(line, UNREADABLE_TEXT, MESSAGE_UNREADABLE)
         await read_writer.send(message)
         return True
 
