@@ -43,7 +43,7 @@ def stamped_meta(client: Client) -> dict[str, Any] | None:
     """The ``_meta`` the SDK's session puts on a ``tools/call`` of this connection (on
     2026-era connections: the protocol version, client info and capabilities; on 2025-era
     ones: nothing), read once from the session's stamp; ``None`` when the SDK has none."""
-    stamp = getattr(client.session, "_stamp", None)
+    stamp = getattr(client.session, "_stamp", None)  # private SDK name
     if not callable(stamp):
         return None
     data: dict[str, Any] = {"method": "tools/call", "params": {"name": "", "arguments": {}}}

@@ -34,13 +34,13 @@ import anyio.lowlevel
 import mcp.types as mcp_types
 from mcp import MCPError
 from mcp.client._transport import TransportStreams  # private SDK name (the transport protocol)
-from mcp.client.stdio import (  # private SDK names: the SDK's own process handling
+from mcp.client.stdio import (
     StdioServerParameters,
-    _create_platform_compatible_process,
-    _drain_stdout,
-    _get_executable_command,
-    _parse_line,
-    _stop_server_process,
+    _create_platform_compatible_process,  # private SDK name
+    _drain_stdout,  # private SDK name
+    _get_executable_command,  # private SDK name
+    _parse_line,  # private SDK name
+    _stop_server_process,  # private SDK name
     get_default_environment,
 )
 from mcp.shared.message import SessionMessage
