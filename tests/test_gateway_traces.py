@@ -47,7 +47,7 @@ from toolrelay.serve.gateway import Gateway
 from toolrelay.serve.http import HttpService
 from toolrelay.serve.metrics import GatewayMetrics
 from toolrelay.serve.watch import ToolListWatcher
-from toolrelay.sources.mcp import McpSource
+from toolrelay.sources.mcp import McpSource, McpSourceOptions
 
 pytestmark = pytest.mark.anyio
 
@@ -121,7 +121,9 @@ async def in_process(tmp: Path) -> AsyncIterator[tuple[InProcess, ClientSession]
     command = [sys.executable, str(SERVER), "--record", str(setup.record)]
     with (tmp / "upstream.err").open("a") as errlog:
         async with (
-            McpSource.stdio(command, breaker_key="up", prefix="up", errlog=errlog) as source,
+            McpSource.stdio(
+                command, McpSourceOptions(breaker_key="up", prefix="up"), errlog=errlog
+            ) as source,
             anyio.create_task_group() as tg,
         ):
             setup.registry.register(source)

@@ -34,7 +34,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from helpers import entered_together
 from toolrelay import Dispatcher, ToolRegistry
-from toolrelay.sources.mcp import McpSource
+from toolrelay.sources.mcp import McpSource, McpSourceOptions
 
 pytestmark = pytest.mark.anyio
 
@@ -268,7 +268,7 @@ async def test_failures_the_cap_and_oversized_blocks_keep_todays_answers(tmp_pat
 
 async def test_python_hosts_read_the_documented_data(tmp_path: Path) -> None:
     command = [sys.executable, str(SERVER), "--record", str(tmp_path / "rec"), "--content"]
-    async with McpSource.stdio(command, breaker_key="t") as source:
+    async with McpSource.stdio(command, McpSourceOptions(breaker_key="t")) as source:
         registry = ToolRegistry()
         registry.register(source)
         dispatcher = Dispatcher(registry, telemetry=False)

@@ -23,7 +23,7 @@ import mcp.types as mcp_types  # noqa: E402
 
 from toolrelay.serve.settings import parse_serve_section  # noqa: E402
 from toolrelay.serve.upstreams import build_source  # noqa: E402
-from toolrelay.sources.mcp import McpSource  # noqa: E402
+from toolrelay.sources.mcp import McpSource, McpSourceOptions  # noqa: E402
 
 
 def _no_transport() -> Any:  # pragma: no cover - these sources are never connected
@@ -31,7 +31,7 @@ def _no_transport() -> Any:  # pragma: no cover - these sources are never connec
 
 
 def source(**options: Any) -> McpSource:
-    return McpSource(_no_transport, breaker_key="up", **options)
+    return McpSource(_no_transport, McpSourceOptions(breaker_key="up", **options))
 
 
 def tool(name: str, schema: dict[str, Any] | None = None, **fields: Any) -> mcp_types.Tool:
@@ -108,7 +108,7 @@ def test_risk_floors_in_serve_settings() -> None:
     assert upstream.risk == "write"
     assert dict(upstream.tool_risk) == {"delete_repo": "dangerous"}
     built = build_source(upstream, {})
-    assert built.risk == "write" and built.tool_risk == {"delete_repo": "dangerous"}
+    assert built.options.risk == "write" and built.options.tool_risk == {"delete_repo": "dangerous"}
     for bad in ({"risk": "low"}, {"tool_risk": {"x": "low"}}):
         with pytest.raises(ConfigError, match=r"serve\.upstreams\.gh"):
             parse_serve_section(

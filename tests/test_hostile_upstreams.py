@@ -26,7 +26,7 @@ from helpers import entered_together
 from loop_watchdog import watchdog
 from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
 from toolrelay.chaos.upstream import StandInUpstream
-from toolrelay.sources.mcp import McpSource
+from toolrelay.sources.mcp import McpSource, McpSourceOptions
 from toolrelay_plugins import _http
 from toolrelay_plugins._http import HttpPlugin, clean_text
 from toolrelay_plugins.feeds import FeedsPlugin
@@ -499,10 +499,10 @@ async def mcp_relay(
     with (tmp_path / "server.log").open("a") as log:
         source = McpSource.stdio(
             [*command, "--hostile"] if hostile else command,
-            breaker_key="hostile",
+            McpSourceOptions(
+                breaker_key="hostile", timeout_s=DEADLINE_S, backoff_initial_s=backoff_s
+            ),
             errlog=log,
-            timeout_s=DEADLINE_S,
-            backoff_initial_s=backoff_s,
         )
         async with source:
             registry = ToolRegistry()
@@ -644,9 +644,7 @@ async def test_mcp_http_huge_answer_is_refused(tmp_path: Path, subtests: pytest.
 async def _check_http_huge_answer(port: int) -> None:
     source = McpSource.http(
         f"http://127.0.0.1:{port}/mcp",
-        breaker_key="big",
-        timeout_s=10,
-        max_message_bytes=2 * 1024 * 1024,
+        McpSourceOptions(breaker_key="big", timeout_s=10, max_message_bytes=2 * 1024 * 1024),
     )
     async with source:
         registry = ToolRegistry()

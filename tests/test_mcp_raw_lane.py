@@ -40,7 +40,7 @@ pytest.importorskip("mcp", reason="needs the MCP SDK: pip install 'toolrelay[mcp
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from toolrelay.sources.mcp import McpSource
+from toolrelay.sources.mcp import McpSource, McpSourceOptions
 
 pytestmark = pytest.mark.anyio
 
@@ -165,7 +165,7 @@ class Upstream:
     async def source(self, **options: Any) -> AsyncIterator[McpSource]:
         with self.errlog.open("a") as errlog:
             async with McpSource.stdio(
-                self.command, breaker_key="up", errlog=errlog, **options
+                self.command, McpSourceOptions(breaker_key="up", **options), errlog=errlog
             ) as source:
                 yield source
 

@@ -29,7 +29,7 @@ from toolrelay import BreakerConfig, Dispatcher, ErrorType, Profile, ToolCall, T
 
 pytest.importorskip("mcp", reason="needs the MCP SDK: pip install 'toolrelay[mcp]'")
 from toolrelay.contract import AuthContext, ToolError
-from toolrelay.sources.mcp import McpConnectError, McpSource, object_schema
+from toolrelay.sources.mcp import McpConnectError, McpSource, McpSourceOptions, object_schema
 
 pytestmark = pytest.mark.anyio
 
@@ -112,11 +112,12 @@ class TestServer:
             self.process.wait(10)
         self.process = None
 
-    def source(self, **options: Any) -> McpSource:
+    def source(self, headers: dict[str, str] | None = None, **options: Any) -> McpSource:
         options.setdefault("breaker_key", "test")
         if self.kind == "stdio":
-            return McpSource.stdio(self.command, errlog=self.log, **options)
-        return McpSource.http(f"http://127.0.0.1:{self.port}/mcp", **options)
+            return McpSource.stdio(self.command, McpSourceOptions(**options), errlog=self.log)
+        url = f"http://127.0.0.1:{self.port}/mcp"
+        return McpSource.http(url, McpSourceOptions(**options), headers=headers)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         lines = self.record.read_text().splitlines()
@@ -204,7 +205,9 @@ def time_server_command() -> list[str]:
 
 
 async def test_mcp_server_time_through_the_pipeline() -> None:
-    async with McpSource.stdio(time_server_command(), breaker_key="mcp-time") as source:
+    async with McpSource.stdio(
+        time_server_command(), McpSourceOptions(breaker_key="mcp-time")
+    ) as source:
         registry = ToolRegistry()
         registry.register(source)
         dispatcher = Dispatcher(registry)
@@ -322,7 +325,7 @@ def test_object_schema_normalisation() -> None:
 @LEGACY_HTTP_CLOSE
 async def test_auto_offers_the_handshake_over_stdio_and_2026_over_http(server: TestServer) -> None:
     async with server.source() as source:
-        assert source.protocol == "auto"
+        assert source.options.protocol == "auto"
         era = "2025-11-25" if server.kind == "stdio" else "2026-07-28"
         assert source.protocol_version == era
         registry = ToolRegistry()
@@ -448,10 +451,8 @@ async def test_backoff_doubles_per_failed_reconnect_up_to_its_maximum(
     down = tmp_path / "down"  # while it exists, the server exits at once
     source = McpSource.stdio(
         flaky_command(stdio_server, down),
-        breaker_key="test",
+        McpSourceOptions(breaker_key="test", backoff_initial_s=0.2, backoff_max_s=0.5),
         errlog=stdio_server.log,
-        backoff_initial_s=0.2,
-        backoff_max_s=0.5,
     )
     ctx = AuthContext()
 
@@ -551,10 +552,8 @@ async def test_connection_failures_are_counted_where_they_happen(
     down = tmp_path / "down"  # while it exists, the server exits at once
     source = McpSource.stdio(
         flaky_command(stdio_server, down),
-        breaker_key="test",
+        McpSourceOptions(breaker_key="test", backoff_initial_s=0.1, backoff_max_s=0.1),
         errlog=stdio_server.log,
-        backoff_initial_s=0.1,
-        backoff_max_s=0.1,
     )
     ctx = AuthContext()
     async with source:
@@ -666,7 +665,9 @@ async def test_non_conforming_listing_is_refused_by_the_sdk(tmp_path: Path) -> N
     ``"type": "object"``), so one such tool fails the whole listing and the connect."""
     srv = TestServer("stdio", tmp_path)
     try:
-        source = McpSource.stdio([*srv.command, "--raw"], breaker_key="raw", errlog=srv.log)
+        source = McpSource.stdio(
+            [*srv.command, "--raw"], McpSourceOptions(breaker_key="raw"), errlog=srv.log
+        )
         with pytest.raises(McpConnectError, match="ValidationError"):
             async with source:
                 pass
@@ -690,18 +691,19 @@ async def test_exit_stops_the_process_and_leaves_no_tasks(stdio_server: TestServ
 
 
 async def test_connect_failures_raise_on_enter(tmp_path: Path) -> None:
-    missing = McpSource.stdio([str(tmp_path / "no-such-server")], breaker_key="x")
+    missing = McpSource.stdio([str(tmp_path / "no-such-server")], McpSourceOptions(breaker_key="x"))
     with pytest.raises(McpConnectError, match="could not connect to x"):
         async with missing:
             pass
     closed_port = McpSource.http(
-        f"http://127.0.0.1:{free_port()}/mcp", breaker_key="y", connect_timeout_s=5
+        f"http://127.0.0.1:{free_port()}/mcp",
+        McpSourceOptions(breaker_key="y", connect_timeout_s=5),
     )
     with pytest.raises(McpConnectError, match="could not connect to y"):
         async with closed_port:
             pass
     silent = [sys.executable, "-c", "import sys; sys.stdin.read()"]  # never answers
-    mute = McpSource.stdio(silent, breaker_key="z", connect_timeout_s=0.3)
+    mute = McpSource.stdio(silent, McpSourceOptions(breaker_key="z", connect_timeout_s=0.3))
     started = anyio.current_time()
     with pytest.raises(McpConnectError, match="TimeoutError"):
         async with mute:
@@ -711,15 +713,15 @@ async def test_connect_failures_raise_on_enter(tmp_path: Path) -> None:
 
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="prefix"):
-        McpSource.stdio(["x"], breaker_key="k", prefix="a b")
+        McpSource.stdio(["x"], McpSourceOptions(breaker_key="k", prefix="a b"))
     with pytest.raises(ValueError, match="protocol"):
-        McpSource.stdio(["x"], breaker_key="k", protocol="2025-11-25")
+        McpSource.stdio(["x"], McpSourceOptions(breaker_key="k", protocol="2025-11-25"))
     with pytest.raises(ValueError, match="backoff_initial_s"):
-        McpSource.stdio(["x"], breaker_key="k", backoff_initial_s=0)
+        McpSource.stdio(["x"], McpSourceOptions(breaker_key="k", backoff_initial_s=0))
     with pytest.raises(ValueError, match="url"):
-        McpSource.http("ftp://example", breaker_key="k")
+        McpSource.http("ftp://example", McpSourceOptions(breaker_key="k"))
     with pytest.raises(ValueError, match="command"):
-        McpSource.stdio("mcp-server-time", breaker_key="k")
+        McpSource.stdio("mcp-server-time", McpSourceOptions(breaker_key="k"))
 
 
 COUNT_ERRORS: list[tuple[bool | str, bool]] = [
@@ -771,8 +773,8 @@ async def test_count_errors_makes_an_upstream_outage_trip_the_breaker(
 
 
 def test_count_errors_must_be_a_valid_pattern() -> None:
-    with pytest.raises(ValueError, match="count_errors is not a valid regular expression"):
-        McpSource.stdio(["x"], breaker_key="k", count_errors="(unclosed")
+    with pytest.raises(ValueError, match="count_errors: not a valid regular expression"):
+        McpSource.stdio(["x"], McpSourceOptions(breaker_key="k", count_errors="(unclosed"))
 
 
 async def test_a_backtracking_output_pattern_never_holds_the_loop(

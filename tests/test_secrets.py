@@ -399,7 +399,7 @@ async def test_mcp_error_text_reaches_no_sink(
     """One canary server (a process) for both settings of ``capture_content``: each setting
     has its own dispatcher and sinks, and both must stay clean."""
     pytest.importorskip("mcp", reason="needs the MCP SDK: pip install 'toolrelay[mcp]'")
-    from toolrelay.sources.mcp import McpSource
+    from toolrelay.sources.mcp import McpSource, McpSourceOptions
 
     script = tmp_path / "canary_server.py"
     script.write_text(MCP_SERVER, encoding="utf-8")
@@ -409,7 +409,9 @@ async def test_mcp_error_text_reaches_no_sink(
     errlog = (tmp_path / "server.log").open("a")
     try:
         source = McpSource.stdio(
-            [sys.executable, str(script), str(texts)], breaker_key="mcp", errlog=errlog
+            [sys.executable, str(script), str(texts)],
+            McpSourceOptions(breaker_key="mcp"),
+            errlog=errlog,
         )
         async with source:
             for case in (sinks, captured):

@@ -8,17 +8,15 @@ path, like the core's.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, Field, Strict, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, Strict, model_validator
 from pydantic import dataclasses as pydantic_dataclasses
 from pydantic.json_schema import SkipJsonSchema
 
-from ..contract import Risk
 from ..settings import (
     DATACLASS,
     MODEL,
@@ -26,10 +24,10 @@ from ..settings import (
     Flag,
     Name,
     Port,
-    Positive,
     Text,
     one_line_errors,
 )
+from ..sources.options import McpSourceOptions
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -104,67 +102,20 @@ class ClientSettings:
 
 @one_line_errors("UpstreamSettings.{}")
 @pydantic_dataclasses.dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
-class UpstreamSettings:
-    """One MCP server behind the gateway (``[serve.upstreams.NAME]``), as an ``McpSource``:
-    exactly one of ``command`` (stdio) and ``url`` (streamable HTTP)."""
+class UpstreamSettings(McpSourceOptions):
+    """One MCP server behind the gateway (``[serve.upstreams.NAME]``): the options of its
+    :class:`~toolrelay.sources.mcp.McpSource` (:class:`McpSourceOptions`, named by the
+    table), and how to reach it: exactly one of ``command`` (stdio) and ``url``
+    (streamable HTTP)."""
 
     name: TableName = ""
-    breaker_key: Label
     command: Annotated[tuple[Text, ...], Field(min_length=1)] | None = None
     url: Annotated[str, Strict(), Field(pattern=r"^https?://")] | None = None
-    prefix: Annotated[str, Strict(), Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")] | None = None
-    timeout_s: Positive | None = None
-    tool_timeouts: dict[str, Positive] = field(default_factory=dict)
-    tags: tuple[Text, ...] = ()
     env: dict[str, Text] = field(default_factory=dict)
     cwd: Text | None = None
     headers: dict[str, Text] = field(default_factory=dict)
     bearer_token_env: EnvName | None = None
-    connect_timeout_s: Positive | None = None
     optional: Flag = False
-    count_errors: Flag | Text = False
-    risk: Risk | None = None
-    """A floor for the risk of every tool of the upstream (its hints cannot lower it)."""
-    tool_risk: dict[str, Risk] = field(default_factory=dict)
-    """Floors per tool, by the tool's MCP name or its toolrelay name."""
-    risk_override: Risk | None = None
-    """The risk of every tool of the upstream, whatever its hints and floors (may lower it)."""
-    tool_risk_override: dict[str, Risk] = field(default_factory=dict)
-    """Overrides per tool (MCP or toolrelay name), above ``risk_override``."""
-    max_message_bytes: Annotated[int, Strict(), Field(ge=1024)] | None = None
-    """The largest message read from the upstream (``McpSource`` default: 4 MiB)."""
-    max_message_values: Annotated[int, Strict(), Field(ge=100)] | None = None
-    """The most JSON values in one message (``McpSource`` default: 50,000)."""
-    protocol: (
-        Annotated[str, Strict(), Field(pattern=r"^(auto|legacy|\d{4}-\d{2}-\d{2})$")] | None
-    ) = None
-    """``auto`` (the default: over stdio the 2025 handshake unless the server refuses it,
-    over HTTP 2026-era when the server speaks it), ``legacy`` (the 2025 handshake), or a
-    2026-era protocol version (``McpSource``'s ``protocol``)."""
-
-    @field_validator("protocol")
-    @classmethod
-    def _a_protocol(cls, value: str | None) -> str | None:
-        if value is None or value in ("auto", "legacy"):
-            return value
-        try:
-            from mcp.types.version import MODERN_PROTOCOL_VERSIONS
-        except ImportError:  # pragma: no cover - without the mcp extra nothing is served
-            return value
-        if value not in MODERN_PROTOCOL_VERSIONS:
-            known = ", ".join(["auto", "legacy", *MODERN_PROTOCOL_VERSIONS])
-            raise ValueError(f"not a protocol the SDK speaks (one of {known})")
-        return value
-
-    @field_validator("count_errors")
-    @classmethod
-    def _a_pattern(cls, value: bool | str) -> bool | str:
-        if isinstance(value, str):
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression ({exc})") from None
-        return value
 
     @model_validator(mode="after")
     def _one_transport(self) -> UpstreamSettings:

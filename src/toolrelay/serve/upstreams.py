@@ -32,36 +32,20 @@ __all__ = ["Upstreams", "build_source"]
 log = logging.getLogger("toolrelay.serve")
 
 
-_OPTIONS = (
-    *("prefix", "timeout_s", "connect_timeout_s", "tool_timeouts", "count_errors"),
-    *("risk", "tool_risk", "risk_override", "tool_risk_override"),
-    *("max_message_bytes", "max_message_values", "protocol"),
-)
-"""The ``McpSource`` options an upstream may set; unset (``None``) ones keep its defaults."""
-
-
-def _options(upstream: UpstreamSettings) -> dict[str, Any]:
-    options = {name: getattr(upstream, name) for name in _OPTIONS}
-    given = {name: value for name, value in options.items() if value is not None}
-    return {"name": upstream.name, "tags": upstream.tags, **given}
-
-
 def build_source(upstream: UpstreamSettings, environ: Mapping[str, str]) -> McpSource:
     """The (not yet entered) source for one upstream."""
     try:
         from ..sources.mcp import McpSource
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ServeError(f"upstream {upstream.name!r}: {exc}") from None
-    options = _options(upstream)
     try:
         if upstream.command is not None:
             return McpSource.stdio(
                 list(upstream.command),
-                breaker_key=upstream.breaker_key,
+                upstream,  # the upstream's settings are its source's options
                 env=dict(upstream.env) or None,
                 cwd=upstream.cwd,
                 errlog=sys.stderr,
-                **options,
             )
         assert upstream.url is not None
         headers = dict(upstream.headers)
@@ -70,9 +54,7 @@ def build_source(upstream: UpstreamSettings, environ: Mapping[str, str]) -> McpS
                 upstream.bearer_token_env, None, environ, f"upstream {upstream.name!r}"
             )
             headers["Authorization"] = f"Bearer {token}"
-        return McpSource.http(
-            upstream.url, breaker_key=upstream.breaker_key, headers=headers, **options
-        )
+        return McpSource.http(upstream.url, upstream, headers=headers)
     except ValueError as exc:
         raise ServeError(f"upstream {upstream.name!r}: {exc}") from None
 

@@ -4,15 +4,20 @@
 endpoint over streamable HTTP) with the MCP Python SDK 2.x and offers the server's tools as
 toolrelay tools::
 
-    from toolrelay.sources.mcp import McpSource
+    from toolrelay.sources.mcp import McpSource, McpSourceOptions
 
-    async with McpSource.stdio(["mcp-server-time"], breaker_key="mcp-time") as source:
+    time = McpSourceOptions(breaker_key="mcp-time")
+    async with McpSource.stdio(["mcp-server-time"], time) as source:
         registry.register(source)
         ...  # dispatch as usual; the source closes the session and the process on exit
 
-    async with McpSource.http("http://127.0.0.1:8000/mcp", breaker_key="docs",
-                              headers={"Authorization": "Bearer …"}, prefix="docs") as source:
+    docs = McpSourceOptions(breaker_key="docs", prefix="docs")
+    async with McpSource.http("http://127.0.0.1:8000/mcp", docs,
+                              headers={"Authorization": "Bearer …"}) as source:
         registry.register(source)
+
+The options (breaker key, prefix, timeouts, risk floors and overrides, message bounds, …):
+:class:`~.options.McpSourceOptions`.
 
 How tools and results are mapped: see :mod:`.mcp_mapping` (names, risk from annotations,
 size caps; ``structuredContent``, text or content blocks as data, ``isError`` as a
@@ -49,100 +54,54 @@ Failures and reconnection
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TextIO, TypedDict
+from typing import Any, Literal, TextIO
 
-from ..contract import AuthContext, ErrorType, Risk, ToolDeclaration, ToolError
-from ..registry import DEFAULT_RESERVED
-from .transport import DEFAULT_MAX_MESSAGE_BYTES as _MAX_BYTES
-from .transport import DEFAULT_MAX_MESSAGE_VALUES as _MAX_VALUES
-from .transport import TOO_LARGE_TEXT, UNREADABLE_TEXT, capped_http_client, capped_stdio_client
+from ..contract import AuthContext, ErrorType, ToolDeclaration, ToolError
+from .options import McpSourceOptions
 
 try:
-    import anyio
-    import httpx2
     import mcp.types as mcp_types
-    from mcp import MCPError, StdioServerParameters
-    from mcp.client.streamable_http import streamable_http_client
+    from mcp import StdioServerParameters
+    from mcp.client import Transport
     from mcp.types.version import MODERN_PROTOCOL_VERSIONS
     from opentelemetry.propagate import inject
-    from pydantic import ValidationError
 
-    from .mcp_connection import Connection, Connector, McpConnectError, Unreachable, is_disconnect
+    from .connection import Connection
+    from .errors import (
+        AnswerTooLarge,
+        Disconnected,
+        McpConnectError,
+        NotAToolResult,
+        Refused,
+        Unreachable,
+        cap,
+        map_mcp_errors,
+    )
+    from .http import http_transport
+    from .mcp_connection import Connector
     from .mcp_mapping import (
         ToolMap,
         call_result,
-        cap,
-        check_risk,
         error_text,
         object_schema,
         plain_text,
         result_data,
     )
+    from .stdio import capped_stdio_client
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "toolrelay.sources.mcp needs the MCP Python SDK 2.x: pip install 'toolrelay[mcp]'"
     ) from exc
 
-if TYPE_CHECKING:
-    from typing import Unpack
-
-    from mcp.client import Transport
-    from mcp.client._transport import TransportStreams
-
 __all__ = ["McpConnectError", "McpSource", "McpSourceOptions", "object_schema"]
 
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
-_HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)  # the SDK's defaults for MCP over HTTP
-_SSE_TOO_LARGE = re.compile(r"event exceeded the \d+ byte limit")  # httpx2's SSE refusal
-
-TransportFactory = Callable[[], "Transport"]
-
-
-class McpSourceOptions(TypedDict, total=False):
-    """Keyword options shared by :meth:`McpSource.stdio` and :meth:`McpSource.http`."""
-
-    prefix: str | None
-    name: str | None
-    timeout_s: float
-    tool_timeouts: Mapping[str, float] | None
-    tags: Iterable[str]
-    protocol: str
-    connect_timeout_s: float
-    close_timeout_s: float
-    backoff_initial_s: float
-    backoff_max_s: float
-    reserved_properties: Iterable[str]
-    count_errors: bool | str
-    risk: Risk | None
-    tool_risk: Mapping[str, Risk] | None
-    risk_override: Risk | None
-    tool_risk_override: Mapping[str, Risk] | None
-    max_message_bytes: int
-    max_message_values: int
-
-
-def _too_large(exc: MCPError) -> bool:
-    """The transport refused the answer for its size (see :mod:`.transport`)."""
-    return TOO_LARGE_TEXT in exc.message or _SSE_TOO_LARGE.search(exc.message) is not None
-
-
-@asynccontextmanager
-async def _http_transport(
-    url: str, headers: Mapping[str, str] | None, max_bytes: int, max_values: int
-) -> AsyncIterator[TransportStreams]:
-    async with (
-        capped_http_client(max_bytes, max_values, headers=headers, timeout=_HTTP_TIMEOUT) as http,
-        streamable_http_client(url, http_client=http, max_sse_event_size=max_bytes) as streams,
-    ):
-        yield streams
+TransportFactory = Callable[[], Transport]
 
 
 class McpSource:
@@ -153,130 +112,21 @@ class McpSource:
 
     Args:
         transport: Builds a fresh SDK transport for every connection attempt.
-        breaker_key: The breaker key of every tool of the source.
-        prefix: Prefix for the tool names (``prefix="time"`` → ``time__get_current_time``).
-        name: How logs and messages name the server (default: ``breaker_key``).
-        timeout_s: ``timeout_s`` of every tool; ``tool_timeouts`` maps MCP tool names
-            (as the server names them) to their own.
-        tags: Tags for every tool, besides ``"mcp"``.
-        protocol: The connect mode: ``"auto"`` (over stdio the 2025 handshake first, the
-            2026-era protocol when the server refuses it; over HTTP the 2026-era protocol
-            when the server speaks it, otherwise the handshake), ``"legacy"`` (always the
-            handshake), or a 2026-era protocol version (always that).
-        connect_timeout_s: Bound on connecting, and on each ``tools/list`` refresh.
-        close_timeout_s: Bound on closing a session gracefully.
-        backoff_initial_s, backoff_max_s: Wait before reconnecting after the connection
-            is lost; doubled after every failed attempt, up to the maximum.
-        reserved_properties: Identity properties no tool schema may declare (as the
-            registry's ``reserved_properties``); such tools are skipped.
-        count_errors: Which ``isError`` results are the server reporting its own outage
-            (a retryable failure the breaker counts) rather than a business answer:
-            ``False`` (none: the default), ``True`` (all), or a regular expression searched
-            in the error text (at most 200 characters of it), e.g.
-            ``"(?i)unavailable|timed? ?out|503"``.
-        risk: A floor for the risk of every tool of the source: a tool's risk is the
-            higher of what its hints say and this (``read`` < ``write`` < ``dangerous``).
-        tool_risk: Floors per tool, by its MCP name (as the server names it) or its
-            toolrelay name, e.g. ``{"delete_repo": "dangerous"}``; combined with ``risk``.
-        risk_override: The risk of every tool of the source, whatever its hints and the
-            floors say: the operator's word, which may also lower it (e.g. ``"read"`` for a
-            server whose read-only tools carry no annotations).
-        tool_risk_override: Overrides per tool (MCP or toolrelay name); they win over
-            ``risk_override``. Precedence: a tool's override, the source's override, then
-            the higher of the floors and the hints.
-        max_message_bytes: The largest message read from the server (default 4 MiB),
-            bounded while it is read (see :mod:`toolrelay.sources.transport`; used by the
-            :meth:`stdio` and :meth:`http` transports). A larger answer is refused: the call
-            gets a non-retryable ``invalid_output`` that the breaker does not count.
-        max_message_values: The most JSON values one message may hold (default 50,000;
-            commas, brackets and braces outside strings are counted), checked before it is
-            parsed; a message with more is refused in the same way (not checked inside SSE
-            events, whose size ``max_message_bytes`` bounds).
+        options: The breaker key and the rest (:class:`~.options.McpSourceOptions`).
     """
 
-    def __init__(
-        self,
-        transport: TransportFactory,
-        *,
-        breaker_key: str,
-        prefix: str | None = None,
-        name: str | None = None,
-        timeout_s: float = 30.0,
-        tool_timeouts: Mapping[str, float] | None = None,
-        tags: Iterable[str] = (),
-        protocol: str = "auto",
-        connect_timeout_s: float = 10.0,
-        close_timeout_s: float = 5.0,
-        backoff_initial_s: float = 1.0,
-        backoff_max_s: float = 30.0,
-        reserved_properties: Iterable[str] = DEFAULT_RESERVED,
-        count_errors: bool | str = False,
-        risk: Risk | None = None,
-        tool_risk: Mapping[str, Risk] | None = None,
-        risk_override: Risk | None = None,
-        tool_risk_override: Mapping[str, Risk] | None = None,
-        max_message_bytes: int = _MAX_BYTES,
-        max_message_values: int = _MAX_VALUES,
-    ) -> None:
-        if not breaker_key or not isinstance(breaker_key, str):
-            raise ValueError("breaker_key must be a non-empty string")
-        if protocol not in ("auto", "legacy") and protocol not in MODERN_PROTOCOL_VERSIONS:
-            raise ValueError(
-                f"protocol must be 'auto', 'legacy' or one of {list(MODERN_PROTOCOL_VERSIONS)}"
-            )
-        for label, value in (
-            ("timeout_s", timeout_s),
-            ("connect_timeout_s", connect_timeout_s),
-            ("close_timeout_s", close_timeout_s),
-            ("backoff_initial_s", backoff_initial_s),
-            ("backoff_max_s", backoff_max_s),
-        ):
-            if not (isinstance(value, int | float) and 0 < value < math.inf):
-                raise ValueError(f"{label} must be a positive number, not {value!r}")
-        for label, count, least in (
-            ("max_message_bytes", max_message_bytes, 1024),
-            ("max_message_values", max_message_values, 100),
-        ):
-            if isinstance(count, bool) or not isinstance(count, int) or count < least:
-                raise ValueError(f"{label} must be an integer >= {least}, not {count!r}")
-        if prefix is not None and not _PREFIX_RE.match(prefix):
-            raise ValueError(f"prefix must match {_PREFIX_RE.pattern}, not {prefix!r}")
-        self.max_message_bytes = max_message_bytes
-        self.max_message_values = max_message_values
-        self.breaker_key = breaker_key
-        self.prefix = prefix
-        self.name = name or breaker_key
-        self.timeout_s = float(timeout_s)
-        self.tool_timeouts = dict(tool_timeouts or {})
-        self.tags = frozenset({"mcp", *tags})
-        self.protocol = protocol
-        self.connect_timeout_s = float(connect_timeout_s)
-        self.close_timeout_s = float(close_timeout_s)
-        self.backoff_initial_s = float(backoff_initial_s)
-        self.backoff_max_s = float(max(backoff_max_s, backoff_initial_s))
-        self.reserved_properties = frozenset(reserved_properties)
-        self.risk = None if risk is None else check_risk("risk", risk)
-        self.tool_risk = {
-            str(tool): check_risk(f"tool_risk[{tool!r}]", value)
-            for tool, value in (tool_risk or {}).items()
-        }
-        self.risk_override = (
-            None if risk_override is None else check_risk("risk_override", risk_override)
-        )
-        self.tool_risk_override = {
-            str(tool): check_risk(f"tool_risk_override[{tool!r}]", value)
-            for tool, value in (tool_risk_override or {}).items()
-        }
-        self._outage: re.Pattern[str] | bool
-        if isinstance(count_errors, str):
-            try:
-                self._outage = re.compile(count_errors)
-            except re.error as exc:
-                raise ValueError(f"count_errors is not a valid regular expression: {exc}") from None
-        else:
-            self._outage = bool(count_errors)
-        self._tools = ToolMap(self)
-        self._link = Connector(self, transport, self._tools.install)
+    def __init__(self, transport: TransportFactory, options: McpSourceOptions) -> None:
+        self.options = options
+        self.name = options.name or options.breaker_key
+        count = options.count_errors  # a pattern the options model has checked
+        self._outage = re.compile(count) if isinstance(count, str) else count
+        self._tools = ToolMap(options, self.name)
+        self._link = Connector(options, self.name, transport, self._tools.install)
+
+    @property
+    def connect_timeout_s(self) -> float:
+        """Bound on connecting and on a ``tools/list``; the gateway's pings use it too."""
+        return self.options.connect_timeout_s
 
     @property
     def connects(self) -> int:
@@ -288,12 +138,11 @@ class McpSource:
     def stdio(
         cls,
         command: Sequence[str],
+        options: McpSourceOptions,
         *,
-        breaker_key: str,
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         errlog: TextIO | None = None,
-        **options: Unpack[McpSourceOptions],
     ) -> McpSource:
         """A server run as a local process, spoken to over its stdin and stdout.
 
@@ -310,36 +159,28 @@ class McpSource:
             env=dict(env) if env else None,
             cwd=None if cwd is None else Path(cwd),
         )
-
-        max_bytes = options.get("max_message_bytes", _MAX_BYTES)
-        max_values = options.get("max_message_values", _MAX_VALUES)
+        max_bytes, max_values = options.max_message_bytes, options.max_message_values
 
         def transport() -> Transport:
             out = errlog if errlog is not None else sys.stderr
             return capped_stdio_client(params, max_bytes, max_values, errlog=out)
 
-        return cls(transport, breaker_key=breaker_key, **options)
+        return cls(transport, options)
 
     @classmethod
     def http(
-        cls,
-        url: str,
-        *,
-        breaker_key: str,
-        headers: Mapping[str, str] | None = None,
-        **options: Unpack[McpSourceOptions],
+        cls, url: str, options: McpSourceOptions, *, headers: Mapping[str, str] | None = None
     ) -> McpSource:
         """A server reached over streamable HTTP at ``url``, sending ``headers`` (e.g. auth)."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must be an http(s) URL, not {url!r}")
         fixed = dict(headers or {})
-        max_bytes = options.get("max_message_bytes", _MAX_BYTES)
-        max_values = options.get("max_message_values", _MAX_VALUES)
+        max_bytes, max_values = options.max_message_bytes, options.max_message_values
 
         def transport() -> Transport:
-            return _http_transport(url, fixed, max_bytes, max_values)
+            return http_transport(url, fixed, max_bytes, max_values)
 
-        return cls(transport, breaker_key=breaker_key, **options)
+        return cls(transport, options)
 
     @property
     def protocol_version(self) -> str | None:
@@ -398,33 +239,27 @@ class McpSource:
         except Unreachable as gone:
             raise self._unreachable(gone.args[0]) from None
         try:
-            result = await self._call(conn, entry.remote, args)
-        except MCPError as exc:
-            if _too_large(exc):
-                raise ToolError(
-                    f"{self.name} sent an answer too large to read "
-                    f"(over {self.max_message_bytes} bytes or {self.max_message_values} "
-                    "JSON values); it was refused",
-                    error_type=ErrorType.INVALID_OUTPUT,
-                    counts_as_failure=False,
-                ) from None
-            if exc.code == mcp_types.PARSE_ERROR and UNREADABLE_TEXT in exc.message:
-                raise self._not_a_result() from None
-            if is_disconnect(exc):
-                self._link.lost(conn, exc.message)
-                raise self._unreachable(self._link.backoff.remaining()) from None
-            if exc.code in (mcp_types.INVALID_PARAMS, mcp_types.METHOD_NOT_FOUND):
-                conn.refresh_wanted.set()  # our list may be stale (e.g. the tool was removed)
-            failed = exc.code == mcp_types.INTERNAL_ERROR
-            raise ToolError(
-                f"{self.name} refused the call: {cap(exc.message)}",
-                counts_as_failure=failed,
-            ) from None
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream) as exc:
-            self._link.lost(conn, type(exc).__name__)
+            with map_mcp_errors():
+                result = await self._call(conn, entry.remote, args)
+        except Disconnected as exc:
+            self._link.lost(conn, str(exc))
             raise self._unreachable(self._link.backoff.remaining()) from None
-        except ValidationError:
+        except AnswerTooLarge:
+            limits = self.options.max_message_bytes, self.options.max_message_values
+            raise ToolError(
+                f"{self.name} sent an answer too large to read (over {limits[0]} bytes or "
+                f"{limits[1]} JSON values); it was refused",
+                error_type=ErrorType.INVALID_OUTPUT,
+                counts_as_failure=False,
+            ) from None
+        except NotAToolResult:
             raise self._not_a_result() from None
+        except Refused as exc:
+            if exc.stale:
+                conn.refresh_wanted.set()  # our list may be stale (e.g. the tool was removed)
+            raise ToolError(
+                f"{self.name} refused the call: {cap(str(exc))}", counts_as_failure=exc.counted
+            ) from None
         self._link.answered()
         if isinstance(result, str):
             return result

@@ -4,7 +4,7 @@
 connector's task group (the SDK's session and transport task groups run there, so a
 transport failure is contained; leaving the source's ``async with`` closes the session and
 stops the server process). A dead connection is replaced when a call asks for one and the
-back-off allows: tenacity's exponential wait (``backoff_initial_s``, doubling per failed
+back-off allows: an exponential wait (``backoff_initial_s``, doubling per failed
 attempt in a row, up to ``backoff_max_s``). A loss is noticed by the call that meets it
 (or, on 2026-era connections, by the ``subscriptions/listen`` stream); a call cancelled at
 its deadline while a reconnect is under way leaves the reconnect running, so the next call
@@ -24,160 +24,23 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
 import anyio
 import anyio.abc
 import mcp.types as mcp_types
 from mcp import Client, MCPError
+from mcp.client import Transport
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
-from tenacity import RetryCallState, Retrying, wait_exponential
 
-from .. import __version__
-from .mcp_mapping import cap
-from .transport import RawLane, StdioTransport
-
-if TYPE_CHECKING:
-    from mcp.client import IncomingMessage, Transport
-
-    from .mcp import McpSource
+from .connection import DEAD, Backoff, Connection, State, list_tools, stamped_meta, trust_result
+from .errors import McpConnectError, Unreachable, cap, innermost, is_disconnect, why
+from .options import McpSourceOptions
+from .stdio import StdioTransport
 
 log = logging.getLogger("toolrelay.sources.mcp")
-
-_MAX_LIST_PAGES = 100
-_SESSION_GONE_CODES = frozenset({mcp_types.INVALID_REQUEST, -32001})
-
-
-class McpConnectError(ConnectionError):
-    """The source could not connect to its MCP server or read its tool list (raised by
-    ``async with`` and :meth:`McpSource.refresh`; tool calls get a ``ToolError`` instead)."""
-
-
-class Unreachable(Exception):
-    """Raised by :meth:`Connector.acquire` with the seconds until a retry may connect."""
-
-
-def innermost(exc: BaseException) -> BaseException:
-    """The first exception inside (nested) exception groups; ``exc`` itself otherwise."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def why(exc: BaseException | None) -> str:
-    """A short account of a failure, for logs: the innermost exception, groups flattened."""
-    if exc is None:
-        return "cancelled"
-    exc = innermost(exc)
-    text = cap(str(exc), 120)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def is_disconnect(exc: MCPError) -> bool:
-    """Errors that mean the connection is gone, not that the server said no.
-
-    Besides ``CONNECTION_CLOSED``: a 2025-era HTTP server that no longer knows our session
-    (it restarted, or expired it) answers HTTP 404, after which the spec says the client
-    must start a new session. The SDK does not surface the status, only the JSON-RPC error
-    — its own ``INVALID_REQUEST "Session terminated"``, the SDK server's ``INVALID_REQUEST
-    "Session not found"``, the TypeScript SDK's ``-32001 "Session not found"`` — so those
-    are recognised by code and by the word "session".
-    """
-    if exc.code == mcp_types.CONNECTION_CLOSED:
-        return True
-    return exc.code in _SESSION_GONE_CODES and "session" in exc.message.lower()
-
-
-async def list_tools(client: Client) -> list[mcp_types.Tool]:
-    tools: list[mcp_types.Tool] = []
-    cursor: str | None = None
-    for _ in range(_MAX_LIST_PAGES):
-        page = await client.list_tools(cursor=cursor)
-        tools.extend(page.tools)
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return tools
-
-
-def stamped_meta(client: Client) -> dict[str, Any] | None:
-    """The ``_meta`` the SDK's session puts on a ``tools/call`` of this connection (on
-    2026-era connections: the protocol version, client info and capabilities; on 2025-era
-    ones: nothing), read once from the session's stamp; ``None`` when the SDK has none."""
-    stamp = getattr(client.session, "_stamp", None)
-    if not callable(stamp):
-        return None
-    data: dict[str, Any] = {"method": "tools/call", "params": {"name": "", "arguments": {}}}
-    stamp(data, {})
-    meta = data["params"].get("_meta", {})
-    return dict(meta) if isinstance(meta, dict) else None
-
-
-async def _trust_result(name: str, result: Any) -> None:
-    """Stands in for the SDK's own output check (see ``Connector._run``)."""
-
-
-class State:
-    CONNECTING = "connecting"
-    READY = "ready"
-    FAILED = "failed"
-    LOST = "lost"
-    CLOSED = "closed"
-
-
-_DEAD = frozenset({State.FAILED, State.LOST, State.CLOSED})
-
-
-class Connection:
-    """One connection attempt and, when it succeeds, the live SDK client."""
-
-    def __init__(self) -> None:
-        self.state = State.CONNECTING
-        self.client: Client | None = None
-        self.ready = anyio.Event()
-        self.closing = anyio.Event()
-        self.refresh_wanted = anyio.Event()
-        self.scope: anyio.CancelScope | None = None
-        self.error: BaseException | None = None
-        self.lane: RawLane | None = None
-        """The stdio transport's raw lane for ``tools/call`` (``None``: the SDK's path)."""
-        self.mode = "auto"
-        """The SDK connect mode this connection was made with."""
-        self.call_meta: dict[str, Any] = {}
-        """The ``_meta`` the SDK's session stamps on every request of this connection."""
-
-    def close(self) -> None:
-        self.closing.set()
-        if self.state == State.CONNECTING and self.scope is not None:
-            self.scope.cancel()
-
-
-class Backoff:
-    """When the next attempt may start: tenacity's exponential wait over the attempts that
-    failed in a row (none: at once)."""
-
-    def __init__(self, initial_s: float, max_s: float) -> None:
-        self._retrying = Retrying(wait=wait_exponential(multiplier=initial_s, max=max_s))
-        self._failed = RetryCallState(self._retrying, None, (), {})
-        self._failed.attempt_number = 0
-        self.retry_at = -math.inf
-
-    def failed(self) -> float:
-        """Count a failed attempt; the wait before the next one."""
-        self._failed.attempt_number += 1
-        wait = float(self._retrying.wait(self._failed))
-        self.retry_at = anyio.current_time() + wait
-        return wait
-
-    def succeeded(self) -> None:
-        self._failed.attempt_number = 0
-
-    def remaining(self) -> float | None:
-        """Seconds until the next attempt may start (``None``: now)."""
-        wait = self.retry_at - anyio.current_time()
-        return wait if wait > 0 else None
 
 
 class Connector:
@@ -186,13 +49,14 @@ class Connector:
 
     def __init__(
         self,
-        source: McpSource,
+        options: McpSourceOptions,
+        name: str,
         transport: Callable[[], Transport],
         install: Callable[[Sequence[mcp_types.Tool]], int],
     ) -> None:
-        self.source = source  # its settings: name, protocol, timeouts, back-off
-        self.name = source.name
-        self.backoff = Backoff(source.backoff_initial_s, source.backoff_max_s)
+        self.options = options  # protocol, timeouts, back-off
+        self.name = name
+        self.backoff = Backoff(options.backoff_initial_s, options.backoff_max_s)
         self._transport = transport
         self._install = install
         self.conn: Connection | None = None
@@ -252,7 +116,7 @@ class Connector:
     @property
     def state(self) -> Literal["connected", "reconnecting", "down"]:
         conn = self.conn
-        if conn is None or conn.state in _DEAD:
+        if conn is None or conn.state in DEAD:
             return "down"
         return "connected" if conn.state == State.READY else "reconnecting"
 
@@ -311,7 +175,7 @@ class Connector:
             raise McpConnectError(f"{self.name} server is not reachable") from None
         assert conn.client is not None
         try:
-            with anyio.fail_after(self.source.connect_timeout_s):
+            with anyio.fail_after(self.options.connect_timeout_s):
                 tools = await list_tools(conn.client)
         except (MCPError, ValidationError, TimeoutError) as exc:
             if isinstance(exc, MCPError) and is_disconnect(exc):
@@ -331,7 +195,7 @@ class Connector:
         """The live connection; connects when the back-off allows. Raises ``Unreachable``."""
         while True:
             conn = self.conn
-            if conn is None or conn.state in _DEAD:
+            if conn is None or conn.state in DEAD:
                 if self.closed or self._tg is None:
                     raise Unreachable(None)
                 wait = self.backoff.remaining()
@@ -363,30 +227,12 @@ class Connector:
         conn.closing.set()
 
     def _client(self, conn: Connection) -> Client:
-        async def on_message(message: IncomingMessage) -> None:
-            if isinstance(message, mcp_types.ToolListChangedNotification):
-                conn.refresh_wanted.set()
-            elif isinstance(message, Exception):
-                log.warning(
-                    "toolrelay: MCP server %s sent something unreadable (%s)",
-                    self.name,
-                    type(message).__name__,
-                )
-
         transport = self._transport()
-        conn.lane = None
-        conn.mode = self.source.protocol
-        if isinstance(transport, StdioTransport):
-            conn.lane = transport.lane
-            if conn.mode == "auto" and not self.handshake_refused:
-                conn.mode = "legacy"  # see _enter
-        return Client(
-            transport,
-            mode=conn.mode,
-            message_handler=on_message,
-            client_info=mcp_types.Implementation(name="toolrelay", version=__version__),
-            cache=None,  # the source keeps its own copy of the listing and re-reads on change
-        )
+        lane = transport.lane if isinstance(transport, StdioTransport) else None
+        mode = self.options.protocol
+        if lane is not None and mode == "auto" and not self.handshake_refused:
+            mode = "legacy"  # see _enter
+        return conn.client_over(transport, mode, lane, self.name)
 
     async def _enter(self, stack: AsyncExitStack, conn: Connection) -> Client:
         """Connect, with ``protocol="auto"`` over stdio offering the 2025 handshake first.
@@ -404,7 +250,7 @@ class Connector:
             return await stack.enter_async_context(self._client(conn))
         except Exception as exc:  # the transport's task groups wrap the server's answer
             answer = innermost(exc)
-            offered = conn.mode != self.source.protocol
+            offered = conn.mode != self.options.protocol
             if not offered or not isinstance(answer, MCPError) or is_disconnect(answer):
                 raise
             self.handshake_refused = True
@@ -421,7 +267,7 @@ class Connector:
         try:
             with anyio.CancelScope() as scope:
                 conn.scope = scope
-                scope.deadline = anyio.current_time() + self.source.connect_timeout_s
+                scope.deadline = anyio.current_time() + self.options.connect_timeout_s
                 async with AsyncExitStack() as stack:
                     client = await self._enter(stack, conn)
                     tg = await stack.enter_async_context(anyio.create_task_group())
@@ -430,7 +276,7 @@ class Connector:
                     # regex engine (an upstream's "^(a+)+$" held the loop for seconds).
                     # toolrelay checks the same schema itself with jsonschema-rs (linear-time
                     # regex) in its shape stage, so the SDK's copy is skipped.
-                    client.session.validate_tool_result = _trust_result  # type: ignore[method-assign]
+                    client.session.validate_tool_result = trust_result  # type: ignore[method-assign]
                     # 2026-era servers send list changes only on a subscriptions/listen
                     # stream. A pinned version is adopted without asking the server, so its
                     # capabilities are unknown: listen anyway (a refusal is only logged).
@@ -459,12 +305,12 @@ class Connector:
                         offered,
                     )
                     await conn.closing.wait()
-                    scope.deadline = anyio.current_time() + self.source.close_timeout_s
+                    scope.deadline = anyio.current_time() + self.options.close_timeout_s
                     tg.cancel_scope.cancel()
             connecting = conn.state == State.CONNECTING
             if scope.cancelled_caught and connecting and not conn.closing.is_set():
                 conn.error = TimeoutError(
-                    f"no connection within {self.source.connect_timeout_s:g} s"
+                    f"no connection within {self.options.connect_timeout_s:g} s"
                 )
         except Exception as exc:  # the transport's task groups raise ExceptionGroups
             conn.error = exc
@@ -520,14 +366,14 @@ class Connector:
             except Exception:
                 log.exception("toolrelay: listening to MCP server %s failed", self.name)
                 return
-            await anyio.sleep(self.source.backoff_initial_s)
+            await anyio.sleep(self.options.backoff_initial_s)
 
     async def _refresher(self, conn: Connection, client: Client) -> None:
         while True:
             await conn.refresh_wanted.wait()
             conn.refresh_wanted = anyio.Event()
             try:
-                with anyio.fail_after(self.source.connect_timeout_s):
+                with anyio.fail_after(self.options.connect_timeout_s):
                     tools = await list_tools(client)
             except MCPError as exc:
                 if is_disconnect(exc):

@@ -48,26 +48,17 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mcp.types as mcp_types
 from mcp.client.session import _later_revision_fields
 from mcp.types import methods as mcp_methods
 
 from ..contract import RISKS, AuthContext, Risk, ToolDeclaration
-from ..redact import Redactor
 from ..registry import NAME_RE, RegistrationError, compile_tool
-
-if TYPE_CHECKING:
-    from .mcp import McpSource
+from .options import McpSourceOptions
 
 log = logging.getLogger("toolrelay.sources.mcp")
-
-MAX_ERROR_CHARS = 200
-"""How much of a server's error text reaches the model."""
-_MAX_WORD_CHARS = 100  # a word the cap would split is dropped whole up to this length
-_MAX_REDACTED_CHARS = 16384  # of a server's text, at most this much is read at all
-_REDACT = Redactor()
 
 MAX_DESCRIPTION_CHARS = 2000
 """A tool description longer than this is cut (ending with ``…``)."""
@@ -79,21 +70,6 @@ _INVALID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 _CARRIED_SLACK = 4096  # carried blocks may exceed twice the data's size by this much
 _PLAIN_KEYS = frozenset({"content", "isError", "resultType", "_meta"})
 _TEXT_KEYS = {"type": None, "text": None}.keys()
-
-
-def cap(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """A server's text as one line of at most ``limit`` characters, for a message or a log
-    line: credentials masked (default patterns; the dispatcher applies the host's
-    ``secret_patterns`` to messages too), then cut where no secret can be shown in part —
-    before a word the limit would split, unless that word is very long."""
-    one_line = " ".join(_REDACT(text[:_MAX_REDACTED_CHARS]).split())
-    if len(one_line) > limit:
-        cut = one_line[: limit - 1]
-        space = cut.rfind(" ")
-        if one_line[limit - 1] != " " and space > 0 and space >= limit - 1 - _MAX_WORD_CHARS:
-            cut = cut[:space]  # drop the split word whole: it may be a token
-        one_line = cut.rstrip() + "…"
-    return one_line
 
 
 # -- tools ------------------------------------------------------------------------------------
@@ -172,13 +148,6 @@ def _riskier(a: Risk, b: Risk | None) -> Risk:
     return a if RISKS.index(a) >= RISKS.index(b) else b
 
 
-def check_risk(label: str, value: Any) -> Risk:
-    if value not in RISKS:
-        raise ValueError(f"{label} must be one of {list(RISKS)}, not {value!r}")
-    risk: Risk = value
-    return risk
-
-
 @dataclass(frozen=True, slots=True)
 class Entry:
     remote: str
@@ -192,8 +161,10 @@ async def _never_called(args: dict[str, Any], ctx: AuthContext) -> None:  # prag
 class ToolMap:
     """The declarations of one server's tools, rebuilt from every ``tools/list``."""
 
-    def __init__(self, source: McpSource) -> None:
-        self.source = source  # its settings: prefix, risk floors, timeouts, tags, …
+    def __init__(self, options: McpSourceOptions, name: str) -> None:
+        self.options = options  # prefix, risk floors, timeouts, tags, …
+        self.name = name
+        self.tags = frozenset({"mcp", *options.tags})
         self.entries: dict[str, Entry] = {}
         self.decls: tuple[ToolDeclaration, ...] = ()
         self._skips_logged: set[tuple[str, str]] = set()
@@ -215,8 +186,8 @@ class ToolMap:
 
     def _exposed_name(self, remote: str) -> str | None:
         name = _INVALID_CHARS.sub("_", remote)
-        if self.source.prefix is not None:
-            name = f"{self.source.prefix}__{name}"
+        if self.options.prefix is not None:
+            name = f"{self.options.prefix}__{name}"
         if not NAME_RE.match(name):
             self._skip(remote, f"{name[:80]!r} does not match {NAME_RE.pattern}")
             return None
@@ -230,7 +201,7 @@ class ToolMap:
         log.log(
             level,
             "toolrelay: MCP server %s: skipping tool %r: %s",
-            self.source.name,
+            self.name,
             remote[:80],
             reason,
         )
@@ -253,12 +224,14 @@ class ToolMap:
             self._skip(tool.name, "its input schema is not an object schema")
             return None
         risk, idempotent = _risk(tool.annotations)
-        risk = _riskier(risk, self.source.risk)  # the operator's floors: hints cannot go below them
-        risk = _riskier(risk, self.source.tool_risk.get(tool.name))
+        risk = _riskier(
+            risk, self.options.risk
+        )  # the operator's floors: hints cannot go below them
+        risk = _riskier(risk, self.options.tool_risk.get(tool.name))
         if name != tool.name:
-            risk = _riskier(risk, self.source.tool_risk.get(name))
-        overrides = self.source.tool_risk_override  # the operator's word: above all of that
-        override = overrides.get(tool.name) or overrides.get(name) or self.source.risk_override
+            risk = _riskier(risk, self.options.tool_risk.get(name))
+        overrides = self.options.tool_risk_override  # the operator's word: above all of that
+        override = overrides.get(tool.name) or overrides.get(name) or self.options.risk_override
         risk = risk if override is None else override
         annotation_title = tool.annotations.title if tool.annotations is not None else None
         decl = ToolDeclaration(
@@ -267,22 +240,22 @@ class ToolMap:
             parameters=parameters,
             output_schema=tool.output_schema,
             risk=risk,
-            timeout_s=self.source.tool_timeouts.get(tool.name, self.source.timeout_s),
-            breaker_key=self.source.breaker_key,
+            timeout_s=self.options.tool_timeouts.get(tool.name, self.options.timeout_s),
+            breaker_key=self.options.breaker_key,
             idempotent=idempotent,
-            tags=self.source.tags,
+            tags=self.tags,
         )
         if old is not None and old.remote == tool.name and old.decl == decl:
             return old  # unchanged: keep the very object (the registry caches by it)
         try:
-            compile_tool(decl, _never_called, self.source.reserved_properties)
+            compile_tool(decl, _never_called, self.options.reserved_properties)
         except RegistrationError as exc:
             self._skip(tool.name, str(exc))
             return None
         if name != tool.name:
             log.info(
                 "toolrelay: MCP server %s: tool %r is offered as %r",
-                self.source.name,
+                self.name,
                 tool.name,
                 name,
             )

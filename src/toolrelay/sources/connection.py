@@ -1,0 +1,141 @@
+"""One connection of an MCP source to its server, and the back-off between attempts.
+
+A :class:`Connection` is one attempt and, when it succeeds, the live SDK client;
+:class:`~.mcp_connection.Connector` owns one at a time. :class:`Backoff` says when the
+next attempt may start. :func:`list_tools` and :func:`stamped_meta` read what a live
+client knows.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import anyio
+import mcp.types as mcp_types
+from mcp import Client
+from mcp.client import IncomingMessage, Transport
+
+from .. import __version__
+from .rawlane import RawLane
+
+log = logging.getLogger("toolrelay.sources.mcp")
+
+__all__ = ["DEAD", "Backoff", "Connection", "State", "list_tools", "stamped_meta", "trust_result"]
+
+_MAX_LIST_PAGES = 100
+
+
+async def list_tools(client: Client) -> list[mcp_types.Tool]:
+    tools: list[mcp_types.Tool] = []
+    cursor: str | None = None
+    for _ in range(_MAX_LIST_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+def stamped_meta(client: Client) -> dict[str, Any] | None:
+    """The ``_meta`` the SDK's session puts on a ``tools/call`` of this connection (on
+    2026-era connections: the protocol version, client info and capabilities; on 2025-era
+    ones: nothing), read once from the session's stamp; ``None`` when the SDK has none."""
+    stamp = getattr(client.session, "_stamp", None)  # private SDK name
+    if not callable(stamp):
+        return None
+    data: dict[str, Any] = {"method": "tools/call", "params": {"name": "", "arguments": {}}}
+    stamp(data, {})
+    meta = data["params"].get("_meta", {})
+    return dict(meta) if isinstance(meta, dict) else None
+
+
+async def trust_result(name: str, result: Any) -> None:
+    """Stands in for the SDK's own output check (see ``Connector._run``)."""
+
+
+class State:
+    CONNECTING = "connecting"
+    READY = "ready"
+    FAILED = "failed"
+    LOST = "lost"
+    CLOSED = "closed"
+
+
+DEAD = frozenset({State.FAILED, State.LOST, State.CLOSED})
+
+
+class Connection:
+    """One connection attempt and, when it succeeds, the live SDK client."""
+
+    def __init__(self) -> None:
+        self.state = State.CONNECTING
+        self.client: Client | None = None
+        self.ready = anyio.Event()
+        self.closing = anyio.Event()
+        self.refresh_wanted = anyio.Event()
+        self.scope: anyio.CancelScope | None = None
+        self.error: BaseException | None = None
+        self.lane: RawLane | None = None
+        """The stdio transport's raw lane for ``tools/call`` (``None``: the SDK's path)."""
+        self.mode = "auto"
+        """The SDK connect mode this connection was made with."""
+        self.call_meta: dict[str, Any] = {}
+        """The ``_meta`` the SDK's session stamps on every request of this connection."""
+
+    def client_over(
+        self, transport: Transport, mode: str, lane: RawLane | None, server: str
+    ) -> Client:
+        """An SDK client for this connection (not yet entered) in connect ``mode``, with
+        ``lane`` for ``tools/call`` when the transport has one (``None``: the SDK's path)."""
+
+        async def on_message(message: IncomingMessage) -> None:
+            if isinstance(message, mcp_types.ToolListChangedNotification):
+                self.refresh_wanted.set()
+            elif isinstance(message, Exception):
+                log.warning(
+                    "toolrelay: MCP server %s sent something unreadable (%s)",
+                    server,
+                    type(message).__name__,
+                )
+
+        self.mode, self.lane = mode, lane
+        return Client(
+            transport,
+            mode=mode,
+            message_handler=on_message,
+            client_info=mcp_types.Implementation(name="toolrelay", version=__version__),
+            cache=None,  # the source keeps its own copy of the listing and re-reads on change
+        )
+
+    def close(self) -> None:
+        self.closing.set()
+        if self.state == State.CONNECTING and self.scope is not None:
+            self.scope.cancel()
+
+
+class Backoff:
+    """When the next attempt may start: ``initial_s`` doubled per attempt that failed in a
+    row, up to ``max_s`` (none failed: at once)."""
+
+    def __init__(self, initial_s: float, max_s: float) -> None:
+        self.initial_s, self.max_s = initial_s, max(max_s, initial_s)
+        self.failures = 0
+        self.retry_at = -math.inf
+
+    def failed(self) -> float:
+        """Count a failed attempt; the wait before the next one."""
+        self.failures += 1
+        wait = min(self.initial_s * 2.0 ** min(self.failures - 1, 64), self.max_s)
+        self.retry_at = anyio.current_time() + wait
+        return wait
+
+    def succeeded(self) -> None:
+        self.failures = 0
+
+    def remaining(self) -> float | None:
+        """Seconds until the next attempt may start (``None``: now)."""
+        wait = self.retry_at - anyio.current_time()
+        return wait if wait > 0 else None

@@ -1,0 +1,184 @@
+"""The raw lane: JSON-RPC requests written straight to a stdio server, beside the SDK's session.
+
+The stdio transport (:mod:`.stdio`) carries a :class:`RawLane` (``.lane``) for the one
+request on the hot path (``tools/call``; see :mod:`.mcp`). Its ids are strings
+``"tr-<n>"`` (the SDK's are integers, and ``"listen-<n>"``); the reader reads the id from a
+response's head (:func:`answered_id`, as for refusals) and hands a raw id's line to its
+waiter, which parses it with one ``json.loads`` — never through the SDK's pydantic message
+parse. Everything else goes to the SDK as before. Both write under one queue, so lines
+never interleave; a raw line once started is written whole before a cancellation takes
+effect (half a line would corrupt the stream), and one the server does not take within
+2 s drops the connection (the server stopped reading its stdin). Refusals answer raw ids
+too; when the connection ends (the reader stops, the process exits, a write fails) every
+waiting raw request fails as the SDK's would (``CONNECTION_CLOSED``). A raw request
+cancelled while it waits sends ``notifications/cancelled`` as the SDK does; a late
+response to it is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from typing import Any
+
+import anyio
+import mcp.types as mcp_types
+from mcp import MCPError
+
+from .errors import closed, unreadable
+
+__all__ = ["HEAD_BYTES", "RAW_ID_PREFIX", "RawLane", "answered_id"]
+
+HEAD_BYTES = 512  # of an oversized message, this much is kept to find its request id
+RAW_ID_PREFIX = "tr-"
+_RAW_MARK = b'"' + RAW_ID_PREFIX.encode()
+_RESPONSE_HEAD = re.compile(
+    rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,128}")'
+    rb'\s*,\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"(?:result|error)"\s*:'
+)
+
+
+def answered_id(head: bytes) -> mcp_types.RequestId | None:
+    """The id of the request a response answers, read from the response's first bytes
+    (``None`` when they do not show it, or the message is not a response)."""
+    match = _RESPONSE_HEAD.match(head)
+    if match is None:
+        return None
+    value = match.group(1)
+    if value.startswith(b'"'):  # no quote nor backslash inside: nothing to unescape
+        return value[1:-1].decode("utf-8", "replace")
+    return int(value)
+
+
+class _Waiter:
+    __slots__ = ("error", "event", "line")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.line: bytes | None = None
+        self.error: MCPError | None = None
+
+
+class RawLane:
+    """JSON-RPC requests written straight to a stdio server, beside the SDK's session.
+
+    Bound to its process by :func:`capped_stdio_client` when the transport is entered;
+    requests before, or after the connection ends, fail as a disconnect.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[str, _Waiter] = {}
+        self._count = 0
+        self._write: Callable[[bytes], None] | None = None
+        self._encoding = "utf-8"
+        self._errors = "strict"
+        self._closed = False
+
+    def bind(self, write: Callable[[bytes], None], encoding: str, errors: str) -> None:
+        self._write = write
+        self._encoding = encoding
+        self._errors = errors
+
+    async def request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one request; its response's ``result``.
+
+        Raises ``MCPError``: the server's JSON-RPC error; a refusal of the transport
+        (:data:`~.errors.MESSAGE_TOO_LARGE`, or :data:`~.errors.MESSAGE_UNREADABLE` for a
+        response that is not JSON-RPC); ``CONNECTION_CLOSED`` when the connection is gone.
+        ``ValueError`` (nothing sent): ``params`` cannot be written as strict JSON.
+        On cancellation the server is sent ``notifications/cancelled`` and the cancellation
+        propagates at once: lines are queued for the connection's one writer task, so a
+        caller never waits on the pipe (a server that stops reading stdin cannot hold a
+        call past its deadline, nor cut a line short).
+        """
+        write = self._write
+        if write is None or self._closed:
+            raise closed()
+        self._count += 1
+        request_id = f"{RAW_ID_PREFIX}{self._count}"
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        line = self._encode(message)
+        waiter = _Waiter()
+        self._pending[request_id] = waiter
+        try:
+            write(line)
+            await waiter.event.wait()
+        except anyio.get_cancelled_exc_class():
+            if not self._closed:
+                cancel = {"requestId": request_id, "reason": "caller cancelled"}
+                notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel}
+                with suppress(MCPError):  # the queue closed meanwhile: the cancel still wins
+                    write(self._encode(notice))
+            raise
+        finally:
+            self._pending.pop(request_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.line is not None
+        return self._result(waiter.line)
+
+    def _encode(self, message: Mapping[str, Any]) -> bytes:
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return (text + "\n").encode(self._encoding, self._errors)
+
+    def _result(self, line: bytes) -> dict[str, Any]:
+        try:
+            message = json.loads(line.decode(self._encoding, self._errors))
+        except (ValueError, RecursionError):
+            raise unreadable() from None
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            raise unreadable()
+        if "error" not in message:
+            result = message.get("result")
+            if isinstance(result, dict):
+                return result
+            raise unreadable()
+        error = message["error"]
+        if "result" in message or not isinstance(error, dict):
+            raise unreadable()
+        code, text = error.get("code"), error.get("message")
+        if isinstance(code, bool) or not isinstance(code, int) or not isinstance(text, str):
+            raise unreadable()
+        raise MCPError(code=code, message=text, data=error.get("data"))
+
+    # -- the transport's side ---------------------------------------------------------------
+    def owner(self, line: bytes) -> str | None:
+        """The raw id ``line`` (a whole message) answers, if it is a response to one; the
+        head is read as for refusals, the whole line parsed only when the head does not
+        show the id but a raw id appears in it."""
+        if line.find(_RAW_MARK, 0, HEAD_BYTES) < 0 and (not self._pending or _RAW_MARK not in line):
+            return None
+        request_id = answered_id(line[:HEAD_BYTES])
+        if request_id is None and self._pending:
+            try:
+                message = json.loads(line)
+            except (ValueError, RecursionError):
+                return None
+            if isinstance(message, dict) and ("result" in message or "error" in message):
+                request_id = message.get("id")
+        if isinstance(request_id, str) and request_id.startswith(RAW_ID_PREFIX):
+            return request_id
+        return None
+
+    def answer(self, request_id: str, line: bytes) -> None:
+        """Hand a response to its waiter (dropped when nobody waits: a late answer)."""
+        waiter = self._pending.pop(request_id, None)
+        if waiter is not None:
+            waiter.line = line
+            waiter.event.set()
+
+    def refuse(self, request_id: str, code: int, why: str) -> None:
+        waiter = self._pending.pop(request_id, None)
+        if waiter is not None:
+            waiter.error = MCPError(code=code, message=why)
+            waiter.event.set()
+
+    def close(self) -> None:
+        """The connection is gone: every waiting request fails as a disconnect."""
+        self._closed = True
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            waiter.error = closed()
+            waiter.event.set()

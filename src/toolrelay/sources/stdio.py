@@ -1,0 +1,278 @@
+"""The stdio transport: an MCP server as a local process, read with a bounded, linear reader.
+
+The MCP SDK's stdio reader joins and splits its whole buffer on every chunk (quadratic in
+the message size) and has no size limit: an upstream that answers with tens of megabytes
+holds the event loop for seconds and leaves the memory behind. :func:`capped_stdio_client`
+spawns the server as the SDK's ``stdio_client`` does (its own process group, the SDK's safe
+environment, the SDK's bounded shutdown) but reads stdout as bytes, scanning each chunk
+once for newlines. A message over ``max_bytes`` is never held whole: the reader keeps its
+first bytes, discards the rest up to the next newline, and answers the request it was for
+with a JSON-RPC error (code :data:`~.errors.MESSAGE_TOO_LARGE`) — the connection stays
+usable. When the head does not show which request it answers (``{"jsonrpc":"2.0",
+"id":…,"result"…}`` in that order, as every SDK writes it), the connection is dropped
+instead (the source reconnects on a later call). A message with more than ``max_values``
+JSON values is refused the same way before it is parsed, and a response the SDK cannot
+parse (e.g. nested past pydantic's limit) is answered with an error (code
+:data:`~.errors.MESSAGE_UNREADABLE`) rather than left for the deadline.
+
+It also carries a :class:`~.rawlane.RawLane` (``.lane``): see :mod:`.rawlane`. Every line,
+the SDK's and the raw lane's, goes through one queue to one writer task.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from types import TracebackType
+from typing import TextIO
+
+import anyio
+import anyio.lowlevel
+import mcp.types as mcp_types
+from mcp import MCPError
+from mcp.client._transport import TransportStreams  # private SDK name (the transport protocol)
+from mcp.client.stdio import (
+    StdioServerParameters,
+    _create_platform_compatible_process,  # private SDK name
+    _drain_stdout,  # private SDK name
+    _get_executable_command,  # private SDK name
+    _parse_line,  # private SDK name
+    _stop_server_process,  # private SDK name
+    get_default_environment,
+)
+from mcp.shared.message import SessionMessage
+
+from .errors import MESSAGE_TOO_LARGE, MESSAGE_UNREADABLE, UNREADABLE_TEXT, closed
+from .limits import DEFAULT_MAX_MESSAGE_VALUES, json_values, too_large, too_many
+from .rawlane import HEAD_BYTES, RAW_ID_PREFIX, RawLane, answered_id
+
+__all__ = ["StdioTransport", "capped_stdio_client"]
+
+log = logging.getLogger("toolrelay.sources.mcp")
+
+_WRITER_FLUSH_TIMEOUT = 0.5  # as the SDK's stdio_client
+_WRITE_BATCH = 64  # lines joined into one write at most
+
+
+class _Lines:
+    """Splits a byte stream into newline-terminated messages, each byte scanned once; a
+    message over ``max_bytes`` comes out as ``(head, False)`` and is otherwise dropped."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._buf = bytearray()
+        self._scanned = 0  # no newline in _buf[:_scanned]
+        self._skipping = False  # inside an oversized message: discard up to its newline
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes, bool]]:
+        out: list[tuple[bytes, bool]] = []
+        if self._skipping:
+            end = chunk.find(b"\n")
+            if end < 0:
+                return out
+            self._skipping = False
+            chunk = chunk[end + 1 :]
+        self._buf += chunk
+        while True:
+            end = self._buf.find(b"\n", self._scanned)
+            if end < 0:
+                if len(self._buf) > self.max_bytes:
+                    out.append((bytes(self._buf[:HEAD_BYTES]), False))
+                    self._buf = bytearray()  # give the memory back now
+                    self._skipping = True
+                    self._scanned = 0
+                else:
+                    self._scanned = len(self._buf)
+                return out
+            if end > self.max_bytes:
+                out.append((bytes(self._buf[:HEAD_BYTES]), False))
+            else:
+                out.append((bytes(self._buf[:end]), True))
+            del self._buf[: end + 1]
+            self._scanned = 0
+            if not self._buf:
+                self._buf = bytearray()
+
+
+class StdioTransport(AbstractAsyncContextManager[TransportStreams]):
+    """What :func:`capped_stdio_client` returns: the SDK's transport protocol (an async
+    context manager yielding the read and write streams), plus the connection's
+    :class:`RawLane` (``lane``). One use only."""
+
+    def __init__(
+        self, server: StdioServerParameters, max_bytes: int, max_values: int, errlog: TextIO
+    ) -> None:
+        self.lane = RawLane()
+        self._streams = _stdio_streams(server, max_bytes, max_values, errlog, self.lane)
+
+    async def __aenter__(self) -> TransportStreams:
+        return await self._streams.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._streams.__aexit__(exc_type, exc, tb)
+
+
+def capped_stdio_client(
+    server: StdioServerParameters,
+    max_bytes: int,
+    max_values: int = DEFAULT_MAX_MESSAGE_VALUES,
+    errlog: TextIO = sys.stderr,
+) -> StdioTransport:
+    """The SDK's ``stdio_client`` with a linear reader bounded at ``max_bytes`` and
+    ``max_values`` a message, and a raw lane beside it."""
+    return StdioTransport(server, max_bytes, max_values, errlog)
+
+
+@asynccontextmanager
+async def _stdio_streams(
+    server: StdioServerParameters,
+    max_bytes: int,
+    max_values: int,
+    errlog: TextIO,
+    lane: RawLane,
+) -> AsyncIterator[TransportStreams]:
+    command = await _get_executable_command(server.command)
+    process = await _create_platform_compatible_process(
+        command=command,
+        args=server.args,
+        env=get_default_environment() | (server.env or {}),
+        errlog=errlog,
+        cwd=server.cwd,
+    )
+    # No awaits until the task group is entered (a cancellation would leak the process).
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    # Every line, the SDK's and the raw lane's, is queued whole for one writer task: no
+    # interleaving, and no caller waits on the pipe (the queue holds at most a line or two
+    # per call in flight).
+    outbox, lines_out = anyio.create_memory_object_stream[bytes](math.inf)
+    writer_done = anyio.Event()
+    shutting_down = False
+
+    def broken() -> None:
+        lane.close()
+        outbox.close()
+        read_writer.close()  # the session sees the end too
+
+    def write(data: bytes) -> None:
+        try:
+            outbox.send_nowait(data)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise closed() from None
+
+    lane.bind(write, server.encoding, server.encoding_error_handler)
+
+    async def refuse(head: bytes, why: str, code: int = MESSAGE_TOO_LARGE) -> bool:
+        """Answer the request a refused message was for; False: drop the connection."""
+        request_id = answered_id(head[:HEAD_BYTES])
+        log.warning(
+            "toolrelay: MCP server %s: %s; %s",
+            server.command,
+            why,
+            "answered its request" if request_id is not None else "dropping the connection",
+        )
+        if request_id is None:
+            return False
+        if isinstance(request_id, str) and request_id.startswith(RAW_ID_PREFIX):
+            lane.refuse(request_id, code, why)
+            return True
+        error = mcp_types.ErrorData(code=code, message=why)
+        reply = mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+        await read_writer.send(SessionMessage(reply))
+        return True
+
+    async def deliver(line: bytes) -> bool:
+        """Pass one message on (or refuse it); False: drop the connection."""
+        if json_values(line, max_values) > max_values:
+            return await refuse(line, too_many(max_values))
+        raw_id = lane.owner(line)
+        if raw_id is not None:
+            lane.answer(raw_id, line)
+            return True
+        message = _parse_line(line.decode(server.encoding, server.encoding_error_handler))
+        if isinstance(message, Exception) and answered_id(line[:HEAD_BYTES]) is not None:
+            # e.g. nested too deeply to parse: answer the call instead of leaving it waiting
+            return await refuse(line, UNREADABLE_TEXT, MESSAGE_UNREADABLE)
+        await read_writer.send(message)
+        return True
+
+    async def stdout_reader() -> None:
+        assert process.stdout is not None
+        lines = _Lines(max_bytes)
+        try:
+            async with read_writer:
+                try:
+                    async for chunk in process.stdout:
+                        for line, fits in lines.feed(chunk):
+                            if fits:
+                                kept = await deliver(line)
+                            else:
+                                kept = await refuse(line, too_large(max_bytes))
+                            if not kept:  # the session must see the end before the drain
+                                lane.close()
+                                await read_writer.aclose()
+                                return
+                finally:
+                    lane.close()
+                    await _drain_stdout(process)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
+            if not shutting_down:
+                log.debug("toolrelay: reading an MCP server's stdout ended", exc_info=True)
+
+    async def sdk_messages() -> None:
+        try:
+            async with write_reader:
+                async for message in write_reader:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    write((data + "\n").encode(server.encoding, server.encoding_error_handler))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, MCPError):
+            pass  # the connection is gone (the writer said so) or closing
+        finally:
+            outbox.close()  # the writer flushes what is queued, then ends
+
+    async def stdin_writer() -> None:
+        assert process.stdin is not None
+        try:
+            async with lines_out:
+                async for data in lines_out:
+                    # what else is queued goes in the same write: one wake-up of the server
+                    batch = [data]
+                    with suppress(anyio.WouldBlock, anyio.EndOfStream):
+                        while len(batch) < _WRITE_BATCH:
+                            batch.append(lines_out.receive_nowait())
+                    await process.stdin.send(b"".join(batch) if len(batch) > 1 else data)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            broken()  # the session sees the end instead of hanging
+        finally:
+            writer_done.set()
+
+    async def shutdown() -> None:
+        lane.close()
+        read_stream.close()
+        write_stream.close()
+        with anyio.move_on_after(_WRITER_FLUSH_TIMEOUT):
+            await writer_done.wait()
+        await _stop_server_process(process)
+        for stream in (read_stream, write_stream, read_writer, write_reader, outbox, lines_out):
+            await stream.aclose()
+        await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stdout_reader)
+        tg.start_soon(sdk_messages)
+        tg.start_soon(stdin_writer)
+        try:
+            yield read_stream, write_stream
+        finally:
+            shutting_down = True
+            with anyio.CancelScope(shield=True):  # bounded: the process must not leak
+                await shutdown()
+            tg.cancel_scope.cancel()
