@@ -33,8 +33,8 @@ from ..dispatcher import Dispatcher
 from ..pipeline.decode import too_big
 from . import admin_models as m
 from .auth import token_matches
+from .errors import ReloadRefused
 from .health import UpstreamHealth
-from .reload import ReloadRefused
 from .ui import status_ui
 
 __all__ = ["MAX_BODY_BYTES", "MAX_FAULTS", "AdminState", "ApiError", "admin_app", "authorized"]

@@ -33,13 +33,13 @@ from .approvals import ElicitingApprover
 from .auth import StaticTokenVerifier, check_bind, is_loopback, resolve_secret
 from .callers import Callers
 from .client_limits import ClientLimits, configured_limits
-from .errors import ServeError
+from .errors import ReloadRefused, ServeError
 from .gateway import Gateway
 from .health import UpstreamHealth
 from .http import HttpService
 from .metrics import GatewayMetrics
 from .observability import meter_provider, metrics_endpoint, tracer_provider
-from .reload import ReloadableVerifier, Reloader, ReloadRefused, load_plugins_by_name
+from .reload import ReloadableVerifier, Reloader, load_plugins_by_name
 from .settings import ServeSection, load
 from .tuning import settle_heap
 from .upstreams import Upstreams
@@ -74,7 +74,7 @@ class Service:
     ) -> None:
         self.config = config.model_copy(update={"serve": settings})  # what a reload compares
         self.handle_signals = handle_signals
-        self.environ = os.environ if environ is None else environ
+        self.environ: Mapping[str, str] = os.environ if environ is None else environ
         self.out = out
         settings.check(config)
         http, admin = settings.transport == "http", settings.admin
