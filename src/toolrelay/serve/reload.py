@@ -46,7 +46,7 @@ from .auth import StaticTokenVerifier
 from .callers import Callers
 from .client_limits import ClientLimit, configured_limits
 from .errors import ReloadRefused, ServeError
-from .settings import ServeSection, load
+from .settings import GatewaySettings, ServeSection, load
 from .upstreams import Upstreams
 from .watch import ToolListWatcher
 
@@ -85,7 +85,7 @@ class ReloadableVerifier:
 class ReloadTarget(Protocol):
     """What a reload reads and replaces: the running gateway (``runner.Service``)."""
 
-    config: Settings
+    config: GatewaySettings
     """The config in force (``[serve]`` with the command line's overrides)."""
     environ: Mapping[str, str]
     dispatcher: Dispatcher

@@ -25,7 +25,6 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
-from ..config import Config
 from ..dispatcher import Dispatcher
 from ..registry import ToolRegistry
 from .admin import AdminState, admin_app
@@ -40,7 +39,7 @@ from .http import HttpService
 from .metrics import GatewayMetrics
 from .observability import meter_provider, metrics_endpoint, tracer_provider
 from .reload import ReloadableVerifier, Reloader, load_plugins_by_name
-from .settings import ServeSection, load
+from .settings import GatewaySettings, ServeSection, load
 from .tuning import settle_heap
 from .upstreams import Upstreams
 from .watch import ToolListWatcher
@@ -64,7 +63,7 @@ class Service:
 
     def __init__(
         self,
-        config: Config,
+        config: GatewaySettings,
         settings: ServeSection,
         *,
         environ: Mapping[str, str] | None = None,
