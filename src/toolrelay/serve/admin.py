@@ -143,7 +143,7 @@ async def healthz() -> m.Health:
 async def readyz(state: State, response: Response) -> m.Readiness:
     health = state.upstreams
     statuses = [] if health is None else health.statuses()
-    upstreams = [m.Upstream.model_validate(asdict(s)) for s in statuses] or None
+    upstreams = [m.UpstreamView.model_validate(asdict(s)) for s in statuses] or None
     reason = None if state.ready else state.reason or "not ready"
     if reason is None and health is not None:
         reason = health.not_ready()
@@ -169,9 +169,9 @@ async def metrics(state: State) -> Response:
 
 
 @authed.get("/breakers", summary="Every breaker, by key.")
-async def breakers(state: State) -> m.Breakers:
+async def breakers(state: State) -> m.BreakersView:
     get = state.dispatcher.breakers.get
-    return m.Breakers.model_validate(
+    return m.BreakersView.model_validate(
         {"breakers": {key: get(key).snapshot() for key in sorted(state.breaker_keys())}}
     )
 
