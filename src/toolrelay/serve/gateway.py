@@ -44,10 +44,10 @@ from starlette.types import ASGIApp
 
 from .. import __version__
 from ..dispatcher import Dispatcher
+from ..net import is_loopback
 from ..registry import CompiledTool
 from .answers import answer
 from .approvals import ElicitingApprover
-from .auth import is_loopback
 from .callers import Callers
 from .client_limits import ClientLimits
 from .fast_lane import FastLane

@@ -26,10 +26,11 @@ import anyio.abc
 from prometheus_client import CollectorRegistry
 
 from ..dispatcher import Dispatcher
+from ..net import is_loopback
 from ..registry import ToolRegistry
 from .admin import AdminState, admin_app
 from .approvals import ElicitingApprover
-from .auth import StaticTokenVerifier, check_bind, is_loopback, resolve_secret
+from .auth import StaticTokenVerifier, check_bind, resolve_secret
 from .callers import Callers
 from .client_limits import ClientLimits, configured_limits
 from .errors import ReloadRefused, ServeError
