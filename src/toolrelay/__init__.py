@@ -11,6 +11,7 @@ from .pipeline.faults import Fault, FaultInjector
 from .policy import Profile
 from .registry import RegistrationError, ToolRegistry
 from .result import ToolCall, ToolResult
+from .serve import settings as _gateway_settings  # noqa: F401 - toolrelay.toml's [serve]
 from .slot import ModelSlot, SlotLease
 from .sync import CallCancelled, DispatcherClosed, SyncDispatcher
 

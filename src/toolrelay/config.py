@@ -6,7 +6,8 @@ statement of what a setting may be. The file's JSON Schema (``CONFIG_SCHEMA``, p
 ``toolrelay config schema`` for editors) is generated from them; a file is checked against
 it first, so every error names its key path and what was expected, and then built into the
 models, whose validators check what a schema cannot say (one fault target, a rate that
-needs ``slow_call_s``). ``Dispatcher.from_config(path)`` and ``toolrelay check CONFIG`` use
+needs ``slow_call_s``). An extension adds its own tables with :func:`extend` (the gateway's
+``[serve]``). ``Dispatcher.from_config(path)`` and ``toolrelay check CONFIG`` use
 :func:`load_config`.
 """
 
@@ -26,7 +27,6 @@ from .contract import Isolation, Risk
 from .pipeline.faults import Fault
 from .policy import Profile
 from .registry import RegistrationError, ToolRegistry
-from .serve.settings import ServeSection
 from .settings import MODEL, ConfigError, Count, Flag, Name, Port, Positive, Text, TomlTable, diff
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "TelemetrySettings",
     "ToolOverride",
     "dispatcher_arguments",
+    "extend",
     "load_config",
     "load_configured_plugins",
     "parse_config",
@@ -148,7 +149,6 @@ class Settings(BaseModel):
     faults: tuple[Fault, ...] = ()
     dispatcher: DispatcherSettings = DispatcherSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
-    serve: ServeSection = ServeSection()
     _path: Path | None = PrivateAttr(default=None)
 
     @property
@@ -170,21 +170,36 @@ Config = Settings
 """The name :class:`Settings` had before it was a model."""
 
 
-_TABLE = TomlTable(Settings)
+_table = TomlTable(Settings)
+"""What a ``toolrelay.toml`` is read into: :class:`Settings`, or the model that
+:func:`extend` put in its place."""
 if TYPE_CHECKING:
     CONFIG_SCHEMA: dict[str, Any]
-    """The JSON Schema of ``toolrelay.toml``, generated from :class:`Settings` on first use."""
+    """The JSON Schema of ``toolrelay.toml``, generated from its model on first use."""
 
 
 def __getattr__(name: str) -> Any:
     if name == "CONFIG_SCHEMA":  # the JSON Schema of toolrelay.toml, generated on first use
-        return _TABLE.schema
+        return _table.schema
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def extend(model: type[Settings]) -> None:
+    """Read every ``toolrelay.toml`` into ``model`` from now on: a subclass of the model in
+    force that adds an extension's own tables (the core knows none). The gateway's
+    ``[serve]`` (:class:`toolrelay.serve.settings.GatewaySettings`) is added when
+    :mod:`toolrelay` is imported, so every reader of the file checks it (the CLI,
+    ``Dispatcher.from_config``, ``toolrelay serve``) and :data:`CONFIG_SCHEMA` covers it."""
+    global _table
+    if not issubclass(model, _table.model):
+        raise TypeError(f"{model.__name__} does not extend {_table.model.__name__}")
+    _table = TomlTable[Settings](model)
+
+
 def parse_config(data: Mapping[str, Any], path: Path | None = None) -> Settings:
-    """Check a decoded config and turn it into :class:`Settings`."""
-    settings = _TABLE(data, path)
+    """Check a decoded config and turn it into :class:`Settings` (or the model an
+    extension put in its place: :func:`extend`)."""
+    settings = _table(data, path)
     settings._path = path
     return settings
 

@@ -4,7 +4,9 @@ A FastAPI app, served on its own port (loopback by default). Every endpoint but
 ``/healthz`` depends on :func:`authorized` (``Authorization: Bearer <admin token>``). JSON
 in and out; bad input is a 4xx with ``{"error": code, "message": sentence}``, never a 5xx.
 The OpenAPI 3.1 document is generated from the routes and :mod:`.admin_models`, and served
-at ``/openapi.json`` with the server's breaker keys and profile names filled in.
+at ``/openapi.json`` with the server's breaker keys and profile names filled in. What every
+route gets before it runs (the token, query and body checks) and the error bodies are
+:mod:`.admin_http`'s.
 
 The app runs on the dispatcher's event loop: breakers and the fault injector are not
 thread-safe, and are only touched from that loop.
@@ -12,37 +14,37 @@ thread-safe, and are only touched from that loop.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Security
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Match
 
 from .. import __version__
 from ..dispatcher import Dispatcher
-from ..pipeline.decode import too_big
 from . import admin_models as m
-from .auth import token_matches
+from .admin_http import (
+    MAX_BODY_BYTES,
+    AdminRoute,
+    ApiError,
+    authorized,
+    http_error,
+    invalid_request,
+    known_query,
+)
+from .errors import ReloadRefused
 from .health import UpstreamHealth
-from .reload import ReloadRefused
 from .ui import status_ui
 
 __all__ = ["MAX_BODY_BYTES", "MAX_FAULTS", "AdminState", "ApiError", "admin_app", "authorized"]
 
 MAX_FAULTS = m.MAX_FAULTS
-MAX_BODY_BYTES = 256 * 1024
-MAX_BODY_DEPTH = 66
-"""A list of faults whose outputs are as deep as a fault's output may be (64 levels)."""
 _MAX_SEED = 10**30 - 1
 _INTEGER = re.compile(r"^-?[0-9]{1,30}(\.0+)?$")  # what JSON Schema calls an integer
 
@@ -71,126 +73,9 @@ class AdminState:
         return keys | set(self.dispatcher.breakers.keys())
 
 
-class ApiError(HTTPException):
-    """A request answered with a 4xx ``{"error": code, "message": sentence}``."""
-
-    def __init__(
-        self, status: int, error: str, message: str, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(status, message[:240], headers)
-        self.error = error
-
-
-def _error(status: int, error: str, message: str, headers: Any = None) -> JSONResponse:
-    return JSONResponse({"error": error, "message": message[:240]}, status, headers=headers)
-
-
-# -- auth, query and body: what every route gets before it runs ------------------------------
-_BEARER = HTTPBearer(
-    scheme_name="bearerAuth",
-    description="The admin token (TOOLRELAY_ADMIN_TOKEN, or the variable named by "
-    "--admin-token-env).",
-    auto_error=False,
-)
-
-
 async def _state(request: Request) -> AdminState:  # async: sync dependencies run in threads
     state: AdminState = request.app.state.admin
     return state
-
-
-async def authorized(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
-) -> None:
-    """The dependency of every route but ``/healthz``: a 401 without the admin token."""
-    token = request.app.state.admin.token
-    if credentials is None or not token_matches(credentials.credentials, token):
-        raise ApiError(
-            401,
-            "unauthorized",
-            "send Authorization: Bearer <admin token>",
-            {"WWW-Authenticate": 'Bearer realm="toolrelay-admin"'},
-        )
-
-
-async def _known_query(request: Request) -> None:
-    """Refuse query parameters the route does not declare (its dependencies declare none),
-    and repeated ones."""
-    route = request.scope["route"]
-    assert isinstance(route, APIRoute)
-    declared = {param.alias for param in route.dependant.query_params}
-    seen = set()
-    for name, _ in request.query_params.multi_items():
-        if name not in declared:
-            raise ApiError(400, "invalid_query", f"unknown query parameter {name[:40]!r}")
-        if name in seen:
-            raise ApiError(400, "invalid_query", f"query parameter {name!r} given twice")
-        seen.add(name)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _is_json(content_type: str) -> bool:
-    media = content_type.partition(";")[0].strip().lower()
-    return media == "application/json" or (
-        media.startswith("application/") and media[-5:] == "+json"
-    )
-
-
-class _AdminRequest(Request):
-    """A request whose body is JSON within :data:`MAX_BODY_BYTES` and :data:`MAX_BODY_DEPTH`.
-
-    FastAPI reads a route's body before it runs the route's dependencies, so the token is
-    checked here first: no byte of an unauthenticated body is read.
-    """
-
-    _read: bytes | None = None
-
-    async def body(self) -> bytes:
-        if self._read is None:
-            await authorized(self, await _BEARER(self))
-            content_type = self.headers.get("content-type")
-            if content_type is not None and not _is_json(content_type):
-                raise ApiError(415, "unsupported_media_type", "send the body as application/json")
-            too_large = ApiError(
-                413, "payload_too_large", f"the body is larger than {MAX_BODY_BYTES} bytes"
-            )
-            declared = self.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-                raise too_large
-            body = bytearray()
-            async for chunk in self.stream():
-                body += chunk
-                if len(body) > MAX_BODY_BYTES:
-                    raise too_large
-            if not body:
-                raise ApiError(400, "invalid_json", "the body is not valid JSON (it is empty)")
-            self._read = bytes(body)
-        return self._read
-
-    async def json(self) -> Any:
-        try:
-            value = json.loads(await self.body(), parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as exc:
-            raise ApiError(400, "invalid_json", f"the body is not valid JSON ({exc})") from None
-        problem = too_big(value, MAX_BODY_DEPTH, MAX_BODY_BYTES)
-        if problem is not None:  # before any validator walks it (they recurse)
-            raise ApiError(400, "invalid_json", f"the body is refused: {problem}")
-        return value
-
-
-class _AdminRoute(APIRoute):
-    """A route that sees an :class:`_AdminRequest`."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def admin_handler(request: Request) -> Response:
-            return await handler(_AdminRequest(request.scope, request.receive))
-
-        return admin_handler
 
 
 # -- the routes --------------------------------------------------------------------------------
@@ -203,14 +88,14 @@ _REFUSED: dict[int | str, dict[str, Any]] = {
     "4XX": {**_ERROR, "description": "Refused; the message says why."}
 }
 public = APIRouter(
-    route_class=_AdminRoute,
-    dependencies=[Depends(_known_query)],
+    route_class=AdminRoute,
+    dependencies=[Depends(known_query)],
     responses=_REFUSED,
     strict_content_type=False,  # a body without a Content-Type is JSON
 )
 authed = APIRouter(
-    route_class=_AdminRoute,
-    dependencies=[Depends(authorized), Depends(_known_query)],
+    route_class=AdminRoute,
+    dependencies=[Depends(authorized), Depends(known_query)],
     responses={
         **_REFUSED,
         401: {
@@ -258,7 +143,7 @@ async def healthz() -> m.Health:
 async def readyz(state: State, response: Response) -> m.Readiness:
     health = state.upstreams
     statuses = [] if health is None else health.statuses()
-    upstreams = [m.Upstream.model_validate(asdict(s)) for s in statuses] or None
+    upstreams = [m.UpstreamView.model_validate(asdict(s)) for s in statuses] or None
     reason = None if state.ready else state.reason or "not ready"
     if reason is None and health is not None:
         reason = health.not_ready()
@@ -284,9 +169,9 @@ async def metrics(state: State) -> Response:
 
 
 @authed.get("/breakers", summary="Every breaker, by key.")
-async def breakers(state: State) -> m.Breakers:
+async def breakers(state: State) -> m.BreakersView:
     get = state.dispatcher.breakers.get
-    return m.Breakers.model_validate(
+    return m.BreakersView.model_validate(
         {"breakers": {key: get(key).snapshot() for key in sorted(state.breaker_keys())}}
     )
 
@@ -447,50 +332,6 @@ async def openapi(request: Request, state: State) -> JSONResponse:
     return JSONResponse({**doc, "paths": paths})
 
 
-# -- errors ------------------------------------------------------------------------------------
-_CODES = {404: "not_found", 405: "method_not_allowed"}
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    error = getattr(exc, "error", None) or _CODES.get(exc.status_code, "http_error")
-    headers = exc.headers
-    if exc.status_code == 405:  # every method of the path, not only the first route's
-        routes = [route for route in request.app.routes if isinstance(route, APIRoute)]
-        matching = [route for route in routes if route.matches(request.scope)[0] != Match.NONE]
-        methods = {method for route in matching for method in route.methods or ()}
-        headers = {"Allow": ", ".join(sorted(methods))}
-    return _error(exc.status_code, error, str(exc.detail), headers)
-
-
-def _fault_problem(loc: tuple[Any, ...], kind: str, problem: str) -> str:
-    """A sentence naming the fault that is not valid, from a body validation error."""
-    if not loc:
-        return f"the body {problem}"
-    tag, *rest = loc
-    if tag == "many" and not rest:
-        return (
-            "the list of faults is empty"
-            if kind == "too_short"
-            else f"at most {MAX_FAULTS} faults at once"
-        )
-    where = f"fault {rest.pop(0)}" if tag == "many" else "the fault"
-    at = f" at {'.'.join(map(str, rest))}" if rest else ""
-    return f"{where}{at}: {problem}"
-
-
-async def _invalid(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0]
-    source, *loc = first["loc"]
-    problem = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
-    if source == "query":
-        return _error(400, "invalid_query", f"query parameter {loc[0]!r}: {problem}")
-    if source == "path":  # the one typed path parameter: a fault id that names no fault
-        return _error(404, "unknown_fault", f"no fault {str(first['input'])[:40]!r} is in force")
-    return _error(422, "invalid_fault", _fault_problem(tuple(loc), first["type"], problem))
-
-
 def admin_app(state: AdminState) -> FastAPI:
     """The admin API as an ASGI app."""
     app = FastAPI(
@@ -503,7 +344,7 @@ def admin_app(state: AdminState) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         routes=[*public.routes, *authed.routes],  # as they are: no lazy include_router copies
-        exception_handlers={HTTPException: _http_error, RequestValidationError: _invalid},
+        exception_handlers={HTTPException: http_error, RequestValidationError: invalid_request},
     )
     app.state.admin = state
     app.mount("/ui", status_ui())  # the read-only status page (public files; data needs the token)

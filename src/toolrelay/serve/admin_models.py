@@ -1,6 +1,8 @@
 """The admin API's request and response bodies, as pydantic models.
 
 FastAPI validates requests with them and generates the OpenAPI document from them. A
+model that shows a runtime object is named for it with ``View`` (:class:`BreakerView`,
+:class:`UpstreamView`), so it is never mistaken for the object. A
 fault's fields are :class:`~toolrelay.pipeline.faults.Fault`'s own (``FaultSpec`` is made
 from them, so the API and ``[[faults]]`` cannot drift apart), and the body is then built
 into a ``Fault``, whose rules (one target, the size of ``output``) apply.
@@ -26,9 +28,9 @@ from ..pipeline.faults import Fault
 
 __all__ = [
     "MAX_FAULTS",
-    "Breaker",
+    "BreakerView",
     "BreakerWithKey",
-    "Breakers",
+    "BreakersView",
     "Error",
     "FaultInForce",
     "FaultSpec",
@@ -41,7 +43,7 @@ __all__ = [
     "Removed",
     "ToolInfo",
     "Tools",
-    "Upstream",
+    "UpstreamView",
 ]
 
 MAX_FAULTS = 100
@@ -73,7 +75,7 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
-class Upstream(BaseModel):
+class UpstreamView(BaseModel):
     name: str
     state: Literal["connected", "reconnecting", "down"]
     optional: bool = Field(description="Whether the gateway is ready without it.")
@@ -90,12 +92,12 @@ class Readiness(BaseModel):
     ready: bool
     tools: int | None = Field(default=None, ge=0, description="Tools registered (when ready).")
     reason: str | None = Field(default=None, description="Why not (when not ready).")
-    upstreams: list[Upstream] | None = Field(
+    upstreams: list[UpstreamView] | None = Field(
         default=None, description="Every upstream MCP server's state (when there are any)."
     )
 
 
-class Breaker(BaseModel):
+class BreakerView(BaseModel):
     state: BreakerState
     failures: int = Field(ge=0)
     trials_in_flight: int = Field(ge=0)
@@ -113,12 +115,12 @@ class Breaker(BaseModel):
     break_s: _Seconds = Field(description="How long an opening lasts before a trial.")
 
 
-class BreakerWithKey(Breaker):
+class BreakerWithKey(BreakerView):
     key: str
 
 
-class Breakers(BaseModel):
-    breakers: dict[str, Breaker]
+class BreakersView(BaseModel):
+    breakers: dict[str, BreakerView]
 
 
 class _FaultBody(BaseModel):

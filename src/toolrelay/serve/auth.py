@@ -7,12 +7,12 @@ in constant time. A non-loopback bind address is refused unless remote access is
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mcp.server.auth.provider import AccessToken
 
+from ..net import is_loopback
 from .errors import ServeError
 from .settings import ClientSettings
 
@@ -20,20 +20,9 @@ __all__ = [
     "ServeError",
     "StaticTokenVerifier",
     "check_bind",
-    "is_loopback",
     "resolve_secret",
     "token_matches",
 ]
-
-
-def is_loopback(host: str) -> bool:
-    """Is ``host`` a loopback address (``127.0.0.0/8``, ``::1``, ``localhost``)?"""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, allow_remote: bool, what: str) -> None:

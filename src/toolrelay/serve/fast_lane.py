@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import anyio
 import mcp.types as types
@@ -62,6 +62,7 @@ from mcp.server.connection import Connection
 from mcp.server.streamable_http import (
     MCP_SESSION_ID_HEADER,
     REQUEST_CANCELLED,
+    StreamableHTTPServerTransport,
     check_accept_headers,
 )
 from mcp.shared.dispatcher import as_request_id
@@ -74,12 +75,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .sessions import HeldCall, SessionManager
 from .tracing import McpServerTelemetry
-
-if TYPE_CHECKING:
-    from mcp.server.streamable_http import StreamableHTTPServerTransport
-
-    from .gateway import _Held, _SessionManager
 
 __all__ = ["FastLane"]
 
@@ -115,7 +112,7 @@ class FastLane:
     def __init__(
         self,
         app: ASGIApp,
-        manager: _SessionManager,
+        manager: SessionManager,
         call_tool: CallTool,
         telemetry: McpServerTelemetry,
         connections: dict[str, Connection],
@@ -242,7 +239,7 @@ class FastLane:
         scope: Scope,
         call: _Call,
         watch: Callable[[anyio.CancelScope], Coroutine[Any, Any, None]] | None = None,
-    ) -> tuple[_Held, types.CallToolResult | None]:
+    ) -> tuple[HeldCall, types.CallToolResult | None]:
         """Run the call held by the session manager, under the server span; ``watch``
         (given the hold's scope) runs beside it. The result is ``None`` when the hold was
         cancelled (the session closed, the client cancelled or went away)."""

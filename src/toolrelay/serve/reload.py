@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -38,21 +38,23 @@ from mcp.server.auth.provider import AccessToken
 from ..breakers import BreakerConfig
 from ..capabilities import Closeable
 from ..config import Settings, load_configured_plugins
+from ..dispatcher import Dispatcher
 from ..loading import PluginLoadError
 from ..registry import RegistrationError, ToolRegistry
 from ..settings import ConfigError, diff
 from .admin_models import Reloaded
 from .auth import StaticTokenVerifier
+from .callers import Callers
 from .client_limits import ClientLimit, configured_limits
-from .errors import ServeError
-from .settings import ServeSection, load
-
-if TYPE_CHECKING:
-    from .runner import Service
+from .errors import ReloadRefused, ServeError
+from .settings import GatewaySettings, ServeSection, load
+from .upstreams import Upstreams
+from .watch import ToolListWatcher
 
 __all__ = [
     "LIVE",
     "ReloadRefused",
+    "ReloadTarget",
     "Reloader",
     "ReloadableVerifier",
     "load_plugins_by_name",
@@ -71,17 +73,6 @@ CLOSE_GRACE_S = 1.0
 """Added to the longest deadline of a retired plugin's or upstream's tools."""
 
 
-class ReloadRefused(Exception):
-    """A reload that was not applied; the old config keeps serving.
-
-    ``status`` and ``error`` are the admin API's answer (422 ``invalid_config``: the file
-    cannot be used; 400 ``restart_required`` and ``reload_failed``; 409 ``no_config_file``)."""
-
-    def __init__(self, status: int, error: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.error, self.message = status, error, message
-
-
 class ReloadableVerifier:
     """The gateway's ``TokenVerifier``: the client tokens in force, replaced by a reload."""
 
@@ -90,6 +81,25 @@ class ReloadableVerifier:
 
     async def verify_token(self, token: str) -> AccessToken | None:
         return await self.verifier.verify_token(token)
+
+
+class ReloadTarget(Protocol):
+    """What a reload reads and replaces: the running gateway (``runner.Service``)."""
+
+    config: GatewaySettings
+    """The config in force (``[serve]`` with the command line's overrides)."""
+    environ: Mapping[str, str]
+    dispatcher: Dispatcher
+    plugins: dict[str, list[Any]]
+    """The plugin objects of each ``[plugins.NAME]``."""
+    callers: Callers
+    verifier: ReloadableVerifier | None
+    watcher: ToolListWatcher
+    upstreams: Upstreams
+
+    @property
+    def settings(self) -> ServeSection:
+        """The ``[serve]`` section in force."""
 
 
 def load_plugins_by_name(registry: ToolRegistry, config: Settings) -> dict[str, list[Any]]:
@@ -123,13 +133,13 @@ def _undo(steps: list[Callable[[], object]]) -> None:
 
 
 class Reloader:
-    """Re-reads and applies a running :class:`~toolrelay.serve.runner.Service`'s config.
+    """Re-reads and applies a running gateway's config (a :class:`ReloadTarget`).
 
     :meth:`reload` is serialized (one at a time) and runs on the service's event loop;
     :meth:`watch` polls the file every ``reload_watch_s``.
     """
 
-    def __init__(self, service: Service, overrides: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, service: ReloadTarget, overrides: Mapping[str, Any] | None = None) -> None:
         self.service = service
         self.overrides = dict(overrides or {})
         self._lock = anyio.Lock()

@@ -25,22 +25,22 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
-from ..config import Config
 from ..dispatcher import Dispatcher
+from ..net import is_loopback
 from ..registry import ToolRegistry
 from .admin import AdminState, admin_app
 from .approvals import ElicitingApprover
-from .auth import StaticTokenVerifier, check_bind, is_loopback, resolve_secret
+from .auth import StaticTokenVerifier, check_bind, resolve_secret
 from .callers import Callers
 from .client_limits import ClientLimits, configured_limits
-from .errors import ServeError
+from .errors import ReloadRefused, ServeError
 from .gateway import Gateway
 from .health import UpstreamHealth
 from .http import HttpService
 from .metrics import GatewayMetrics
 from .observability import meter_provider, metrics_endpoint, tracer_provider
-from .reload import ReloadableVerifier, Reloader, ReloadRefused, load_plugins_by_name
-from .settings import ServeSection, load
+from .reload import ReloadableVerifier, Reloader, load_plugins_by_name
+from .settings import GatewaySettings, ServeSection, load
 from .tuning import settle_heap
 from .upstreams import Upstreams
 from .watch import ToolListWatcher
@@ -64,7 +64,7 @@ class Service:
 
     def __init__(
         self,
-        config: Config,
+        config: GatewaySettings,
         settings: ServeSection,
         *,
         environ: Mapping[str, str] | None = None,
@@ -74,7 +74,7 @@ class Service:
     ) -> None:
         self.config = config.model_copy(update={"serve": settings})  # what a reload compares
         self.handle_signals = handle_signals
-        self.environ = os.environ if environ is None else environ
+        self.environ: Mapping[str, str] = os.environ if environ is None else environ
         self.out = out
         settings.check(config)
         http, admin = settings.transport == "http", settings.admin

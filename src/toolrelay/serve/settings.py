@@ -1,22 +1,33 @@
 """The ``[serve]`` section of ``toolrelay.toml``: transport, callers, admin API, upstreams.
 
-:class:`ServeSection` is both the section as written (part of
-:class:`toolrelay.config.Settings` and its generated JSON Schema) and what ``toolrelay
-serve`` runs with. Every error is a :class:`~toolrelay.config.ConfigError` naming the key
-path, like the core's.
+:class:`ServeSection` is both the section as written and what ``toolrelay serve`` runs with.
+The core config knows no ``[serve]``: :class:`GatewaySettings` extends its
+:class:`~toolrelay.config.Settings` with the section (:func:`toolrelay.config.extend`, done
+when this module is imported, as ``import toolrelay`` does), so every reader of the file
+checks it and the generated JSON Schema covers it. Every error is a
+:class:`~toolrelay.config.ConfigError` naming the key path, like the core's.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, Field, Strict, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    model_validator,
+)
 from pydantic import dataclasses as pydantic_dataclasses
 from pydantic.json_schema import SkipJsonSchema
 
+from ..config import Settings, extend, load_config, parse_config
 from ..settings import (
     DATACLASS,
     MODEL,
@@ -29,14 +40,12 @@ from ..settings import (
 )
 from ..sources.options import McpSourceOptions
 
-if TYPE_CHECKING:
-    from ..config import Config
-
 __all__ = [
     "DEFAULT_ADMIN_TOKEN_ENV",
     "UNAUTHENTICATED_PROFILE",
     "AdminSection",
     "ClientSettings",
+    "GatewaySettings",
     "HttpSection",
     "ServeSection",
     "UpstreamSettings",
@@ -224,7 +233,7 @@ class ServeSection(BaseModel):
         given["admin"] = self.admin.model_copy(update=admin)
         return self.model_copy(update=given)
 
-    def check(self, config: Config) -> None:
+    def check(self, config: Settings) -> None:
         """Cross-checks against the dispatcher config: every named profile exists."""
         where = config.path or "config"
         if UNAUTHENTICATED_PROFILE in config.profiles:
@@ -242,29 +251,47 @@ class ServeSection(BaseModel):
                 )
 
 
+class GatewaySettings(Settings):
+    """A checked ``toolrelay.toml`` with its ``[serve]`` section: what ``toolrelay serve``
+    runs with, and what every ``toolrelay.toml`` is read into (:func:`load`)."""
+
+    model_config = ConfigDict(  # the JSON Schema of toolrelay.toml reads as the core's
+        **MODEL, title="Settings", json_schema_extra={"description": inspect.getdoc(Settings)}
+    )
+
+    serve: ServeSection = ServeSection()
+
+
+extend(GatewaySettings)
+
+
+def _with_serve(config: Settings) -> GatewaySettings:
+    if not isinstance(config, GatewaySettings):  # pragma: no cover - extended on import
+        raise TypeError("toolrelay.config does not read [serve]: import toolrelay.serve")
+    return config
+
+
 def parse_serve_section(
     data: Mapping[str, Any] | ServeSection, path: Path | None = None
 ) -> ServeSection:
     """Check a decoded ``[serve]`` table (or take a checked one)."""
-    from ..config import parse_config
-
-    return data if isinstance(data, ServeSection) else parse_config({"serve": data}, path).serve
+    if isinstance(data, ServeSection):
+        return data
+    return _with_serve(parse_config({"serve": data}, path)).serve
 
 
 def load(
     path: str | Path | None, defaults: Mapping[str, Any] | None = None, **overrides: Any
-) -> tuple[Config, ServeSection]:
+) -> tuple[GatewaySettings, ServeSection]:
     """Read ``path`` (or ``./toolrelay.toml``, or ``defaults`` when neither exists).
 
-    Returns the dispatcher's :class:`~toolrelay.config.Config` and its ``[serve]`` section,
-    both with the command line's ``overrides`` (see :meth:`ServeSection.override`);
-    raises :class:`~toolrelay.config.ConfigError` with one clear line.
+    Returns the file's :class:`GatewaySettings` and its ``[serve]`` section, both with the
+    command line's ``overrides`` (see :meth:`ServeSection.override`); raises
+    :class:`~toolrelay.config.ConfigError` with one clear line.
     """
-    from ..config import load_config, parse_config
-
     if path is None and not Path("toolrelay.toml").exists():
-        config = parse_config(dict(defaults or {}))
+        config = _with_serve(parse_config(dict(defaults or {})))
     else:
-        config = load_config("toolrelay.toml" if path is None else path)
+        config = _with_serve(load_config("toolrelay.toml" if path is None else path))
     serve = config.serve.override(**overrides)
     return config.model_copy(update={"serve": serve}), serve

@@ -1,0 +1,261 @@
+"""Streamable HTTP sessions: who may open one, which one is closed for a new one, and the
+requests the fast lane serves outside a session's transport.
+
+:class:`SessionManager` is the SDK's session manager with sessions shared fairly between
+clients; :class:`HeldCall` is a request of a session that the fast lane
+(:mod:`toolrelay.serve.fast_lane`) serves itself, cancelled with its session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.dispatcher import coerce_request_id
+from mcp.shared.message import SessionMessage
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse, Response
+from starlette.types import Message, Receive, Scope, Send
+
+from .metrics import GatewayMetrics, RefusalReason
+
+__all__ = ["HeldCall", "SessionManager"]
+
+log = logging.getLogger("toolrelay.serve.gateway")
+
+
+class HeldCall:
+    """A request the fast lane serves outside its session's transport."""
+
+    __slots__ = ("by_client", "request_id", "scope")
+
+    def __init__(self, request_id: types.RequestId) -> None:
+        self.request_id = request_id
+        self.scope = anyio.CancelScope()
+        self.by_client = False
+        """Whether the client cancelled it (``notifications/cancelled``)."""
+
+
+class SessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager, with sessions shared fairly between clients.
+
+    A client (its bearer token's client name, or its peer address without tokens) has at
+    most ``per_client`` sessions open: one more is refused with 429. When ``max_sessions``
+    are open, the least recently used session with no request in flight (no open GET
+    stream) is closed to make room; only when every session is busy is a new one refused
+    with 503. Both refusals carry a JSON-RPC error body and are counted in ``metrics``.
+
+    Only the opening of a session (a request without ``Mcp-Session-Id``) is changed; it
+    reuses the SDK's own admission and serving, under its session-creation lock.
+
+    A client that goes away while a POST on its session is open (its answer's SSE stream
+    ends with ``http.disconnect``) has that POST's requests cancelled, as its own
+    ``notifications/cancelled`` would: the 2025-era wire has no other signal, and an
+    abandoned call would otherwise run to its deadline, holding its bulkhead slot.
+    """
+
+    def __init__(self, *, per_client: int, metrics: GatewayMetrics, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.per_client = per_client
+        self.metrics = metrics
+        self._client_of: dict[str, str] = {}
+        self._last_used: dict[str, float] = {}
+        self._held: dict[str, set[HeldCall]] = {}
+        metrics.count_sessions(lambda: len(self._server_instances))
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        async with super().run():
+            try:
+                yield
+            finally:  # the SDK cancels its sessions' tasks; the fast lane's calls too
+                for calls in list(self._held.values()):
+                    for held in calls:
+                        held.scope.cancel()
+
+    @contextlib.contextmanager
+    def hold(
+        self,
+        session_id: str,
+        transport: StreamableHTTPServerTransport,
+        request_id: types.RequestId,
+    ) -> Iterator[HeldCall]:
+        """Serve request ``request_id`` of ``session_id`` outside its transport (the fast
+        lane): the session counts as used now and busy until the block ends (as the
+        transport counts its own requests), and the block is cancelled when the session
+        is closed, the manager stops, or the client cancels the request
+        (:meth:`cancel_held`); then the scope's ``cancelled_caught`` is set."""
+        if session_id in self._last_used:
+            self._last_used[session_id] = time.monotonic()
+        held = HeldCall(coerce_request_id(request_id))
+        calls = self._held.setdefault(session_id, set())
+        calls.add(held)
+        idle, timeout = transport.idle_scope, transport._idle_timeout
+        transport._requests_in_flight += 1
+        if idle is not None:
+            idle.deadline = math.inf
+        try:
+            with held.scope:
+                yield held
+        finally:
+            calls.discard(held)
+            if not calls:
+                self._held.pop(session_id, None)
+            transport._requests_in_flight -= 1
+            if idle is not None and timeout is not None and not transport._requests_in_flight:
+                idle.deadline = anyio.current_time() + timeout
+
+    def cancel_held(self, session_id: str, request_id: types.RequestId) -> None:
+        """Cancel the fast lane's calls of ``session_id`` with ``request_id``, as the
+        SDK's dispatcher cancels its own on ``notifications/cancelled``."""
+        key = coerce_request_id(request_id)
+        for held in self._held.get(session_id, ()):
+            if held.request_id == key:
+                held.by_client = True
+                held.scope.cancel()
+
+    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session_id = Headers(scope=scope).get(MCP_SESSION_ID_HEADER)
+        if session_id is not None:
+            if session_id in self._last_used:
+                self._last_used[session_id] = time.monotonic()
+            if scope.get("method") != "POST":
+                await super()._handle_stateful_request(scope, receive, send)
+                return
+            watched = _WatchedPost(receive)
+            await super()._handle_stateful_request(scope, watched.receive, send)
+            if watched.disconnected:
+                await self._cancel_abandoned(session_id, watched.request_ids())
+            return
+        user = scope.get("user")
+        requestor = authorization_context(user) if isinstance(user, AuthenticatedUser) else None
+        client = _client_key(scope)
+        refusal: tuple[RefusalReason, int, str] | None = None
+        transport = None
+        async with self._session_creation_lock:
+            if sum(1 for c in self._client_of.values() if c == client) >= self.per_client:
+                refusal = ("client_limit", 429, "Too many open sessions for this client")
+            elif not await self._make_room():
+                refusal = ("full", 503, "Too many open sessions")
+            else:
+                transport = self._admit_session(requestor)
+                if transport is None:  # pragma: no cover - room was just made
+                    refusal = ("full", 503, "Too many open sessions")
+                else:
+                    assert transport.mcp_session_id is not None
+                    self._client_of[transport.mcp_session_id] = client
+                    self._last_used[transport.mcp_session_id] = time.monotonic()
+        if refusal is not None:
+            reason, status, message = refusal
+            log.warning("refusing a new MCP session for %s: %s", client, reason)
+            self.metrics.refused(reason)
+            await _jsonrpc_error(message, status)(scope, receive, send)
+            return
+        assert transport is not None
+        await self._serve_opening_request(transport, scope, receive, send)
+
+    async def _cancel_abandoned(self, session_id: str, request_ids: list[types.RequestId]) -> None:
+        """Cancel the requests of a POST whose client disconnected (a request already
+        answered is not in flight any more, and the server ignores its cancellation)."""
+        transport = self._server_instances.get(session_id)
+        writer = None if transport is None else transport._read_stream_writer
+        if writer is None or transport is None or transport.is_terminated:
+            return
+        for request_id in request_ids:
+            cancel = types.JSONRPCNotification(
+                jsonrpc="2.0",
+                method="notifications/cancelled",
+                params={"requestId": request_id, "reason": "the client disconnected"},
+            )
+            try:
+                await writer.send(SessionMessage(cancel))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+        if request_ids:
+            log.info("cancelled %d call(s) of a disconnected MCP client", len(request_ids))
+
+    async def _make_room(self) -> bool:
+        """Whether a session can be opened, closing the least recently used idle one if
+        every place is taken (called under the session-creation lock)."""
+        if self.max_sessions is None or len(self._server_instances) < self.max_sessions:
+            return True
+        idle = [
+            (self._last_used.get(sid, 0.0), sid)
+            for sid, transport in self._server_instances.items()
+            if not transport._requests_in_flight and not transport.is_terminated
+        ]
+        if not idle:
+            return False
+        _, oldest = min(idle)
+        log.info("closing idle MCP session %s to admit a new one", oldest[:8])
+        await self._discard_session(oldest, self._server_instances[oldest])
+        self.metrics.reaped()
+        return True
+
+    async def _discard_session(
+        self, session_id: str, transport: StreamableHTTPServerTransport
+    ) -> None:
+        self._client_of.pop(session_id, None)
+        self._last_used.pop(session_id, None)
+        for held in self._held.get(session_id, ()):
+            held.scope.cancel()
+        await super()._discard_session(session_id, transport)
+
+
+class _WatchedPost:
+    """A POST's ``receive``, noting its body (already bounded by ``BodyLimit``) and
+    whether the client disconnected."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._body = bytearray()
+        self.disconnected = False
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self._body += message.get("body", b"")
+        elif message["type"] == "http.disconnect":
+            self.disconnected = True
+        return message
+
+    def request_ids(self) -> list[types.RequestId]:
+        """The ids of the JSON-RPC requests in the body (one message or a batch)."""
+        try:
+            parsed = json.loads(self._body)
+        except ValueError:
+            return []
+        messages = parsed if isinstance(parsed, list) else [parsed]
+        return [
+            m["id"]
+            for m in messages
+            if isinstance(m, dict)
+            and isinstance(m.get("method"), str)
+            and isinstance(m.get("id"), int | str)
+            and not isinstance(m.get("id"), bool)
+        ]
+
+
+def _client_key(scope: Scope) -> str:
+    """Who opens a session: the verified token's client name, else the peer address."""
+    user = scope.get("user")
+    if isinstance(user, AuthenticatedUser):
+        return f"client:{user.access_token.client_id}"
+    peer = scope.get("client")
+    return f"peer:{peer[0]}" if peer else "peer:unknown"
+
+
+def _jsonrpc_error(message: str, status: int) -> Response:
+    error = {"code": types.INTERNAL_ERROR, "message": message}
+    body = {"jsonrpc": "2.0", "id": None, "error": error}
+    return JSONResponse(body, status_code=status)
