@@ -4,6 +4,7 @@ Every call gets a deadline, a per-key circuit breaker, bounded retries and a con
 limit, and always comes back as an answer the model can act on.
 """
 
+from ._version import __version__ as __version__
 from .breakers import BreakerConfig, Breakers
 from .contract import AuthContext, CallContext, ErrorType, ToolDeclaration, ToolError, ToolPlugin
 from .dispatcher import Dispatcher
@@ -38,5 +39,3 @@ __all__ = [
     "ToolRegistry",
     "ToolResult",
 ]
-
-__version__ = "0.1.0"

@@ -260,7 +260,7 @@ def _describe_activities() -> list[dict[str, Any]]:
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from toolrelay import ToolResult
+from ..result import ToolResult
 
 __all__ = ["envelope_text"]
 

@@ -30,8 +30,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "toolrelay.integrations.langchain needs langchain-core: pip install 'toolrelay[langchain]'"
     ) from exc
 
-from toolrelay import AuthContext, Dispatcher, ToolResult
-
+from ..contract import AuthContext
+from ..dispatcher import Dispatcher
+from ..result import ToolResult
 from ._common import envelope_text
 
 __all__ = ["AuthSource", "RelayTool", "answer_artifact", "langchain_tools"]

@@ -31,8 +31,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "pip install 'toolrelay[openai-agents]'"
     ) from exc
 
-from toolrelay import AuthContext, Dispatcher, ToolDeclaration
-
+from ..contract import AuthContext, ToolDeclaration
+from ..dispatcher import Dispatcher
 from ._common import envelope_text
 
 __all__ = ["AuthFromContext", "context_auth", "function_tools"]

@@ -26,7 +26,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "toolrelay.integrations.pydantic_ai needs Pydantic AI: pip install 'toolrelay[pydantic-ai]'"
     ) from exc
 
-from toolrelay import AuthContext, Dispatcher, ErrorType, ToolCall, ToolDeclaration
+from ..contract import AuthContext, ErrorType, ToolDeclaration
+from ..dispatcher import Dispatcher
+from ..result import ToolCall
 
 __all__ = ["ToolrelayToolset", "deferred_approver"]
 

@@ -26,7 +26,7 @@ from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from .. import __version__
+from .._version import __version__
 from ..dispatcher import Dispatcher
 from . import admin_models as m
 from .admin_http import (

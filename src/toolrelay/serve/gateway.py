@@ -42,7 +42,7 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from .. import __version__
+from .._version import __version__
 from ..dispatcher import Dispatcher
 from ..net import is_loopback
 from ..registry import CompiledTool

@@ -32,7 +32,7 @@ from opentelemetry.metrics import MeterProvider
 from pydantic import ValidationError
 from starlette.types import Scope
 
-from .. import __version__
+from .._version import __version__
 from ..telemetry.semconv import mcp_server_duration
 
 __all__ = ["McpServerTelemetry", "Served", "request_attributes"]

@@ -17,7 +17,7 @@ import mcp.types as mcp_types
 from mcp import Client
 from mcp.client import IncomingMessage, Transport
 
-from .. import __version__
+from .._version import __version__
 from .rawlane import RawLane
 
 log = logging.getLogger("toolrelay.sources.mcp")
