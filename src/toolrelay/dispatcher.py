@@ -13,28 +13,31 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
+from .approval import Approver
 from .breakers import BreakerConfig, Breakers
 from .budget import RetryBudgets
 from .config import Config, dispatcher_arguments, load_config, load_configured_plugins
 from .contract import AuthContext, ErrorType, ToolDeclaration
+from .faults import Fault
 from .formats import FORMATS
 from .isolation import ProcessPools
+from .jsonlimits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, DEFAULT_MAX_OUTPUT_BYTES
 from .outcome import Outcome, failure
 from .pipeline import Invocation, Observer, Stage, compose
-from .pipeline.approve import Approve, Approver
+from .pipeline.approve import Approve
 from .pipeline.audit import Audit, AuditSink, log_sink
 from .pipeline.breaker import Breaker
 from .pipeline.bulkhead import Bulkhead
 from .pipeline.deadline import Deadline
-from .pipeline.decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, Decode
+from .pipeline.decode import Decode
 from .pipeline.fallback import Fallback
 from .pipeline.fastfail import FastFail
-from .pipeline.faults import Fault, FaultInjector
+from .pipeline.faults import FaultInjector
 from .pipeline.hedge import Hedge
 from .pipeline.invoke import Invoke
 from .pipeline.resolve import Resolve
 from .pipeline.retry import Retry
-from .pipeline.shape import DEFAULT_MAX_OUTPUT_BYTES, Shape
+from .pipeline.shape import Shape
 from .pipeline.validate import Validate
 from .policy import EVERYTHING, NOTHING, Profile
 from .redact import Redactor

@@ -29,7 +29,7 @@ from ..breakers import KeyBreaker
 from ..config import ConfigError, parse_config
 from ..contract import AuthContext
 from ..dispatcher import Dispatcher
-from ..pipeline.faults import Fault
+from ..faults import Fault
 from ..result import ToolCall, ToolResult
 from .timeline import Timeline, Window
 from .upstream import Upstream

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..contract import AuthContext
 from ..events import Event
-from ..outcome import Outcome
+from ..outcome import Outcome, timeout_outcome
 
 if TYPE_CHECKING:
     from ..policy import Profile
@@ -81,6 +81,12 @@ class Invocation:
         self.approval = "not_required"
         self.approver: str | None = None
         """Who decided the approval, when the approver said (an :class:`Approval`)."""
+
+    def timed_out(self) -> Outcome:
+        """The ``timeout`` answer of this call (the slot's budget or the tool's timeout)."""
+        assert self.tool is not None
+        slot = self.slot if self.slot_bound else None
+        return timeout_outcome(self.tool.decl, None if slot is None else slot.elapsed())
 
     def emit(self, event: Event) -> None:
         for observer in self.observers:

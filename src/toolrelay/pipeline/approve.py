@@ -2,45 +2,21 @@
 
 from __future__ import annotations
 
-import enum
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Awaitable
 
 import anyio
 
-from ..contract import AuthContext, ErrorType, ToolDeclaration
+from ..approval import UNASKED, Approval, Approver, Decision
+from ..contract import ErrorType, ToolDeclaration
 from ..outcome import Outcome, failure
 from ..result import ToolCall
 from . import Invocation, Next
 
-__all__ = ["UNASKED", "Approval", "Approve", "Approver"]
+__all__ = ["Approve"]
 
 log = logging.getLogger("toolrelay")
-
-
-@dataclass(frozen=True, slots=True)
-class Approval:
-    """A decision with who made it, for approvers that know (the audit line's
-    ``approver``); ``reason`` (one short phrase) tells the model why a call was refused."""
-
-    approved: bool
-    by: str
-    reason: str = ""
-
-
-class _Unasked(enum.Enum):
-    UNASKED = "unasked"
-
-
-UNASKED: Final = _Unasked.UNASKED
-"""What an approver returns when it has nobody to ask for this call: answered
-``needs_approval``, as without an approver."""
-
-Decision = bool | Approval | _Unasked
-Approver = Callable[[ToolCall, ToolDeclaration, AuthContext], Awaitable[Decision] | Decision]
 
 
 class Approve:

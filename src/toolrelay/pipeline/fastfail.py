@@ -14,9 +14,8 @@ from collections.abc import Awaitable
 from ..breakers import Breakers
 from ..contract import ErrorType
 from ..events import AttemptEnded
-from ..outcome import Outcome
+from ..outcome import Outcome, circuit_open
 from . import Invocation, Next
-from .breaker import rejection
 
 REJECTED = AttemptEnded(1, ErrorType.CIRCUIT_OPEN.value)
 
@@ -28,11 +27,11 @@ class FastFail:
         self.breakers = breakers
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
-        assert inv.key is not None
+        assert inv.key is not None and inv.tool is not None
         wait = self.breakers.blocked_for(inv.key)
         if wait is None:
             return call_next(inv)
         inv.attempts = 1
         if inv.observers:
             inv.emit(REJECTED)
-        return rejection(inv, self.breakers.get(inv.key), wait)
+        return circuit_open(inv.tool.decl.name, self.breakers.get(inv.key), wait)

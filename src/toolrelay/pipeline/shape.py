@@ -2,32 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from ..contract import ErrorType
+from ..jsonlimits import DEFAULT_MAX_OUTPUT_BYTES, ENCODER, schema_errors, truncated
 from ..outcome import Outcome, failure
 from . import Invocation, Next
-from .validate import schema_errors
-
-DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
-TRUNCATION_MARKER = "[truncated by toolrelay]"
-_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
-
-
-def _size(data: object) -> int:
-    return len(_ENCODER.encode(data).encode("utf-8", "replace"))
-
-
-def truncated(text: str, size: int, cap: int) -> dict[str, object]:
-    """``text`` (the output's JSON) cut to fit, with an explicit marker, within ``cap`` bytes."""
-    budget = max(0, cap - 100)  # the envelope and the marker
-    while True:
-        prefix = text.encode("utf-8", "replace")[:budget].decode("utf-8", "ignore")
-        data = {"truncated": True, "original_bytes": size, "text": prefix + TRUNCATION_MARKER}
-        over = _size(data) - cap
-        if over <= 0 or budget == 0:
-            return data
-        budget = max(0, budget - over)  # escapes (\" \n …) grew it: cut what overshot
 
 
 class Shape:
@@ -50,7 +28,7 @@ class Shape:
         assert inv.tool is not None
         name = inv.tool.decl.name
         try:
-            text = _ENCODER.encode(out.data)
+            text = ENCODER.encode(out.data)
         except (TypeError, ValueError, RecursionError) as exc:
             why = "a value that is not finite" if "Out of range" in str(exc) else "a non-JSON value"
             if isinstance(exc, RecursionError) or "Circular" in str(exc):

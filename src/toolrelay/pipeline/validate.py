@@ -3,25 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from ..contract import ErrorType
+from ..jsonlimits import schema_errors
 from ..outcome import Outcome, failure
 from . import Invocation, Next
-
-MAX_REPORTED = 3
-
-
-def schema_errors(validator: Any, instance: Any) -> str:
-    """Up to three failing paths, each with its (value-masked) reason."""
-    parts = []
-    for index, error in enumerate(validator.iter_errors(instance)):
-        if index == MAX_REPORTED:
-            parts.append("…")
-            break
-        path = "/" + "/".join(str(p) for p in error.instance_path)
-        parts.append(f"{path}: {error.message[:120]}")
-    return "; ".join(parts)
 
 
 class Validate:

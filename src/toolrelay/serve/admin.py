@@ -30,7 +30,7 @@ from starlette.routing import Match
 
 from .. import __version__
 from ..dispatcher import Dispatcher
-from ..pipeline.decode import too_big
+from ..jsonlimits import too_big
 from . import admin_models as m
 from .auth import token_matches
 from .health import UpstreamHealth
