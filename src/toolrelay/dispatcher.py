@@ -164,12 +164,11 @@ class Dispatcher:
         if self.storage_link is not None:
             self.storage_link.budgets = self.budgets
         self.faults = FaultInjector(faults, fault_seed)
-        stages: list[Stage] = [] if tel is None else [tel]
+        outer: list[Stage] = []
         if audit is not None:
-            stages.append(Audit(audit, arguments=audit_arguments, redact=self.redact))
-        stages += [
-            Resolve(registry, self.redact),
-            fallback := Fallback(),
+            outer.append(Audit(audit, arguments=audit_arguments, redact=self.redact))
+        outer.append(Resolve(registry, self.redact))
+        inner: list[Stage] = [
             FastFail(self.breakers),
             Decode(max_argument_bytes, max_argument_depth, self.redact),
             Validate(self.redact),
@@ -184,12 +183,10 @@ class Dispatcher:
         ]
         self.processes = ProcessPools(lambda key: self.breaker_config(key).max_places)
         invoke = Invoke(self.workers, self.redact, self.processes)
-        self._chain = compose(stages, invoke)
-        # a fallback's call: every stage but telemetry (the call's span and metrics are
+        # a fallback's call runs every stage but telemetry (the call's span and metrics are
         # the primary's) and the fallback stage (a fallback's fallbacks are not followed)
-        fallback.reenter = compose(
-            [s for s in stages if s is not fallback and s is not tel], invoke
-        )
+        fallback = Fallback(compose([*outer, *inner], invoke))
+        self._chain = compose([*([] if tel is None else [tel]), *outer, fallback, *inner], invoke)
 
     @classmethod
     def from_config(
@@ -240,6 +237,11 @@ class Dispatcher:
         """Release the shared breaker storage's connections, if any."""
         if self.storage_link is not None:
             self.storage_link.close()
+
+    def add_observer(self, observer: Observer) -> None:
+        """Add ``observer``: called with ``(invocation, event)`` for every stage event of
+        the calls dispatched from now on."""
+        self.observers = (*self.observers, observer)
 
     def model_slot(self, budget_s: float = 30.0) -> ModelSlot:
         """A :class:`ModelSlot` whose holds this dispatcher's telemetry records."""

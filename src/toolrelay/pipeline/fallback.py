@@ -76,11 +76,12 @@ def budget_end(inv: Invocation, now: float) -> float:
 class Fallback:
     """Placed right after resolve (the primary's policy is checked first: a caller may not
     reach a fallback through a tool it may not call). ``reenter`` is the chain a fallback
-    call runs through: every stage but this one (set by the dispatcher)."""
+    call runs through: every stage but this one (and telemetry), composed by the
+    dispatcher before this stage."""
 
     __slots__ = ("reenter",)
 
-    def __init__(self, reenter: Next | None = None) -> None:
+    def __init__(self, reenter: Next) -> None:
         self.reenter = reenter
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
@@ -93,7 +94,7 @@ class Fallback:
         out = await call_next(inv)
         if out.ok:
             return out
-        assert inv.tool is not None and self.reenter is not None
+        assert inv.tool is not None
         end = budget_end(inv, anyio.current_time())
         if not may_fall_back(out, inv.tool.decl, end - anyio.current_time()):
             return out
