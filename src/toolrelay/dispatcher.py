@@ -22,7 +22,7 @@ from .faults import Fault
 from .formats import FORMATS
 from .isolation import ProcessPools
 from .jsonlimits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, DEFAULT_MAX_OUTPUT_BYTES
-from .outcome import Outcome, failure
+from .outcome import failure
 from .pipeline import Invocation, Observer, Stage, compose
 from .pipeline.approve import Approve
 from .pipeline.audit import Audit, AuditSink, log_sink
@@ -35,13 +35,13 @@ from .pipeline.fastfail import FastFail
 from .pipeline.faults import FaultInjector
 from .pipeline.hedge import Hedge
 from .pipeline.invoke import Invoke
-from .pipeline.resolve import Resolve
+from .pipeline.resolve import Resolve, find
 from .pipeline.retry import Retry
 from .pipeline.shape import Shape
 from .pipeline.validate import Validate
 from .policy import EVERYTHING, NOTHING, Profile
 from .redact import Redactor
-from .registry import RegistrationError, ToolRegistry
+from .registry import CompiledTool, RegistrationError, ToolRegistry
 from .result import ToolCall, ToolResult
 from .slot import ModelSlot, SlotLease
 from .storage import RedisLink, SharedStorage
@@ -185,7 +185,7 @@ class Dispatcher:
         invoke = Invoke(self.workers, self.redact, self.processes)
         # a fallback's call runs every stage but telemetry (the call's span and metrics are
         # the primary's) and the fallback stage (a fallback's fallbacks are not followed)
-        fallback = Fallback(compose([*outer, *inner], invoke))
+        fallback = Fallback(compose([*outer, *inner], invoke), self._find)
         self._chain = compose([*([] if tel is None else [tel]), *outer, fallback, *inner], invoke)
 
     @classmethod
@@ -275,6 +275,9 @@ class Dispatcher:
                 self.faults.add(fault)
         return self.breakers.reconfigure()
 
+    def _find(self, name: object) -> CompiledTool | None:
+        return find(self.registry, name)
+
     def breaker_config(self, key: str) -> BreakerConfig:
         return self.breaker_configs.get(key, self.default_breaker)
 
@@ -300,36 +303,33 @@ class Dispatcher:
         ``call_id`` is kept as :func:`safe_call_id` makes it (at most 128 printable
         characters), and that is what the result, the audit line and the span carry.
         """
-        inv = Invocation(
-            name,
-            raw_args,
-            ANONYMOUS if ctx is None else ctx,
-            self.profile(profile),
-            safe_call_id(call_id),
-            slot,
-            self.observers,
-        )
+        call_id = None if call_id is None else safe_call_id(call_id)
         started = time.perf_counter()
         try:
+            tool = find(self.registry, name)
+            inv = Invocation(
+                name, raw_args, ANONYMOUS if ctx is None else ctx,
+                EVERYTHING if profile is None else self.profiles.get(profile, NOTHING),
+                call_id, slot, self.observers, tool, None if tool is None else tool.decl.key,
+            )  # fmt: skip
             out = await self._chain(inv)
         except Exception:
-            log.exception("toolrelay: internal error while dispatching %r", inv.name)
+            log.exception("toolrelay: internal error while dispatching %r", name)
             out = failure(ErrorType.INTERNAL_ERROR, "toolrelay could not run this call")
-        return self._result(inv, out, time.perf_counter() - started)
-
-    def _result(self, inv: Invocation, out: Outcome, duration: float) -> ToolResult:
+        duration = time.perf_counter() - started
+        asked = out.request  # the call as it ran (None: no tool by that name)
         return ToolResult(
             out.ok,
-            inv.name if isinstance(inv.name, str) else "",
-            inv.call_id,
+            name if isinstance(name, str) else "",
+            call_id,
             out.data,
             out.error_type,
             out.message,
             out.retryable,
             out.retry_after_s,
             duration,
-            inv.attempts,
-            inv.key,
+            0 if asked is None else asked.attempts,
+            None if asked is None else asked.key,
             out.effect_unknown,
             out.served_by,
         )

@@ -1,4 +1,4 @@
-"""Stage 4: risky tools need an approval, decided by the host's approver."""
+"""Approve: risky tools need an approval, decided by the host's approver."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ class Approve:
         assert inv.tool is not None
         decl = inv.tool.decl
         if not inv.profile.needs_approval(decl):
+            if inv.audit is not None:
+                inv.audit(inv, "not_required", None)
             return call_next(inv)
         if self.approver is None:
             return _needs_approval(inv, decl)
@@ -44,7 +46,9 @@ class Approve:
         self, call_next: Next, inv: Invocation, decl: ToolDeclaration, approver: Approver
     ) -> Outcome:
         request = ToolCall(decl.name, inv.args, inv.call_id)
-        inv.approval = "pending"
+        note = inv.audit
+        if note is not None:
+            note(inv, "pending", None)
         limit = float("inf") if inv.slot is None else inv.slot.remaining()
         decision: Decision = False
         try:
@@ -53,34 +57,43 @@ class Approve:
                 decision = await answer if inspect.isawaitable(answer) else answer
         except Exception:
             log.exception("toolrelay: approver failed for %s", decl.name)
-            inv.approval = "approver_failed"
-            return failure(ErrorType.DENIED, f"approval for {decl.name!r} could not be obtained")
+            if note is not None:
+                note(inv, "approver_failed", None)
+            message = f"approval for {decl.name!r} could not be obtained"
+            return failure(ErrorType.DENIED, message, inv)
         if scope.cancelled_caught:
-            inv.approval = "approval_timeout"
+            if note is not None:
+                note(inv, "approval_timeout", None)
             return failure(
                 ErrorType.TIMEOUT,
                 f"approval for {decl.name!r} did not come within the model's time budget",
+                inv,
                 retryable=True,
             )
         if decision is UNASKED:
             return _needs_approval(inv, decl)
+        by = None
         if isinstance(decision, Approval):
-            inv.approver = decision.by
+            by = decision.by
             approved = decision.approved is True
             why = f" ({decision.reason})" if decision.reason and not approved else ""
         else:
             approved = decision is True
             why = ""
         if not approved:
-            inv.approval = "denied"
-            return failure(ErrorType.DENIED, f"{decl.name!r} was not approved{why}")
-        inv.approval = "approved"
+            if note is not None:
+                note(inv, "denied", by)
+            return failure(ErrorType.DENIED, f"{decl.name!r} was not approved{why}", inv)
+        if note is not None:
+            note(inv, "approved", by)
         return await call_next(inv)
 
 
 def _needs_approval(inv: Invocation, decl: ToolDeclaration) -> Outcome:
-    inv.approval = "needs_approval"
+    if inv.audit is not None:
+        inv.audit(inv, "needs_approval", None)
     return failure(
         ErrorType.NEEDS_APPROVAL,
         f"tool {decl.name!r} is a {decl.risk} action and needs approval first",
+        inv,
     )

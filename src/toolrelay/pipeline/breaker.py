@@ -1,4 +1,4 @@
-"""Stage 7: the circuit breaker of the call's ``breaker_key``.
+"""Breaker: the circuit breaker of the call's ``breaker_key``.
 
 Open → ``circuit_open`` at once with ``retry_after_s``; the handler is not called and no
 deadline is waited out. Pinned open by an operator → the answer says so (no trial is due).
@@ -10,6 +10,7 @@ waiting for our own concurrency limit is not the service's fault.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ..breakers import REJECT, Breakers
@@ -32,16 +33,17 @@ class Breaker:
         if token == REJECT:
             if inv.observers and breaker.transitions != seen:
                 inv.emit(BreakerTransition(inv.key, *breaker.last_transition))
-            return circuit_open(inv.tool.decl.name, breaker)
-        inv.started = time.perf_counter()  # the bulkhead moves it past any wait for a place
+            return circuit_open(inv, breaker)
+        started = time.perf_counter()
         try:
             out = await call_next(inv)
         except BaseException:
             breaker.release(token)  # a cancellation says nothing about the service
             raise
         verdict = Verdict.SUCCESS if out.ok else out.verdict
-        if breaker.record(verdict, token, time.perf_counter() - inv.started):
-            out.final = True
+        # the service's time: from the attempt's bulkhead place to its answer
+        if breaker.record(verdict, token, time.perf_counter() - started - out.queued_s):
+            out = dataclasses.replace(out, final=True)  # it opened the breaker: no retry
         if inv.observers and breaker.transitions != seen:
             inv.emit(BreakerTransition(inv.key, *breaker.last_transition))
         return out

@@ -31,6 +31,5 @@ class Decode:
         if isinstance(args, str):
             if self.redact is not None:
                 args = self.redact(args)
-            return failure(ErrorType.INVALID_ARGUMENTS, args)
-        inv.args = args
-        return call_next(inv)
+            return failure(ErrorType.INVALID_ARGUMENTS, args, inv)
+        return call_next(inv.decoded(args))

@@ -1,4 +1,4 @@
-"""Stage 2b: a call to a key whose breaker is open is answered at once.
+"""Fast-fail: a call to a key whose breaker is open is answered at once.
 
 This only *reads* the breaker (nothing is counted): the breaker stage still admits and
 records every attempt. Answering right after name and policy checks spares an
@@ -27,11 +27,12 @@ class FastFail:
         self.breakers = breakers
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
-        assert inv.key is not None and inv.tool is not None
-        wait = self.breakers.blocked_for(inv.key)
+        key = inv.key
+        assert key is not None
+        wait = self.breakers.blocked_for(key)
         if wait is None:
             return call_next(inv)
-        inv.attempts = 1
+        inv = inv.attempt(1)  # the answer counts as one attempt, refused
         if inv.observers:
             inv.emit(REJECTED)
-        return circuit_open(inv.tool.decl.name, self.breakers.get(inv.key), wait)
+        return circuit_open(inv, self.breakers.get(key), wait)

@@ -1,4 +1,4 @@
-"""Stage 9: chaos faults, injected inside the breaker as a real service failure would be.
+"""Faults: chaos faults, injected inside the breaker as a real service failure would be.
 
 Off unless a fault is configured (one attribute check per call). Faults target a tool name
 or a breaker key, each with a ``rate``; draws come from one seeded ``random.Random`` so a
@@ -16,7 +16,7 @@ import anyio
 from ..contract import ToolError
 from ..events import FaultInjected
 from ..faults import Fault, InjectedFault
-from ..outcome import Outcome, error_outcome
+from ..outcome import Outcome, error_outcome, timeout_outcome
 from . import Invocation, Next
 
 __all__ = ["FaultInjector"]
@@ -61,8 +61,7 @@ class FaultInjector:
 
     async def _inject(self, call_next: Next, inv: Invocation) -> Outcome:
         assert inv.tool is not None and inv.key is not None
-        decl, key = inv.tool.decl, inv.key
-        name = decl.name
+        name, key = inv.tool.decl.name, inv.key
         for fault in list(self._faults.values()):
             if not fault.matches(name, key) or self.random.random() >= fault.rate:
                 continue
@@ -73,19 +72,19 @@ class FaultInjector:
                 with anyio.CancelScope(deadline=inv.deadline) as scope:
                     await anyio.sleep(delay)
                 if scope.cancel_called:
-                    return inv.timed_out()
+                    return timeout_outcome(inv)
                 continue
             if fault.kind == "hang":
                 with anyio.CancelScope(deadline=inv.deadline):
                     await anyio.sleep_forever()
-                return inv.timed_out()
+                return timeout_outcome(inv)
             if fault.kind == "error":
                 error = ToolError(
                     fault.message, error_type=fault.error_type, retryable=fault.retryable
                 )
-                return error_outcome(decl, error)
+                return error_outcome(inv, error)
             if fault.kind == "exception":
-                return error_outcome(decl, InjectedFault(fault.message))
+                return error_outcome(inv, InjectedFault(fault.message))
             output = {"injected": float("nan")} if fault.output is None else fault.output
-            return Outcome(True, output)
+            return Outcome(True, output, request=inv)
         return await call_next(inv)

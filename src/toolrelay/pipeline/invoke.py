@@ -1,4 +1,4 @@
-"""Stage 10 (terminal): run the handler, and turn whatever happens into an outcome.
+"""Invoke (terminal): run the handler, and turn whatever happens into an outcome.
 
 Async handlers are awaited inside a cancel scope with the call's deadline; at the deadline
 they are cancelled (their ``finally`` runs). Sync handlers run on a worker thread of their
@@ -24,6 +24,7 @@ from ..outcome import (
     error_outcome,
     failure,
     raised_outcome,
+    timeout_outcome,
     unexpected,
 )
 from ..redact import Redactor, describe_exception
@@ -65,13 +66,13 @@ class Invoke:
                     data = await tool.fn(inv.args, inv.ctx)
                 except Exception as exc:
                     if scope.cancel_called:
-                        return inv.timed_out()
-                    return error_outcome(tool.decl, exc, self.redact)
+                        return timeout_outcome(inv)
+                    return error_outcome(inv, exc, self.redact)
         finally:
             CURRENT_ATTEMPT.reset(attempt)
         if scope.cancel_called:
-            return inv.timed_out()
-        return Outcome(True, data)
+            return timeout_outcome(inv)
+        return Outcome(True, data, request=inv)
 
     async def _run_sync(self, inv: Invocation) -> Outcome:
         tool = inv.tool
@@ -83,6 +84,7 @@ class Invoke:
                 ErrorType.OVERLOADED,
                 f"{tool.decl.name} is busy: all {pool.max_threads} workers for "
                 f"{inv.key!r} are in use",
+                inv,
                 retryable=True,
             )
         finished = False
@@ -97,14 +99,14 @@ class Invoke:
                     finished = True
                 except Exception as exc:
                     finished = True
-                    return error_outcome(tool.decl, exc, self.redact)
+                    return error_outcome(inv, exc, self.redact)
         finally:
             CURRENT_ATTEMPT.reset(attempt)
             if not finished and pool.abandon(job) and inv.observers:
                 inv.emit(WorkerAbandoned(inv.key))
         if scope.cancel_called:
-            return inv.timed_out()
-        return Outcome(True, data)
+            return timeout_outcome(inv)
+        return Outcome(True, data, request=inv)
 
     async def _run_process(self, inv: Invocation) -> Outcome:
         tool = inv.tool
@@ -122,6 +124,7 @@ class Invoke:
             return failure(
                 ErrorType.INTERNAL_ERROR,
                 f"toolrelay could not hand {name} its call ({type(exc).__name__})",
+                inv,
             )
 
         def killed() -> None:
@@ -137,30 +140,32 @@ class Invoke:
                     ErrorType.OVERLOADED,
                     f"{name} is busy: all {pool.max_processes} worker processes for "
                     f"{key!r} are in use",
+                    inv,
                     retryable=True,
                 )
             except isolation.StartFailed:
                 return failure(
                     ErrorType.OVERLOADED,
                     f"{name} could not start: no worker process for {key!r}",
+                    inv,
                     retryable=True,
                 )
             except isolation.WorkerCrashed as exc:
                 log.warning("toolrelay: the worker process of %s %s", name, exc.how)
-                return unexpected(tool.decl, f"{name} failed: its worker process {exc.how}")
+                return unexpected(inv, f"{name} failed: its worker process {exc.how}")
         if scope.cancel_called:
-            return inv.timed_out()
+            return timeout_outcome(inv)
         kind = reply[0]
         if kind == "ok":
-            return Outcome(True, reply[1])
+            return Outcome(True, reply[1], request=inv)
         if kind == "tool_error":
             _, text, error_type, retryable, counts, retry_after_s = reply
             error = ToolError(
                 text, error_type=error_type, retryable=retryable,
                 counts_as_failure=counts, retry_after_s=retry_after_s,
             )  # fmt: skip
-            return error_outcome(tool.decl, error, self.redact)
+            return error_outcome(inv, error, self.redact)
         if kind == "raised":
             redact = self.redact or _DEFAULT_REDACTOR  # raised in the worker process
-            return raised_outcome(tool.decl, reply[1], redact(reply[2].rstrip()))
-        return failure(ErrorType.INVALID_OUTPUT, f"{name} returned a non-JSON value")
+            return raised_outcome(inv, reply[1], redact(reply[2].rstrip()))
+        return failure(ErrorType.INVALID_OUTPUT, f"{name} returned a non-JSON value", inv)

@@ -1,6 +1,8 @@
-"""Stage 11 (run on the way out): output must be JSON, within the size cap and its schema."""
+"""Shape (on the way out): output must be JSON, within the size cap and its schema."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from ..contract import ErrorType
 from ..jsonlimits import DEFAULT_MAX_OUTPUT_BYTES, ENCODER, schema_errors, truncated
@@ -33,7 +35,7 @@ class Shape:
             why = "a value that is not finite" if "Out of range" in str(exc) else "a non-JSON value"
             if isinstance(exc, RecursionError) or "Circular" in str(exc):
                 why = "a circular or too deeply nested value"
-            return failure(ErrorType.INVALID_OUTPUT, f"{name} returned {why}")
+            return failure(ErrorType.INVALID_OUTPUT, f"{name} returned {why}", out.request)
         size = (
             len(text) if len(text) * 4 <= self.max_bytes else len(text.encode("utf-8", "replace"))
         )
@@ -42,14 +44,15 @@ class Shape:
                 return failure(
                     ErrorType.INVALID_OUTPUT,
                     f"{name} returned {size} bytes, over the {self.max_bytes}-byte cap",
+                    out.request,
                 )
-            out.data = truncated(text, size, self.max_bytes)
-            return out
+            return dataclasses.replace(out, data=truncated(text, size, self.max_bytes))
         checker = inv.tool.output_validator
         if checker is not None and not checker.is_valid(out.data):
             return failure(
                 ErrorType.INVALID_OUTPUT,
                 f"{name} returned output that breaks its schema: "
                 + schema_errors(checker, out.data),
+                out.request,
             )
         return out

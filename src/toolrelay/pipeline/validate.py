@@ -1,4 +1,4 @@
-"""Stage 3: JSON Schema 2020-12 validation with the tool's compiled validator."""
+"""Validate: JSON Schema 2020-12 validation with the tool's compiled validator."""
 
 from __future__ import annotations
 
@@ -27,17 +27,21 @@ class Validate:
         try:
             valid = validator.is_valid(inv.args)
         except (ValueError, TypeError, OverflowError):
-            return failure(ErrorType.INVALID_ARGUMENTS, "arguments hold values that are not JSON")
+            return failure(
+                ErrorType.INVALID_ARGUMENTS, "arguments hold values that are not JSON", inv
+            )
         if not valid:
             try:
                 reasons = schema_errors(validator, inv.args)
             except (ValueError, TypeError, OverflowError):  # e.g. lone surrogates
                 return failure(
-                    ErrorType.INVALID_ARGUMENTS, "arguments hold text that is not valid Unicode"
+                    ErrorType.INVALID_ARGUMENTS,
+                    "arguments hold text that is not valid Unicode",
+                    inv,
                 )
             if self.redact is not None:
                 reasons = self.redact(reasons)
             return failure(
-                ErrorType.VALIDATION_ERROR, "arguments do not match the schema: " + reasons
+                ErrorType.VALIDATION_ERROR, "arguments do not match the schema: " + reasons, inv
             )
         return call_next(inv)
