@@ -100,7 +100,9 @@ def deadline_for(inv: Invocation, now: float) -> tuple[float, bool]:
     capped by the model slot's deadline and by a deadline the call already has (a
     fallback's: its primary's); and whether the slot set it."""
     assert inv.tool is not None
-    deadline = min(inv.deadline, now + inv.tool.decl.timeout_s)
+    deadline = now + inv.tool.decl.timeout_s
+    if inv.deadline < deadline:
+        deadline = inv.deadline
     slot = inv.slot
     if slot is not None and slot.deadline < deadline:
         return slot.deadline, True

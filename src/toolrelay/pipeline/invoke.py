@@ -21,6 +21,7 @@ from ..contract import CURRENT_ATTEMPT, ErrorType, ToolError
 from ..events import WorkerAbandoned, WorkerKilled
 from ..outcome import (
     Outcome,
+    Verdict,
     error_outcome,
     failure,
     raised_outcome,
@@ -32,6 +33,7 @@ from ..workers import WorkerPools
 from . import Invocation
 
 _DEFAULT_REDACTOR = Redactor()
+SUCCESS = Verdict.SUCCESS  # an answer built positionally: ~0.1 µs less than by keyword
 
 log = logging.getLogger("toolrelay")
 
@@ -72,7 +74,7 @@ class Invoke:
             CURRENT_ATTEMPT.reset(attempt)
         if scope.cancel_called:
             return timeout_outcome(inv)
-        return Outcome(True, data, request=inv)
+        return Outcome(True, data, None, "", False, None, SUCCESS, False, False, None, inv)
 
     async def _run_sync(self, inv: Invocation) -> Outcome:
         tool = inv.tool
