@@ -238,7 +238,7 @@ class Telemetry:
     def watch_breakers(self, breakers: Breakers) -> None:
         """Report ``breakers``' failure and slow-call rates and break durations (computed at
         scrape time; held weakly: a dispatcher that is garbage-collected drops out)."""
-        self.metrics.watch(breakers)
+        self.metrics.breakers.watch(breakers)
 
     def workers_changed(self, key: str, abandoned: int) -> None:
         self.metrics.abandoned.labels(key).set(abandoned)
