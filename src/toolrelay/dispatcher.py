@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -19,7 +20,7 @@ from .budget import RetryBudgets
 from .config import Config, dispatcher_arguments, load_config, load_configured_plugins
 from .contract import AuthContext, ErrorType, ToolDeclaration
 from .faults import Fault
-from .formats import FORMATS
+from .formats import formatter
 from .isolation import ProcessPools
 from .jsonlimits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, DEFAULT_MAX_OUTPUT_BYTES
 from .outcome import failure
@@ -41,8 +42,8 @@ from .pipeline.shape import Shape
 from .pipeline.validate import Validate
 from .policy import EVERYTHING, NOTHING, Profile
 from .redact import Redactor
-from .registry import CompiledTool, RegistrationError, ToolRegistry
-from .result import ToolCall, ToolResult
+from .registry import ToolRegistry
+from .result import ToolCall, ToolResult, safe_call_id
 from .slot import ModelSlot, SlotLease
 from .storage import RedisLink, SharedStorage
 from .telemetry import Telemetry
@@ -54,23 +55,6 @@ log = logging.getLogger("toolrelay")
 
 ANONYMOUS = AuthContext()
 Unavailable = Literal["hide", "mark", "show"]
-
-MAX_CALL_ID_CHARS = 128
-"""The longest call id kept; a longer one is cut (and ends with ``…``)."""
-
-
-def safe_call_id(call_id: object) -> str | None:
-    """``call_id`` as every sink (result, audit line, span, approver) gets it: a string of
-    at most :data:`MAX_CALL_ID_CHARS` printable characters. Anything not printable
-    (control characters, line breaks, …) becomes ``?``; a non-string id is ``str()``-ed."""
-    if call_id is None:
-        return None
-    text = call_id if isinstance(call_id, str) else str(call_id)
-    if len(text) > MAX_CALL_ID_CHARS:
-        text = text[: MAX_CALL_ID_CHARS - 1] + "…"
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    return text
 
 
 class Dispatcher:
@@ -185,7 +169,7 @@ class Dispatcher:
         invoke = Invoke(self.workers, self.redact, self.processes)
         # a fallback's call runs every stage but telemetry (the call's span and metrics are
         # the primary's) and the fallback stage (a fallback's fallbacks are not followed)
-        fallback = Fallback(compose([*outer, *inner], invoke), self._find)
+        fallback = Fallback(compose([*outer, *inner], invoke), functools.partial(find, registry))
         self._chain = compose([*([] if tel is None else [tel]), *outer, fallback, *inner], invoke)
 
     @classmethod
@@ -274,9 +258,6 @@ class Dispatcher:
             for fault in faults:
                 self.faults.add(fault)
         return self.breakers.reconfigure()
-
-    def _find(self, name: object) -> CompiledTool | None:
-        return find(self.registry, name)
 
     def breaker_config(self, key: str) -> BreakerConfig:
         return self.breaker_configs.get(key, self.default_breaker)
@@ -385,10 +366,7 @@ class Dispatcher:
         allowed, its breaker not open).
         ``hide_fallbacks`` leaves out every tool another listed tool names as a fallback.
         """
-        try:
-            render = FORMATS[format]
-        except KeyError:
-            raise ValueError(f"unknown format {format!r}; choose from {sorted(FORMATS)}") from None
+        render = formatter(format)
         chosen = self.profile(profile)
         decls = [tool.decl for tool in self.registry.tools() if chosen.permits(tool.decl)]
         hidden = {name for decl in decls for name in decl.fallback} if hide_fallbacks else set()
@@ -412,10 +390,7 @@ class Dispatcher:
     def _stands_in(self, decl: ToolDeclaration, profile: Profile) -> bool:
         """Can a fallback of ``decl`` answer for it now (known, allowed, breaker not open)?"""
         for name in decl.fallback:
-            try:
-                tool = self.registry.resolve(name)
-            except RegistrationError:
-                continue
+            tool = find(self.registry, name)
             if (
                 tool is not None
                 and profile.permits(tool.decl)

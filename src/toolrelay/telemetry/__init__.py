@@ -170,7 +170,7 @@ class Telemetry:
         attempt when its retry is scheduled, the last one from the call's answer. The
         first attempt's end (every call has one) is not even a span event.
         """
-        if type(event) is AttemptEnded and event.number == 1:
+        if type(event) is AttemptEnded and event.attempt == 1:
             return
         if isinstance(event, RetryScheduled):
             tool = self.label(inv.name)
