@@ -108,9 +108,11 @@ class Bulkhead:
             adaptive = config.max_concurrent == "adaptive"
             gate = self._gates[key] = _AdaptiveGate(config) if adaptive else _Gate(config)
         share = gate.config.max_concurrent_per_tenant
-        if share is None:
-            return self._admit(call_next, inv, gate)
-        return self._share(call_next, inv, gate, key, share)
+        if share is not None:
+            return self._share(call_next, inv, gate, key, share)
+        if isinstance(gate, _AdaptiveGate):
+            return self._adapt(call_next, inv, gate)
+        return self._fixed(call_next, inv, gate)
 
     async def _share(
         self, call_next: Next, inv: Invocation, gate: _Gate | _AdaptiveGate, key: str, share: int
