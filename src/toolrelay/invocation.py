@@ -26,7 +26,7 @@ from .policy import Profile
 from .registry import CompiledTool
 from .slot import SlotLease
 
-__all__ = ["AuditNote", "Invocation", "Observer", "deadline_for"]
+__all__ = ["AuditNote", "Invocation", "Observer"]
 
 
 class Observer(Protocol):
@@ -76,9 +76,22 @@ class Invocation:
             self.attempts, self.audit,
         )  # fmt: skip
 
-    def bounded(self, deadline: float, slot_bound: bool, attempts: int) -> Invocation:
+    def bounded(self, now: float, attempts: int) -> Invocation:
+        """This invocation with the call's one absolute deadline from ``now`` — ``now`` +
+        the tool's ``timeout_s``, capped by the model slot's deadline and by a deadline the
+        call already has (a fallback's: its primary's) — as attempt ``attempts``. The one
+        place a deadline is worked out (the deadline and fallback stages ask it)."""
+        assert self.tool is not None
+        deadline = now + self.tool.decl.timeout_s
+        if self.deadline < deadline:
+            deadline = self.deadline
+        slot = self.slot
+        slot_bound = slot is not None and slot.deadline < deadline
+        if slot_bound:
+            assert slot is not None
+            deadline = slot.deadline
         return Invocation(
-            self.name, self.raw_args, self.ctx, self.profile, self.call_id, self.slot,
+            self.name, self.raw_args, self.ctx, self.profile, self.call_id, slot,
             self.observers, self.tool, self.key, self.args, deadline, slot_bound,
             attempts, self.audit,
         )  # fmt: skip
@@ -93,17 +106,3 @@ class Invocation:
     def emit(self, event: Event) -> None:
         for observer in self.observers:
             observer(self, event)
-
-
-def deadline_for(inv: Invocation, now: float) -> tuple[float, bool]:
-    """The call's one absolute deadline from ``now``: ``now`` + the tool's ``timeout_s``,
-    capped by the model slot's deadline and by a deadline the call already has (a
-    fallback's: its primary's); and whether the slot set it."""
-    assert inv.tool is not None
-    deadline = now + inv.tool.decl.timeout_s
-    if inv.deadline < deadline:
-        deadline = inv.deadline
-    slot = inv.slot
-    if slot is not None and slot.deadline < deadline:
-        return slot.deadline, True
-    return deadline, False

@@ -28,7 +28,6 @@ import anyio
 
 from ..contract import ErrorType, ToolDeclaration
 from ..events import FallbackEnded
-from ..invocation import deadline_for
 from ..outcome import Outcome
 from ..registry import CompiledTool
 from . import Invocation, Next
@@ -91,7 +90,7 @@ class Fallback:
         assert asked.tool is not None
         # the primary's deadline, or (answered before the deadline stage: a fast-fail)
         # what it would have been
-        end, _ = deadline_for(asked, anyio.current_time())
+        end = asked.bounded(anyio.current_time(), asked.attempts).deadline
         if not may_fall_back(out, asked.tool.decl, end - anyio.current_time()):
             return out
         primary = str(out.error_type)
