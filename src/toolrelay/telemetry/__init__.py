@@ -96,7 +96,9 @@ class Telemetry:
 
     # -- the outermost stage ------------------------------------------------------------
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
-        return self._measure(call_next, inv, self.label(inv.name), self.tracing())
+        # a tool found as the call came in names its series; else the name, if known now
+        tool = inv.name if inv.tool is not None else self.label(inv.name)
+        return self._measure(call_next, inv, tool, self.tracing())
 
     async def _measure(self, call_next: Next, inv: Invocation, tool: str, traced: bool) -> Outcome:
         """Count the call and, when ``traced``, record its span: current while the call runs
