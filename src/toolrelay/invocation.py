@@ -9,7 +9,7 @@ writes a field another stage reads later. What comes back out travels in the ans
 
 An invocation is frozen for the type checker (``Final`` fields), not at run time: a
 frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` (five times
-the cost, and a call builds four invocations), and a ``NamedTuple``'s fields are slower
+the cost, and a call builds three invocations), and a ``NamedTuple``'s fields are slower
 to read than slots.
 """
 
