@@ -288,10 +288,10 @@ class Dispatcher:
         started = time.perf_counter()
         try:
             tool = find(self.registry, name)
-            inv = Invocation(
+            inv = Invocation.asked(
                 name, raw_args, ANONYMOUS if ctx is None else ctx,
                 EVERYTHING if profile is None else self.profiles.get(profile, NOTHING),
-                call_id, slot, self.observers, tool, None if tool is None else tool.decl.key,
+                call_id, slot, self.observers, tool,
             )  # fmt: skip
             out = await self._chain(inv)
         except Exception:

@@ -29,6 +29,7 @@ from .slot import SlotLease
 __all__ = ["AuditNote", "Invocation", "Observer"]
 
 _NEW = object.__new__
+_NO_ARGS: dict[str, Any] = {}  # never changed: decode gives a call its own arguments
 
 
 class Observer(Protocol):
@@ -68,6 +69,38 @@ class Invocation:
     (0: the call made no attempt)."""
     audit: Final[AuditNote | None] = None
     """Set by the audit stage for a call it writes a line for."""
+
+    @staticmethod
+    def asked(
+        name: Any,
+        raw_args: Any,
+        ctx: AuthContext,
+        profile: Profile,
+        call_id: str | None,
+        slot: SlotLease | None,
+        observers: tuple[Observer, ...],
+        tool: CompiledTool | None,
+        deadline: float = math.inf,
+    ) -> Invocation:
+        """A call as it comes in (the dispatcher's, a fallback's), with the tool its name
+        found; ``deadline`` bounds the one the deadline stage gives it."""
+        new: Any = _NEW(Invocation)  # slot by slot, as the derivations below
+        new.name = name
+        new.raw_args = raw_args
+        new.ctx = ctx
+        new.profile = profile
+        new.call_id = call_id
+        new.slot = slot
+        new.observers = observers
+        new.tool = tool
+        new.key = None if tool is None else tool.decl.key
+        new.args = _NO_ARGS
+        new.deadline = deadline
+        new.slot_bound = False
+        new.attempts = 0
+        new.audit = None
+        fresh: Invocation = new
+        return fresh
 
     # The derivations a call makes on its way in (``dataclasses.replace`` takes 15 times as
     # long: it is kept for the rarer changes). Each fills a new instance slot by slot, a

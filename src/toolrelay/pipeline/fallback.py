@@ -98,9 +98,9 @@ class Fallback:
             if end - anyio.current_time() <= 0:
                 break
             tool = self.find(name)
-            sub = Invocation(
+            sub = Invocation.asked(
                 name, inv.raw_args, inv.ctx, inv.profile, inv.call_id, inv.slot, inv.observers,
-                tool, None if tool is None else tool.decl.key, deadline=end,
+                tool, end,
             )  # fmt: skip
             answer = await self.reenter(sub)
             ran = sub if answer.request is None else answer.request
