@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from toolrelay.pipeline.decode import decode_arguments
+from toolrelay.jsonlimits import decode_arguments
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "fuzz" / "fuzz_decode_validate.py"

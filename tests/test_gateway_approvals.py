@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from helpers import OBJ, MutablePlugin
 from toolrelay import AuthContext, Dispatcher, ToolDeclaration, ToolRegistry
-from toolrelay.pipeline.approve import UNASKED, Approval
+from toolrelay.approval import UNASKED, Approval
 from toolrelay.result import ToolCall
 from toolrelay.serve.settings import parse_serve_section
 from toolrelay.settings import ConfigError

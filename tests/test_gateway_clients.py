@@ -50,7 +50,7 @@ from mcp.client.stdio import stdio_client
 from conftest import REQUIRE_SERVERS
 from toolrelay import AuthContext, ToolRegistry
 from toolrelay.contract import ErrorType
-from toolrelay.pipeline.shape import TRUNCATION_MARKER, truncated
+from toolrelay.jsonlimits import TRUNCATION_MARKER, truncated
 from toolrelay.result import ToolResult
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -299,7 +299,7 @@ async def test_idempotent_tools_retry_retryable_failures() -> None:
     assert [s.attempt for s in sleeps] == [1, 2]
     assert 0.01 <= sleeps[0].delay_s <= 0.016 and 0.02 <= sleeps[1].delay_s <= 0.026
     attempts = [e for e in recorder.events if isinstance(e, AttemptEnded)]
-    assert [(a.number, a.result) for a in attempts] == [
+    assert [(a.attempt, a.result) for a in attempts] == [
         (1, "tool_error"),
         (2, "tool_error"),
         (3, "ok"),

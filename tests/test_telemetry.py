@@ -651,10 +651,10 @@ BREAKER_WORKER = textwrap.dedent(
     """
     import sys, time
     import anyio
-    import toolrelay.telemetry.metrics
+    import toolrelay.telemetry.breaker_gauges
     from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
 
-    toolrelay.telemetry.metrics.BREAKER_REFRESH_S = 0.05
+    toolrelay.telemetry.breaker_gauges.BREAKER_REFRESH_S = 0.05
     registry = ToolRegistry()
     failing = int(sys.argv[1])
 

@@ -8,7 +8,8 @@ from ._version import __version__ as __version__
 from .breakers import BreakerConfig, Breakers
 from .contract import AuthContext, CallContext, ErrorType, ToolDeclaration, ToolError, ToolPlugin
 from .dispatcher import Dispatcher
-from .pipeline.faults import Fault, FaultInjector
+from .faults import Fault
+from .pipeline.faults import FaultInjector
 from .policy import Profile
 from .registry import RegistrationError, ToolRegistry
 from .result import ToolCall, ToolResult

@@ -24,7 +24,7 @@ from pydantic import model_validator as _model_validator
 
 from .breakers import BreakerConfig
 from .contract import Isolation, Risk
-from .pipeline.faults import Fault
+from .faults import Fault
 from .policy import Profile
 from .registry import RegistrationError, ToolRegistry
 from .settings import MODEL, ConfigError, Count, Flag, Name, Port, Positive, Text, TomlTable, diff

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -13,34 +14,37 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
+from .approval import Approver
 from .breakers import BreakerConfig, Breakers
 from .budget import RetryBudgets
 from .capabilities import Closeable
 from .config import Config, dispatcher_arguments, load_config, load_configured_plugins
 from .contract import AuthContext, ErrorType, ToolDeclaration
-from .formats import FORMATS
+from .faults import Fault
+from .formats import formatter
 from .isolation import ProcessPools
-from .outcome import Outcome, failure
+from .jsonlimits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, DEFAULT_MAX_OUTPUT_BYTES
+from .outcome import failure
 from .pipeline import Invocation, Observer, Stage, compose
-from .pipeline.approve import Approve, Approver
+from .pipeline.approve import Approve
 from .pipeline.audit import Audit, AuditSink, log_sink
 from .pipeline.breaker import Breaker
 from .pipeline.bulkhead import Bulkhead
 from .pipeline.deadline import Deadline
-from .pipeline.decode import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, Decode
+from .pipeline.decode import Decode
 from .pipeline.fallback import Fallback
 from .pipeline.fastfail import FastFail
-from .pipeline.faults import Fault, FaultInjector
+from .pipeline.faults import FaultInjector
 from .pipeline.hedge import Hedge
 from .pipeline.invoke import Invoke
-from .pipeline.resolve import Resolve
+from .pipeline.resolve import Resolve, find
 from .pipeline.retry import Retry
-from .pipeline.shape import DEFAULT_MAX_OUTPUT_BYTES, Shape
+from .pipeline.shape import Shape
 from .pipeline.validate import Validate
 from .policy import EVERYTHING, NOTHING, Profile
 from .redact import Redactor
-from .registry import RegistrationError, ToolRegistry
-from .result import ToolCall, ToolResult
+from .registry import ToolRegistry
+from .result import ToolCall, ToolResult, safe_call_id
 from .slot import ModelSlot, SlotLease
 from .storage import RedisLink, SharedStorage
 from .telemetry import Telemetry
@@ -52,23 +56,6 @@ log = logging.getLogger("toolrelay")
 
 ANONYMOUS = AuthContext()
 Unavailable = Literal["hide", "mark", "show"]
-
-MAX_CALL_ID_CHARS = 128
-"""The longest call id kept; a longer one is cut (and ends with ``…``)."""
-
-
-def safe_call_id(call_id: object) -> str | None:
-    """``call_id`` as every sink (result, audit line, span, approver) gets it: a string of
-    at most :data:`MAX_CALL_ID_CHARS` printable characters. Anything not printable
-    (control characters, line breaks, …) becomes ``?``; a non-string id is ``str()``-ed."""
-    if call_id is None:
-        return None
-    text = call_id if isinstance(call_id, str) else str(call_id)
-    if len(text) > MAX_CALL_ID_CHARS:
-        text = text[: MAX_CALL_ID_CHARS - 1] + "…"
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    return text
 
 
 class Dispatcher:
@@ -162,12 +149,11 @@ class Dispatcher:
         if self.storage_link is not None:
             self.storage_link.budgets = self.budgets
         self.faults = FaultInjector(faults, fault_seed)
-        stages: list[Stage] = [] if tel is None else [tel]
+        outer: list[Stage] = []
         if audit is not None:
-            stages.append(Audit(audit, arguments=audit_arguments, redact=self.redact))
-        stages += [
-            Resolve(registry, self.redact),
-            fallback := Fallback(),
+            outer.append(Audit(audit, arguments=audit_arguments, redact=self.redact))
+        outer.append(Resolve(registry, self.redact))
+        inner: list[Stage] = [
             FastFail(self.breakers),
             Decode(max_argument_bytes, max_argument_depth, self.redact),
             Validate(self.redact),
@@ -182,12 +168,10 @@ class Dispatcher:
         ]
         self.processes = ProcessPools(lambda key: self.breaker_config(key).max_places)
         invoke = Invoke(self.workers, self.redact, self.processes)
-        self._chain = compose(stages, invoke)
-        # a fallback's call: every stage but telemetry (the call's span and metrics are
+        # a fallback's call runs every stage but telemetry (the call's span and metrics are
         # the primary's) and the fallback stage (a fallback's fallbacks are not followed)
-        fallback.reenter = compose(
-            [s for s in stages if s is not fallback and s is not tel], invoke
-        )
+        fallback = Fallback(compose([*outer, *inner], invoke), functools.partial(find, registry))
+        self._chain = compose([*([] if tel is None else [tel]), *outer, fallback, *inner], invoke)
 
     @classmethod
     def from_config(
@@ -237,6 +221,11 @@ class Dispatcher:
         """Release the shared breaker storage's connections, if any."""
         if self.storage_link is not None:
             self.storage_link.close()
+
+    def add_observer(self, observer: Observer) -> None:
+        """Add ``observer``: called with ``(invocation, event)`` for every stage event of
+        the calls dispatched from now on."""
+        self.observers = (*self.observers, observer)
 
     def model_slot(self, budget_s: float = 30.0) -> ModelSlot:
         """A :class:`ModelSlot` whose holds this dispatcher's telemetry records."""
@@ -295,36 +284,33 @@ class Dispatcher:
         ``call_id`` is kept as :func:`safe_call_id` makes it (at most 128 printable
         characters), and that is what the result, the audit line and the span carry.
         """
-        inv = Invocation(
-            name,
-            raw_args,
-            ANONYMOUS if ctx is None else ctx,
-            self.profile(profile),
-            safe_call_id(call_id),
-            slot,
-            self.observers,
-        )
+        call_id = None if call_id is None else safe_call_id(call_id)
         started = time.perf_counter()
         try:
+            tool = find(self.registry, name)
+            inv = Invocation.asked(
+                name, raw_args, ANONYMOUS if ctx is None else ctx,
+                EVERYTHING if profile is None else self.profiles.get(profile, NOTHING),
+                call_id, slot, self.observers, tool,
+            )  # fmt: skip
             out = await self._chain(inv)
         except Exception:
-            log.exception("toolrelay: internal error while dispatching %r", inv.name)
+            log.exception("toolrelay: internal error while dispatching %r", name)
             out = failure(ErrorType.INTERNAL_ERROR, "toolrelay could not run this call")
-        return self._result(inv, out, time.perf_counter() - started)
-
-    def _result(self, inv: Invocation, out: Outcome, duration: float) -> ToolResult:
+        duration = time.perf_counter() - started
+        asked = out.request  # the call as it ran (None: no tool by that name)
         return ToolResult(
             out.ok,
-            inv.name if isinstance(inv.name, str) else "",
-            inv.call_id,
+            name if isinstance(name, str) else "",
+            call_id,
             out.data,
             out.error_type,
             out.message,
             out.retryable,
             out.retry_after_s,
             duration,
-            inv.attempts,
-            inv.key,
+            0 if asked is None else asked.attempts,
+            None if asked is None else asked.key,
             out.effect_unknown,
             out.served_by,
         )
@@ -380,10 +366,7 @@ class Dispatcher:
         allowed, its breaker not open).
         ``hide_fallbacks`` leaves out every tool another listed tool names as a fallback.
         """
-        try:
-            render = FORMATS[format]
-        except KeyError:
-            raise ValueError(f"unknown format {format!r}; choose from {sorted(FORMATS)}") from None
+        render = formatter(format)
         chosen = self.profile(profile)
         decls = [tool.decl for tool in self.registry.tools() if chosen.permits(tool.decl)]
         hidden = {name for decl in decls for name in decl.fallback} if hide_fallbacks else set()
@@ -407,10 +390,7 @@ class Dispatcher:
     def _stands_in(self, decl: ToolDeclaration, profile: Profile) -> bool:
         """Can a fallback of ``decl`` answer for it now (known, allowed, breaker not open)?"""
         for name in decl.fallback:
-            try:
-                tool = self.registry.resolve(name)
-            except RegistrationError:
-                continue
+            tool = find(self.registry, name)
             if (
                 tool is not None
                 and profile.permits(tool.decl)

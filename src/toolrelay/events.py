@@ -25,9 +25,10 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class AttemptEnded:
-    """One attempt of a call finished; ``result`` is ``ok`` or the ``error_type``."""
+    """Attempt ``attempt`` (1 = the first) of a call finished; ``result`` is ``ok`` or the
+    ``error_type``."""
 
-    number: int
+    attempt: int
     result: str
 
 

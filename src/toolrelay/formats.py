@@ -7,7 +7,14 @@ from typing import Any
 
 from .contract import ToolDeclaration
 
-__all__ = ["FORMATS", "to_anthropic", "to_mcp", "to_openai", "to_openai_responses"]
+__all__ = [
+    "FORMATS",
+    "formatter",
+    "to_anthropic",
+    "to_mcp",
+    "to_openai",
+    "to_openai_responses",
+]
 
 
 def to_openai(decl: ToolDeclaration, description: str) -> dict[str, Any]:
@@ -60,3 +67,11 @@ FORMATS: dict[str, Callable[[ToolDeclaration, str], dict[str, Any]]] = {
     "anthropic": to_anthropic,
     "mcp": to_mcp,
 }
+
+
+def formatter(format: str) -> Callable[[ToolDeclaration, str], dict[str, Any]]:
+    """The renderer of ``format``; a ``ValueError`` naming the formats if there is none."""
+    try:
+        return FORMATS[format]
+    except KeyError:
+        raise ValueError(f"unknown format {format!r}; choose from {sorted(FORMATS)}") from None

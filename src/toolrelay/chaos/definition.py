@@ -20,7 +20,7 @@ import jsonschema_rs
 
 from ..config import ConfigError
 from ..dispatcher import Dispatcher
-from ..pipeline.faults import Fault
+from ..faults import Fault
 from ..registry import ToolRegistry
 from ..result import ToolCall, ToolResult
 from .record import Check, Run

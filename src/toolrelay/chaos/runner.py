@@ -21,8 +21,8 @@ from ..config import parse_config
 from ..contract import AuthContext
 from ..dispatcher import Dispatcher
 from ..events import AttemptEnded, Event, HedgeEnded
-from ..pipeline import Invocation, Observer
-from ..pipeline.faults import Fault
+from ..faults import Fault
+from ..invocation import Invocation, Observer
 from ..registry import ToolRegistry
 from ..result import ToolCall, ToolResult
 from .checks import judge
@@ -38,10 +38,6 @@ View = Callable[[Record, Dispatcher], Coroutine[Any, Any, None]]
 
 NOWHERE = "http://127.0.0.1:9"
 """``${upstream}`` in an experiment that runs without the stand-in upstream."""
-
-
-def _add_observer(dispatcher: Dispatcher, observer: Observer) -> None:
-    dispatcher.observers = (*dispatcher.observers, observer)
 
 
 async def play(
@@ -86,7 +82,7 @@ async def play(
                 (record.now(), key, old, new, *_counters(dispatcher, key))
             )
         )
-        _add_observer(dispatcher, _observer(record))
+        dispatcher.add_observer(_observer(record))
         try:
             async with anyio.create_task_group() as outer:
                 if view is not None:

@@ -2,89 +2,26 @@
 
 A stage is an object whose ``__call__(call_next, inv)`` returns an awaitable
 :class:`~toolrelay.outcome.Outcome`. It may answer at once or pass the invocation on to
-``call_next(inv)``. A stage that only checks or prepares the call is a plain ``def`` that
-returns an outcome (an outcome is its own finished awaitable) or ``call_next(inv)``
-itself, so it adds no coroutine frame to a call; a stage that must see the answer (or a
-cancellation) is an ``async def`` that awaits ``call_next(inv)``. Stages never raise for a
-failure of the call; only a cancellation (and bugs) propagate.
+``call_next(inv)`` — a new :class:`~toolrelay.invocation.Invocation` when it established
+something (invocations are immutable), and an answer changed on the way out is a new
+outcome (``dataclasses.replace``). A stage that only checks or prepares the call is a plain
+``def`` that returns an outcome (an outcome is its own finished awaitable) or
+``call_next(inv)`` itself, so it adds no coroutine frame to a call; a stage that must see
+the answer (or a cancellation) is an ``async def`` that awaits ``call_next(inv)``. Stages
+never raise for a failure of the call; only a cancellation (and bugs) propagate. No stage
+imports another.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
-from ..contract import AuthContext
-from ..events import Event
+from ..invocation import Invocation, Observer
 from ..outcome import Outcome
 
-if TYPE_CHECKING:
-    from ..policy import Profile
-    from ..registry import CompiledTool
-    from ..slot import SlotLease
-
 __all__ = ["Invocation", "Next", "Observer", "Stage", "compose"]
-
-
-class Observer(Protocol):
-    def __call__(self, inv: Invocation, event: Event) -> None: ...
-
-
-class Invocation:
-    """The state of one call as it moves through the stages."""
-
-    __slots__ = (
-        "approval",
-        "approver",
-        "args",
-        "attempts",
-        "call_id",
-        "ctx",
-        "deadline",
-        "key",
-        "name",
-        "observers",
-        "profile",
-        "raw_args",
-        "slot",
-        "slot_bound",
-        "started",
-        "tool",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        raw_args: Any,
-        ctx: AuthContext,
-        profile: Profile,
-        call_id: str | None,
-        slot: SlotLease | None,
-        observers: tuple[Observer, ...],
-    ) -> None:
-        self.name = name
-        self.raw_args = raw_args
-        self.ctx = ctx
-        self.profile = profile
-        self.call_id = call_id
-        self.slot = slot
-        self.observers = observers
-        self.args: dict[str, Any] = {}
-        self.tool: CompiledTool | None = None
-        self.key: str | None = None
-        self.deadline: float = float("inf")
-        self.slot_bound = False
-        self.attempts = 0
-        self.started = 0.0
-        """When the current attempt got its bulkhead place (``time.perf_counter``)."""
-        self.approval = "not_required"
-        self.approver: str | None = None
-        """Who decided the approval, when the approver said (an :class:`Approval`)."""
-
-    def emit(self, event: Event) -> None:
-        for observer in self.observers:
-            observer(self, event)
 
 
 Next = Callable[[Invocation], Awaitable[Outcome]]

@@ -1,46 +1,22 @@
-"""Stage 4: risky tools need an approval, decided by the host's approver."""
+"""Approve: risky tools need an approval, decided by the host's approver."""
 
 from __future__ import annotations
 
-import enum
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Awaitable
 
 import anyio
 
-from ..contract import AuthContext, ErrorType, ToolDeclaration
+from ..approval import UNASKED, Approval, Approver, Decision
+from ..contract import ErrorType, ToolDeclaration
 from ..outcome import Outcome, failure
 from ..result import ToolCall
 from . import Invocation, Next
 
-__all__ = ["UNASKED", "Approval", "Approve", "Approver"]
+__all__ = ["Approve"]
 
 log = logging.getLogger("toolrelay")
-
-
-@dataclass(frozen=True, slots=True)
-class Approval:
-    """A decision with who made it, for approvers that know (the audit line's
-    ``approver``); ``reason`` (one short phrase) tells the model why a call was refused."""
-
-    approved: bool
-    by: str
-    reason: str = ""
-
-
-class _Unasked(enum.Enum):
-    UNASKED = "unasked"
-
-
-UNASKED: Final = _Unasked.UNASKED
-"""What an approver returns when it has nobody to ask for this call: answered
-``needs_approval``, as without an approver."""
-
-Decision = bool | Approval | _Unasked
-Approver = Callable[[ToolCall, ToolDeclaration, AuthContext], Awaitable[Decision] | Decision]
 
 
 class Approve:
@@ -59,6 +35,8 @@ class Approve:
         assert inv.tool is not None
         decl = inv.tool.decl
         if not inv.profile.needs_approval(decl):
+            if inv.audit is not None:
+                inv.audit(inv, "not_required", None)
             return call_next(inv)
         if self.approver is None:
             return _needs_approval(inv, decl)
@@ -68,7 +46,9 @@ class Approve:
         self, call_next: Next, inv: Invocation, decl: ToolDeclaration, approver: Approver
     ) -> Outcome:
         request = ToolCall(decl.name, inv.args, inv.call_id)
-        inv.approval = "pending"
+        note = inv.audit
+        if note is not None:
+            note(inv, "pending", None)
         limit = float("inf") if inv.slot is None else inv.slot.remaining()
         decision: Decision = False
         try:
@@ -77,34 +57,43 @@ class Approve:
                 decision = await answer if inspect.isawaitable(answer) else answer
         except Exception:
             log.exception("toolrelay: approver failed for %s", decl.name)
-            inv.approval = "approver_failed"
-            return failure(ErrorType.DENIED, f"approval for {decl.name!r} could not be obtained")
+            if note is not None:
+                note(inv, "approver_failed", None)
+            message = f"approval for {decl.name!r} could not be obtained"
+            return failure(ErrorType.DENIED, message, inv)
         if scope.cancelled_caught:
-            inv.approval = "approval_timeout"
+            if note is not None:
+                note(inv, "approval_timeout", None)
             return failure(
                 ErrorType.TIMEOUT,
                 f"approval for {decl.name!r} did not come within the model's time budget",
+                inv,
                 retryable=True,
             )
         if decision is UNASKED:
             return _needs_approval(inv, decl)
+        by = None
         if isinstance(decision, Approval):
-            inv.approver = decision.by
+            by = decision.by
             approved = decision.approved is True
             why = f" ({decision.reason})" if decision.reason and not approved else ""
         else:
             approved = decision is True
             why = ""
         if not approved:
-            inv.approval = "denied"
-            return failure(ErrorType.DENIED, f"{decl.name!r} was not approved{why}")
-        inv.approval = "approved"
+            if note is not None:
+                note(inv, "denied", by)
+            return failure(ErrorType.DENIED, f"{decl.name!r} was not approved{why}", inv)
+        if note is not None:
+            note(inv, "approved", by)
         return await call_next(inv)
 
 
 def _needs_approval(inv: Invocation, decl: ToolDeclaration) -> Outcome:
-    inv.approval = "needs_approval"
+    if inv.audit is not None:
+        inv.audit(inv, "needs_approval", None)
     return failure(
         ErrorType.NEEDS_APPROVAL,
         f"tool {decl.name!r} is a {decl.risk} action and needs approval first",
+        inv,
     )

@@ -1,4 +1,4 @@
-"""Stage 2a: one structured audit line per ``write``/``dangerous`` call.
+"""Audit: one structured audit line per ``write``/``dangerous`` call.
 
 Each line names the tool, call id, user, tenant, the approval decision (and who made it,
 when the approver says: ``approver``) and the outcome
@@ -10,9 +10,10 @@ unless ``everything=True``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..outcome import Outcome
@@ -49,22 +50,41 @@ class Audit:
         self.everything = everything
         self.redact = Redactor() if redact is None else redact
 
-    def _write(self, inv: Invocation, outcome: str) -> None:
-        assert inv.tool is not None
-        decl = inv.tool.decl
+    def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
+        tool = inv.tool
+        if tool is None or (tool.decl.risk == "read" and not self.everything):
+            return call_next(inv)  # no line to write: no coroutine frame of its own
+        return self._watch(call_next, inv)
+
+    async def _watch(self, call_next: Next, inv: Invocation) -> Outcome:
+        seen = _Seen(inv)
+        try:
+            out = await call_next(dataclasses.replace(inv, audit=seen.note))
+        except BaseException:
+            self._write(seen, seen.inv, "cancelled")
+            raise
+        asked = out.request if out.request is not None else seen.inv
+        self._write(seen, asked, "ok" if out.ok else str(out.error_type))
+        return out
+
+    def _write(self, seen: _Seen, asked: Invocation, outcome: str) -> None:
+        """One line: ``asked`` is the latest invocation known (its arguments decoded, if
+        they were)."""
+        decl = seen.call.decl
+        inv = seen.inv
         record: dict[str, Any] = {
             "tool": decl.name,
             "risk": decl.risk,
             "call_id": inv.call_id,
             "user_id": inv.ctx.user_id,
             "tenant_id": inv.ctx.tenant_id,
-            "decision": inv.approval,
+            "decision": seen.decision,
             "outcome": outcome,
         }
-        if inv.approver is not None:
-            record["approver"] = inv.approver
+        if seen.approver is not None:
+            record["approver"] = seen.approver
         if self.arguments:
-            record["arguments"] = self.redact.value(inv.args)  # a copy: the handler's stay
+            record["arguments"] = self.redact.value(asked.args)  # a copy: the handler's stay
         try:
             self.sink(record)
         except Exception as exc:  # an audit failure never changes the answer or a cancellation
@@ -75,13 +95,23 @@ class Audit:
                 describe_exception(exc, self.redact),
             )
 
-    async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
-        try:
-            out = await call_next(inv)
-        except BaseException:
-            if inv.tool is not None and (self.everything or inv.tool.decl.risk != "read"):
-                self._write(inv, "cancelled")
-            raise
-        if inv.tool is not None and (self.everything or inv.tool.decl.risk != "read"):
-            self._write(inv, "ok" if out.ok else str(out.error_type))
-        return out
+
+class _Seen:
+    """What the audit stage heard of one call it watches: the resolve stage's (policy) and approve
+    stage's decision (``not_required`` unless one came), who made it, and the latest
+    invocation they saw."""
+
+    __slots__ = ("approver", "call", "decision", "inv")
+
+    def __init__(self, inv: Invocation) -> None:
+        assert inv.tool is not None
+        self.call = inv.tool
+        self.inv = inv
+        self.decision = "not_required"
+        self.approver: str | None = None
+
+    def note(self, inv: Invocation, decision: str, approver: str | None) -> None:
+        self.inv = inv
+        self.decision = decision
+        if approver is not None:
+            self.approver = approver

@@ -1,4 +1,4 @@
-"""Stage 8: at most ``max_concurrent`` calls in flight per breaker key.
+"""Bulkhead: at most ``max_concurrent`` calls in flight per breaker key.
 
 Above that the answer is ``overloaded`` at once, or after at most ``bulkhead_wait_s``
 (never past the call's deadline). Load shedding is not a service failure: the breaker
@@ -13,6 +13,7 @@ refused by the limit is told ``retry_after_s`` (about one round trip).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 
@@ -107,9 +108,11 @@ class Bulkhead:
             adaptive = config.max_concurrent == "adaptive"
             gate = self._gates[key] = _AdaptiveGate(config) if adaptive else _Gate(config)
         share = gate.config.max_concurrent_per_tenant
-        if share is None:
-            return self._admit(call_next, inv, gate)
-        return self._share(call_next, inv, gate, key, share)
+        if share is not None:
+            return self._share(call_next, inv, gate, key, share)
+        if isinstance(gate, _AdaptiveGate):
+            return self._adapt(call_next, inv, gate)
+        return self._fixed(call_next, inv, gate)
 
     async def _share(
         self, call_next: Next, inv: Invocation, gate: _Gate | _AdaptiveGate, key: str, share: int
@@ -121,6 +124,7 @@ class Bulkhead:
             return failure(
                 ErrorType.OVERLOADED,
                 f"{inv.tool.decl.name} is busy: your {share} calls to {key} are still running",
+                inv,
                 retryable=True,
             )
         self._tenants[tenant] = held + 1
@@ -146,20 +150,27 @@ class Bulkhead:
         try:
             places.acquire_nowait()
         except anyio.WouldBlock:
+            entered = time.perf_counter()
             limit = min(gate.config.bulkhead_wait_s, inv.deadline - anyio.current_time())
             acquired = False
             if limit > 0:
                 with anyio.move_on_after(limit):
                     await places.acquire()
                     acquired = True
-                    inv.started = time.perf_counter()  # queueing is not the service's time
             if not acquired:
                 return failure(
                     ErrorType.OVERLOADED,
                     f"{inv.tool.decl.name} is busy: {inv.key} already has "
                     f"{gate.config.max_concurrent} calls in flight",
+                    inv,
                     retryable=True,
                 )
+            queued = time.perf_counter() - entered  # queueing is not the service's time
+            try:
+                out = await call_next(inv)
+            finally:
+                places.release()
+            return dataclasses.replace(out, queued_s=queued)
         try:
             return await call_next(inv)
         finally:
@@ -169,7 +180,9 @@ class Bulkhead:
         assert inv.tool is not None and inv.key is not None
         key, limit = inv.key, gate.limit
         held = self._held
+        queued = 0.0
         if gate.in_flight + (held(key) if held else 0) >= limit.limit:
+            entered = time.perf_counter()
             wait = min(gate.config.bulkhead_wait_s, inv.deadline - anyio.current_time())
             with anyio.move_on_after(max(0.0, wait)):
                 while gate.in_flight + (held(key) if held else 0) >= limit.limit:
@@ -183,12 +196,14 @@ class Bulkhead:
                     ErrorType.OVERLOADED,
                     f"{inv.tool.decl.name} is busy: {key} is at its adaptive limit of "
                     f"{limit.limit} calls in flight",
+                    inv,
                     retryable=True,
                     retry_after_s=limit.retry_after_s(),
                 )
+            queued = time.perf_counter() - entered  # queueing is not the service's time
         gate.in_flight += 1
         in_flight = gate.in_flight
-        started = inv.started = time.perf_counter()  # queueing is not the service's time
+        started = time.perf_counter()
         try:
             out = await call_next(inv)
         finally:  # a cancellation gives the place back and records nothing
@@ -198,4 +213,4 @@ class Bulkhead:
             ended = limit.record(time.perf_counter() - started, in_flight, dropped=dropped)
             if ended and inv.observers:
                 inv.emit(ConcurrencyLimitUpdated(key, limit.limit, limit.peak, limit.min_limit))
-        return out
+        return dataclasses.replace(out, queued_s=queued) if queued else out

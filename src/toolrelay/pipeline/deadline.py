@@ -1,4 +1,4 @@
-"""Stage 5: every call gets one absolute deadline, the tool's timeout capped by the slot."""
+"""Deadline: every call gets one absolute deadline, the tool's timeout capped by the slot."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from . import Invocation, Next
 
 
 class Deadline:
-    """Sets ``inv.deadline`` = now + min(``timeout_s``, slot time left), never later than
-    a deadline the call already has (a fallback's: its primary's, ``pipeline/fallback.py``).
+    """Passes on the invocation with its deadline — now + min(``timeout_s``, slot time
+    left), never later than a deadline the call already has (a fallback's: its primary's,
+    ``pipeline/fallback.py``); :meth:`~toolrelay.invocation.Invocation.bounded` — as attempt 1
+    (the retry and hedge stages number the attempts after it).
 
     Stages inside honour it: retries never sleep past it, the bulkhead never waits past
     it, and the invoke stage cancels (or abandons) the handler at it.
@@ -22,18 +24,13 @@ class Deadline:
     __slots__ = ()
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
-        assert inv.tool is not None
-        own = anyio.current_time() + inv.tool.decl.timeout_s
-        if own < inv.deadline:  # a fallback's call keeps its primary's deadline as a bound
-            inv.deadline = own
-        slot = inv.slot
-        if slot is not None and slot.deadline < inv.deadline:
-            inv.deadline = slot.deadline
-            inv.slot_bound = True
-            if slot.remaining() <= 0:
-                return failure(
-                    ErrorType.TIMEOUT,
-                    f"{inv.tool.decl.name} was not started: the model's time budget is spent",
-                    retryable=True,
-                )
+        inv = inv.bounded(anyio.current_time(), 1)
+        if inv.slot_bound and inv.slot is not None and inv.slot.remaining() <= 0:
+            assert inv.tool is not None
+            return failure(
+                ErrorType.TIMEOUT,
+                f"{inv.tool.decl.name} was not started: the model's time budget is spent",
+                inv.attempt(0),  # no attempt was made
+                retryable=True,
+            )
         return call_next(inv)

@@ -1,4 +1,4 @@
-"""Stage 2a: a tool that cannot answer now hands the call to its first healthy fallback.
+"""Fallback: a tool that cannot answer now hands the call to its first healthy fallback.
 
 A declaration may name fallbacks (``ToolDeclaration.fallback``). When the primary answers
 ``circuit_open`` or ``overloaded`` (it never ran: safe for any tool), or — for idempotent
@@ -22,16 +22,17 @@ chains. A cancellation propagates, never an answer. See ``docs/fallbacks.md``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import anyio
 
 from ..contract import ErrorType, ToolDeclaration
 from ..events import FallbackEnded
 from ..outcome import Outcome
+from ..registry import CompiledTool
 from . import Invocation, Next
 
-__all__ = ["Fallback", "budget_end", "may_fall_back"]
+__all__ = ["Fallback", "may_fall_back"]
 
 SKIPPED = frozenset(
     {
@@ -62,26 +63,18 @@ def may_fall_back(out: Outcome, decl: ToolDeclaration, left_s: float) -> bool:
     return kind is ErrorType.TIMEOUT and decl.is_idempotent
 
 
-def budget_end(inv: Invocation, now: float) -> float:
-    """The primary's deadline: set by the deadline stage, or — for a call answered before
-    it (a fast-fail) — what it would have been from ``now``."""
-    if inv.deadline != float("inf"):
-        return inv.deadline
-    assert inv.tool is not None
-    end = now + inv.tool.decl.timeout_s
-    slot = inv.slot
-    return end if slot is None or slot.deadline >= end else slot.deadline
-
-
 class Fallback:
     """Placed right after resolve (the primary's policy is checked first: a caller may not
     reach a fallback through a tool it may not call). ``reenter`` is the chain a fallback
-    call runs through: every stage but this one (set by the dispatcher)."""
+    call runs through: every stage but this one (and telemetry), composed by the
+    dispatcher before this stage."""
 
-    __slots__ = ("reenter",)
+    __slots__ = ("find", "reenter")
 
-    def __init__(self, reenter: Next | None = None) -> None:
+    def __init__(self, reenter: Next, find: Callable[[str], CompiledTool | None]) -> None:
         self.reenter = reenter
+        self.find = find
+        """How the dispatcher looks a tool up (``pipeline/resolve.py``: ``find``)."""
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         assert inv.tool is not None
@@ -93,26 +86,31 @@ class Fallback:
         out = await call_next(inv)
         if out.ok:
             return out
-        assert inv.tool is not None and self.reenter is not None
-        end = budget_end(inv, anyio.current_time())
-        if not may_fall_back(out, inv.tool.decl, end - anyio.current_time()):
+        asked = inv if out.request is None else out.request  # the primary, as it ran
+        assert asked.tool is not None
+        # the primary's deadline, or (answered before the deadline stage: a fast-fail)
+        # what it would have been
+        end = asked.bounded(anyio.current_time(), asked.attempts).deadline
+        if not may_fall_back(out, asked.tool.decl, end - anyio.current_time()):
             return out
         primary = str(out.error_type)
-        for name in inv.tool.decl.fallback:
+        for name in asked.tool.decl.fallback:
             if end - anyio.current_time() <= 0:
                 break
-            sub = Invocation(
-                name, inv.raw_args, inv.ctx, inv.profile, inv.call_id, inv.slot, inv.observers
-            )
-            sub.deadline = end
+            tool = self.find(name)
+            sub = Invocation.asked(
+                name, inv.raw_args, inv.ctx, inv.profile, inv.call_id, inv.slot, inv.observers,
+                tool, end,
+            )  # fmt: skip
             answer = await self.reenter(sub)
+            ran = sub if answer.request is None else answer.request
             result = "ok" if answer.ok else str(answer.error_type)
             passed = answer.error_type in SKIPPED or (
-                sub.tool is not None
-                and may_fall_back(answer, sub.tool.decl, end - anyio.current_time())
+                ran.tool is not None
+                and may_fall_back(answer, ran.tool.decl, end - anyio.current_time())
             )
-            if inv.observers:
-                inv.emit(FallbackEnded(name, sub.key, result, not passed, primary, sub.attempts))
-            if not passed:
-                return dataclasses.replace(answer, served_by=name)
+            if asked.observers:
+                asked.emit(FallbackEnded(name, ran.key, result, not passed, primary, ran.attempts))
+            if not passed:  # the outer stages read the primary's call: its key, attempts
+                return dataclasses.replace(answer, served_by=name, request=asked)
         return out

@@ -1,4 +1,4 @@
-"""Stage 2b: a call to a key whose breaker is open is answered at once.
+"""Fast-fail: a call to a key whose breaker is open is answered at once.
 
 This only *reads* the breaker (nothing is counted): the breaker stage still admits and
 records every attempt. Answering right after name and policy checks spares an
@@ -14,9 +14,8 @@ from collections.abc import Awaitable
 from ..breakers import Breakers
 from ..contract import ErrorType
 from ..events import AttemptEnded
-from ..outcome import Outcome
+from ..outcome import Outcome, circuit_open
 from . import Invocation, Next
-from .breaker import rejection
 
 REJECTED = AttemptEnded(1, ErrorType.CIRCUIT_OPEN.value)
 
@@ -28,11 +27,12 @@ class FastFail:
         self.breakers = breakers
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
-        assert inv.key is not None
-        wait = self.breakers.blocked_for(inv.key)
+        key = inv.key
+        assert key is not None
+        wait = self.breakers.blocked_for(key)
         if wait is None:
             return call_next(inv)
-        inv.attempts = 1
+        inv = inv.attempt(1)  # the answer counts as one attempt, refused
         if inv.observers:
             inv.emit(REJECTED)
-        return rejection(inv, self.breakers.get(inv.key), wait)
+        return circuit_open(inv, self.breakers.get(key), wait)

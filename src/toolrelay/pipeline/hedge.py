@@ -1,4 +1,4 @@
-"""Stage 6b: hedging — a slow attempt of an idempotent tool gets a twin; the first good answer wins.
+"""Hedge: hedging — a slow attempt of an idempotent tool gets a twin; the first good answer wins.
 
 Between retry and breaker: each attempt the retry stage makes may be hedged, and each
 hedged attempt goes through the breaker, the bulkhead, faults and invoke on its own.
@@ -19,7 +19,7 @@ one's worker is killed.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -77,15 +77,6 @@ class LatencyWindow:
             self._p95 = ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
             self._since = 0
         return self._p95
-
-
-def fork(inv: Invocation) -> Invocation:
-    """A copy of ``inv`` for a hedged attempt (its own start time, attempt context)."""
-    twin = Invocation.__new__(Invocation)
-    for name in Invocation.__slots__:
-        with contextlib.suppress(AttributeError):  # a slot not set yet stays unset
-            setattr(twin, name, getattr(inv, name))
-    return twin
 
 
 class Hedge:
@@ -178,7 +169,7 @@ class Hedge:
                 window.add(time.perf_counter() - started)
             send.send_nowait((number, out))
 
-        primary = inv.attempts
+        primary = made = inv.attempts
         hedges: list[int] = []
         hedges_left = config.max_hedges
         running = 1
@@ -196,13 +187,13 @@ class Hedge:
                     next_at = anyio.current_time() + delay
                     if self._refusal(inv, delay):
                         if inv.observers:
-                            inv.emit(HedgeEnded(key, inv.attempts + 1, "skipped", 0))
+                            inv.emit(HedgeEnded(key, made + 1, "skipped", 0))
                         hedges_left = 0
                         continue
-                    inv.attempts += 1
-                    hedges.append(inv.attempts)
+                    made += 1
+                    hedges.append(made)
                     running += 1
-                    tg.start_soon(attempt, inv.attempts, fork(inv))
+                    tg.start_soon(attempt, made, inv.attempt(made))
                     continue
                 number, out = got
                 running -= 1
@@ -215,4 +206,6 @@ class Hedge:
             for number in hedges:
                 won = number == winner and answer.ok
                 inv.emit(HedgeEnded(key, number, "won" if won else "lost", winner))
+        if made != winner and answer.request is not None:  # the call made `made` attempts
+            answer = dataclasses.replace(answer, request=answer.request.attempt(made))
         return answer

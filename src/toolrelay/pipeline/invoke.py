@@ -1,4 +1,4 @@
-"""Stage 10 (terminal): run the handler, and turn whatever happens into an outcome.
+"""Invoke (terminal): run the handler, and turn whatever happens into an outcome.
 
 Async handlers are awaited inside a cancel scope with the call's deadline; at the deadline
 they are cancelled (their ``finally`` runs). Sync handlers run on a worker thread of their
@@ -19,89 +19,23 @@ import anyio
 from .. import isolation
 from ..contract import CURRENT_ATTEMPT, ErrorType, ToolError
 from ..events import WorkerAbandoned, WorkerKilled
-from ..outcome import Outcome, Verdict, failure, short
+from ..outcome import (
+    Outcome,
+    Verdict,
+    error_outcome,
+    failure,
+    raised_outcome,
+    timeout_outcome,
+    unexpected,
+)
 from ..redact import Redactor, describe_exception
 from ..workers import WorkerPools
 from . import Invocation
 
-log = logging.getLogger("toolrelay")
-
-MAX_REDACTED_CHARS = 16384
-"""How much of a ``ToolError`` message is redacted (and the rest dropped): the model reads
-at most 240 characters of it, and a huge message must not make redaction slow."""
 _DEFAULT_REDACTOR = Redactor()
+SUCCESS = Verdict.SUCCESS  # an answer built positionally: ~0.1 µs less than by keyword
 
-
-UNKNOWN_EFFECT = "; it may still have taken effect: check before calling it again"
-
-
-def timeout_outcome(inv: Invocation) -> Outcome:
-    """The ``timeout`` answer (built directly: this runs for every call of a hung flood).
-
-    A tool that is not idempotent was stopped after it may have started its effect (an
-    abandoned thread or a sent request may still commit it): its timeout is not retryable
-    and says so."""
-    assert inv.tool is not None
-    decl = inv.tool.decl
-    if inv.slot_bound:
-        assert inv.slot is not None
-        message = (
-            f"{decl.name} was stopped after {inv.slot.elapsed():.1f} s: "
-            "the model's time budget ran out"
-        )
-        verdict = Verdict.IGNORE
-    else:
-        message = f"{decl.name} did not answer within its {decl.timeout_s:g} s deadline"
-        verdict = Verdict.FAILURE
-    if decl.is_idempotent:
-        return Outcome(False, None, ErrorType.TIMEOUT, message, True, None, verdict)
-    message = short(message + UNKNOWN_EFFECT)
-    return Outcome(False, None, ErrorType.TIMEOUT, message, False, None, verdict, False, True)
-
-
-def error_outcome(
-    inv: Invocation, exc: Exception, redact: Callable[[str], str] | None = None
-) -> Outcome:
-    """The answer for an exception; a plugin's own message is redacted (it may quote an
-    upstream, credentials and all) before it is cut to the message cap, so a secret is
-    never shown in part. Any other exception is logged with its traceback, redacted too;
-    the model reads only its type. ``redact`` defaults to the default patterns."""
-    assert inv.tool is not None
-    if redact is None:
-        redact = _DEFAULT_REDACTOR
-    if isinstance(exc, ToolError):
-        text = str(exc.message)
-        if len(text) > MAX_REDACTED_CHARS:  # the model reads 240 characters of it at most
-            text = text[:MAX_REDACTED_CHARS]
-        message = short(redact(text)) or f"{inv.tool.decl.name} failed and gave no reason"
-        return Outcome(
-            False,
-            None,
-            exc.error_type,
-            message,
-            exc.retryable,
-            exc.retry_after_s,
-            Verdict.FAILURE if exc.counts_as_failure else Verdict.IGNORE,
-        )
-    # Not exc_info: a handler would format the traceback (the exception's text, which may
-    # quote a secret) out of reach of redaction. The redacted traceback is the message.
-    if isinstance(exc, isolation.WorkerRaised):  # raised in a worker process
-        name, details = exc.type_name, redact(exc.details.rstrip())
-    else:
-        name, details = type(exc).__name__, describe_exception(exc, redact)
-    log.warning("toolrelay: tool %s raised %s\n%s", inv.tool.decl.name, name, details)
-    return _unexpected(inv, f"{inv.tool.decl.name} failed unexpectedly ({name})")
-
-
-def _unexpected(inv: Invocation, message: str) -> Outcome:
-    """A ``tool_error`` the breaker counts; for a tool that is not idempotent, its effect
-    may be done (it failed part-way)."""
-    assert inv.tool is not None
-    out = failure(ErrorType.TOOL_ERROR, message, verdict=Verdict.FAILURE)
-    if not inv.tool.decl.is_idempotent:
-        out.message = short(message + UNKNOWN_EFFECT)
-        out.effect_unknown = True
-    return out
+log = logging.getLogger("toolrelay")
 
 
 class Invoke:
@@ -140,7 +74,7 @@ class Invoke:
             CURRENT_ATTEMPT.reset(attempt)
         if scope.cancel_called:
             return timeout_outcome(inv)
-        return Outcome(True, data)
+        return Outcome(True, data, None, "", False, None, SUCCESS, False, False, None, inv)
 
     async def _run_sync(self, inv: Invocation) -> Outcome:
         tool = inv.tool
@@ -152,6 +86,7 @@ class Invoke:
                 ErrorType.OVERLOADED,
                 f"{tool.decl.name} is busy: all {pool.max_threads} workers for "
                 f"{inv.key!r} are in use",
+                inv,
                 retryable=True,
             )
         finished = False
@@ -173,7 +108,7 @@ class Invoke:
                 inv.emit(WorkerAbandoned(inv.key))
         if scope.cancel_called:
             return timeout_outcome(inv)
-        return Outcome(True, data)
+        return Outcome(True, data, request=inv)
 
     async def _run_process(self, inv: Invocation) -> Outcome:
         tool = inv.tool
@@ -191,6 +126,7 @@ class Invoke:
             return failure(
                 ErrorType.INTERNAL_ERROR,
                 f"toolrelay could not hand {name} its call ({type(exc).__name__})",
+                inv,
             )
 
         def killed() -> None:
@@ -206,22 +142,24 @@ class Invoke:
                     ErrorType.OVERLOADED,
                     f"{name} is busy: all {pool.max_processes} worker processes for "
                     f"{key!r} are in use",
+                    inv,
                     retryable=True,
                 )
             except isolation.StartFailed:
                 return failure(
                     ErrorType.OVERLOADED,
                     f"{name} could not start: no worker process for {key!r}",
+                    inv,
                     retryable=True,
                 )
             except isolation.WorkerCrashed as exc:
                 log.warning("toolrelay: the worker process of %s %s", name, exc.how)
-                return _unexpected(inv, f"{name} failed: its worker process {exc.how}")
+                return unexpected(inv, f"{name} failed: its worker process {exc.how}")
         if scope.cancel_called:
             return timeout_outcome(inv)
         kind = reply[0]
         if kind == "ok":
-            return Outcome(True, reply[1])
+            return Outcome(True, reply[1], request=inv)
         if kind == "tool_error":
             _, text, error_type, retryable, counts, retry_after_s = reply
             error = ToolError(
@@ -230,5 +168,6 @@ class Invoke:
             )  # fmt: skip
             return error_outcome(inv, error, self.redact)
         if kind == "raised":
-            return error_outcome(inv, isolation.WorkerRaised(reply[1], reply[2]), self.redact)
-        return failure(ErrorType.INVALID_OUTPUT, f"{name} returned a non-JSON value")
+            redact = self.redact or _DEFAULT_REDACTOR  # raised in the worker process
+            return raised_outcome(inv, reply[1], redact(reply[2].rstrip()))
+        return failure(ErrorType.INVALID_OUTPUT, f"{name} returned a non-JSON value", inv)

@@ -1,27 +1,40 @@
-"""Stage 2: find the tool as its plugin declares it now, and apply the caller's profile."""
+"""Resolve and policy: the call names a tool the caller may call.
+
+The dispatcher (and the fallback stage, for a fallback's call) looks the tool up with
+:func:`find` when the call comes in, so every stage, telemetry and audit included, reads
+it from the invocation; this stage answers for a name that found none, and applies the
+caller's profile.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
 from ..contract import ErrorType
-from ..outcome import Outcome, failure
-from ..registry import RegistrationError, ToolRegistry
+from ..outcome import Outcome, failure, shown
+from ..registry import CompiledTool, RegistrationError, ToolRegistry
 from . import Invocation, Next
 
 log = logging.getLogger("toolrelay")
 
 
-def shown(name: object) -> str:
-    """A model-supplied name, safe to echo: short and printable."""
-    text = name if isinstance(name, str) else type(name).__name__
-    text = "".join(ch if ch.isprintable() else "?" for ch in text[:64])
-    return repr(text)
+def find(registry: ToolRegistry, name: object) -> CompiledTool | None:
+    """The tool ``name`` names, as its plugin declares it now; ``None`` when there is none
+    (or its declaration is invalid: :class:`Resolve` says which)."""
+    if not isinstance(name, str):
+        return None
+    try:
+        return registry.resolve(name)
+    except RegistrationError:
+        return None
 
 
 class Resolve:
-    """Unknown name → ``unknown_tool``; outside the profile → ``tool_policy``."""
+    """Unknown name → ``unknown_tool``; a declaration the plugin made invalid →
+    ``internal_error``; outside the caller's profile → ``tool_policy`` (the audit line's
+    decision: ``policy``)."""
 
     __slots__ = ("redact", "registry")
 
@@ -30,18 +43,24 @@ class Resolve:
         self.redact = redact
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
-        name = inv.name
+        tool = inv.tool
+        if tool is None:
+            return self._unresolved(inv.name)
+        if inv.profile.permits(tool.decl):
+            return call_next(inv)
+        if inv.audit is not None:
+            inv.audit(inv, "policy", None)
+        message = f"tool {shown(inv.name)} is not available to you"
+        # a call outside the profile never reaches a breaker: it reports no key
+        return failure(ErrorType.TOOL_POLICY, message, dataclasses.replace(inv, key=None))
+
+    def _unresolved(self, name: object) -> Outcome:
+        """Why ``name`` found no tool (looked up again: this is the rare path)."""
         try:
-            tool = self.registry.resolve(name) if isinstance(name, str) else None
+            if isinstance(name, str):
+                self.registry.resolve(name)
         except RegistrationError as exc:
             log.error("toolrelay: %s", exc)
             return failure(ErrorType.INTERNAL_ERROR, f"tool {shown(name)} is misconfigured")
-        if tool is None:
-            message = f"there is no tool named {shown(name)}"
-            return failure(ErrorType.UNKNOWN_TOOL, self.redact(message) if self.redact else message)
-        inv.tool = tool
-        if not inv.profile.permits(tool.decl):
-            inv.approval = "policy"
-            return failure(ErrorType.TOOL_POLICY, f"tool {shown(name)} is not available to you")
-        inv.key = tool.decl.key
-        return call_next(inv)
+        message = f"there is no tool named {shown(name)}"
+        return failure(ErrorType.UNKNOWN_TOOL, self.redact(message) if self.redact else message)

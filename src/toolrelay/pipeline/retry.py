@@ -1,4 +1,4 @@
-"""Stage 6: bounded retries for idempotent tools, on tenacity, within the call's deadline.
+"""Retry: bounded retries for idempotent tools, on tenacity, within the call's deadline.
 
 The first attempt runs without any retry machinery; only a retryable failure of an
 idempotent tool enters tenacity's loop (exponential backoff with jitter, honouring a
@@ -80,11 +80,18 @@ def _last_outcome(retry_state: RetryCallState) -> Any:
     return retry_state.outcome.result()
 
 
+def _made(out: Outcome, default: int) -> int:
+    """How many attempts the call has made when ``out`` came (hedges included)."""
+    request = out.request
+    return default if request is None or not request.attempts else request.attempts
+
+
 def _announce(retry_state: RetryCallState) -> None:
     inv: Invocation = retry_state.args[0]
     if inv.observers and retry_state.outcome is not None:
         out: Outcome = retry_state.outcome.result()
-        inv.emit(RetryScheduled(inv.attempts, retry_state.upcoming_sleep, str(out.error_type)))
+        number = _made(out, 1)
+        inv.emit(RetryScheduled(number, retry_state.upcoming_sleep, str(out.error_type)))
 
 
 class Retry:
@@ -100,12 +107,11 @@ class Retry:
         self._stop_deadline = _PastDeadline()
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
-        inv.attempts = 1
         assert inv.key is not None
         budget = self._budgets.get(inv.key)
         if budget is not None:
             budget.deposit()
-        out = await call_next(inv)
+        out = await call_next(inv)  # attempt 1 (the deadline stage's number)
         if inv.observers:
             inv.emit(FIRST_OK if out.ok else AttemptEnded(1, str(out.error_type)))
         if out.ok or out.error_type is ErrorType.TIMEOUT or not _worth_retrying(out):
@@ -122,14 +128,18 @@ class Retry:
         if wait is None:
             wait = self._waits[config] = _Backoff(config)
         first: list[Outcome] = [out]
+        made = _made(out, 1)
 
         async def attempt(inv: Invocation) -> Outcome:
+            nonlocal made
             if first:
                 return first.pop()
-            inv.attempts += 1
-            result = await call_next(inv)
+            made += 1
+            this = inv.attempt(made)
+            result = await call_next(this)
+            made = _made(result, made)
             if inv.observers:
-                inv.emit(AttemptEnded(inv.attempts, "ok" if result.ok else str(result.error_type)))
+                this.emit(AttemptEnded(made, "ok" if result.ok else str(result.error_type)))
             return result
 
         stop = stop_after_attempt(max_attempts) | self._stop_deadline

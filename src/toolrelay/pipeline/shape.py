@@ -1,33 +1,13 @@
-"""Stage 11 (run on the way out): output must be JSON, within the size cap and its schema."""
+"""Shape (on the way out): output must be JSON, within the size cap and its schema."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
 from ..contract import ErrorType
+from ..jsonlimits import DEFAULT_MAX_OUTPUT_BYTES, ENCODER, schema_errors, truncated
 from ..outcome import Outcome, failure
 from . import Invocation, Next
-from .validate import schema_errors
-
-DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
-TRUNCATION_MARKER = "[truncated by toolrelay]"
-_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
-
-
-def _size(data: object) -> int:
-    return len(_ENCODER.encode(data).encode("utf-8", "replace"))
-
-
-def truncated(text: str, size: int, cap: int) -> dict[str, object]:
-    """``text`` (the output's JSON) cut to fit, with an explicit marker, within ``cap`` bytes."""
-    budget = max(0, cap - 100)  # the envelope and the marker
-    while True:
-        prefix = text.encode("utf-8", "replace")[:budget].decode("utf-8", "ignore")
-        data = {"truncated": True, "original_bytes": size, "text": prefix + TRUNCATION_MARKER}
-        over = _size(data) - cap
-        if over <= 0 or budget == 0:
-            return data
-        budget = max(0, budget - over)  # escapes (\" \n …) grew it: cut what overshot
 
 
 class Shape:
@@ -50,12 +30,12 @@ class Shape:
         assert inv.tool is not None
         name = inv.tool.decl.name
         try:
-            text = _ENCODER.encode(out.data)
+            text = ENCODER.encode(out.data)
         except (TypeError, ValueError, RecursionError) as exc:
             why = "a value that is not finite" if "Out of range" in str(exc) else "a non-JSON value"
             if isinstance(exc, RecursionError) or "Circular" in str(exc):
                 why = "a circular or too deeply nested value"
-            return failure(ErrorType.INVALID_OUTPUT, f"{name} returned {why}")
+            return failure(ErrorType.INVALID_OUTPUT, f"{name} returned {why}", out.request)
         size = (
             len(text) if len(text) * 4 <= self.max_bytes else len(text.encode("utf-8", "replace"))
         )
@@ -64,14 +44,15 @@ class Shape:
                 return failure(
                     ErrorType.INVALID_OUTPUT,
                     f"{name} returned {size} bytes, over the {self.max_bytes}-byte cap",
+                    out.request,
                 )
-            out.data = truncated(text, size, self.max_bytes)
-            return out
+            return dataclasses.replace(out, data=truncated(text, size, self.max_bytes))
         checker = inv.tool.output_validator
         if checker is not None and not checker.is_valid(out.data):
             return failure(
                 ErrorType.INVALID_OUTPUT,
                 f"{name} returned output that breaks its schema: "
                 + schema_errors(checker, out.data),
+                out.request,
             )
         return out

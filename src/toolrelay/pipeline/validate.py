@@ -1,27 +1,13 @@
-"""Stage 3: JSON Schema 2020-12 validation with the tool's compiled validator."""
+"""Validate: JSON Schema 2020-12 validation with the tool's compiled validator."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from ..contract import ErrorType
+from ..jsonlimits import schema_errors
 from ..outcome import Outcome, failure
 from . import Invocation, Next
-
-MAX_REPORTED = 3
-
-
-def schema_errors(validator: Any, instance: Any) -> str:
-    """Up to three failing paths, each with its (value-masked) reason."""
-    parts = []
-    for index, error in enumerate(validator.iter_errors(instance)):
-        if index == MAX_REPORTED:
-            parts.append("…")
-            break
-        path = "/" + "/".join(str(p) for p in error.instance_path)
-        parts.append(f"{path}: {error.message[:120]}")
-    return "; ".join(parts)
 
 
 class Validate:
@@ -41,17 +27,21 @@ class Validate:
         try:
             valid = validator.is_valid(inv.args)
         except (ValueError, TypeError, OverflowError):
-            return failure(ErrorType.INVALID_ARGUMENTS, "arguments hold values that are not JSON")
+            return failure(
+                ErrorType.INVALID_ARGUMENTS, "arguments hold values that are not JSON", inv
+            )
         if not valid:
             try:
                 reasons = schema_errors(validator, inv.args)
             except (ValueError, TypeError, OverflowError):  # e.g. lone surrogates
                 return failure(
-                    ErrorType.INVALID_ARGUMENTS, "arguments hold text that is not valid Unicode"
+                    ErrorType.INVALID_ARGUMENTS,
+                    "arguments hold text that is not valid Unicode",
+                    inv,
                 )
             if self.redact is not None:
                 reasons = self.redact(reasons)
             return failure(
-                ErrorType.VALIDATION_ERROR, "arguments do not match the schema: " + reasons
+                ErrorType.VALIDATION_ERROR, "arguments do not match the schema: " + reasons, inv
             )
         return call_next(inv)

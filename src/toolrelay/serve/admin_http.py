@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
 
-from ..pipeline.decode import too_big
+from ..jsonlimits import too_big
 from .admin_models import MAX_FAULTS
 from .auth import token_matches
 

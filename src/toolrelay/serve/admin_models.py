@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..pipeline.faults import Fault
+from ..faults import Fault
 
 __all__ = [
     "MAX_FAULTS",

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import mcp.types as types
 
 from ..contract import ErrorType
-from ..pipeline.shape import TRUNCATION_MARKER
+from ..jsonlimits import TRUNCATION_MARKER
 from ..registry import CompiledTool
 from ..result import ToolResult
 from ..sources.mcp_mapping import upstream_result

@@ -35,8 +35,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from ..approval import UNASKED, Approval, Decision
 from ..contract import AuthContext, ToolDeclaration
-from ..pipeline.approve import UNASKED, Approval, Decision
 from ..redact import Redactor
 from ..result import ToolCall
 from .settings import DEFAULT_APPROVAL_TIMEOUT_S

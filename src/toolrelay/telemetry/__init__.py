@@ -96,7 +96,9 @@ class Telemetry:
 
     # -- the outermost stage ------------------------------------------------------------
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
-        return self._measure(call_next, inv, self.label(inv.name), self.tracing())
+        # a tool found as the call came in names its series; else the name, if known now
+        tool = inv.name if inv.tool is not None else self.label(inv.name)
+        return self._measure(call_next, inv, tool, self.tracing())
 
     async def _measure(self, call_next: Next, inv: Invocation, tool: str, traced: bool) -> Outcome:
         """Count the call and, when ``traced``, record its span: current while the call runs
@@ -118,30 +120,32 @@ class Telemetry:
             ended = time.perf_counter()
             elapsed = ended - started
             outcome = "ok" if out.ok else str(out.error_type)
-            if tool == UNKNOWN_TOOL and inv.tool is not None:
-                tool = inv.tool.decl.name  # registered during this very call
+            asked = inv if out.request is None else out.request  # the call as it ran
+            if tool == UNKNOWN_TOOL and asked.tool is not None:
+                tool = asked.tool.decl.name  # registered during this very call
             count, histogram, count_attempt, exemplars = metrics.call_children(tool, outcome)
             count(1)
             # the last attempt (earlier ones were counted as they were retried); after a
             # fallback answered, the primary's and the fallback's: _fallback_ended
-            if inv.attempts and out.served_by is None:
+            key = asked.key
+            if asked.attempts and out.served_by is None:
                 count_attempt(1)
-                if outcome == "circuit_open" and inv.key is not None:
-                    metrics.key_child(metrics.breaker_rejected, inv.key)(1)
-                elif outcome == "overloaded" and inv.key is not None:
-                    metrics.key_child(metrics.bulkhead_rejected, inv.key)(1)
+                if outcome == "circuit_open" and key is not None:
+                    metrics.key_child(metrics.breaker_rejected, key)(1)
+                elif outcome == "overloaded" and key is not None:
+                    metrics.key_child(metrics.bulkhead_rejected, key)(1)
             exemplar = None
             if span is not None and span.is_recording():
-                decl = None if inv.tool is None else inv.tool.decl
+                decl = None if asked.tool is None else asked.tool.decl
                 redact = self.redact
                 # an unknown name is the model's text: redacted (bounded; finish cuts to 128)
                 name = decl.name if decl is not None else redact(str(inv.name)[:1024])
                 content = None
                 if self.capture_content:  # opted in: redaction runs on every captured call
-                    content = (redact.value(inv.args or inv.raw_args), redact.value(out.data))
+                    content = (redact.value(asked.args or inv.raw_args), redact.value(out.data))
                 finish(
-                    span, name, inv.call_id, decl.description if decl else None, inv.key,
-                    inv.attempts, outcome, out.message if out.ok else redact(out.message),
+                    span, name, inv.call_id, decl.description if decl else None, key,
+                    asked.attempts, outcome, out.message if out.ok else redact(out.message),
                     content,
                 )  # fmt: skip
                 if exemplars.due(elapsed, ended):
@@ -152,8 +156,8 @@ class Telemetry:
                 genai = self.genai.check(ended)
             if genai is not None:
                 genai.record(elapsed, tool_attributes(tool, outcome))
-            if outcome == "timeout" and inv.deadline != float("inf"):
-                metrics.overrun.observe(max(0.0, anyio.current_time() - inv.deadline))
+            if outcome == "timeout" and asked.deadline != float("inf"):
+                metrics.overrun.observe(max(0.0, anyio.current_time() - asked.deadline))
             return out
         finally:
             if span is not None and token is not None:
@@ -168,7 +172,7 @@ class Telemetry:
         attempt when its retry is scheduled, the last one from the call's answer. The
         first attempt's end (every call has one) is not even a span event.
         """
-        if type(event) is AttemptEnded and event.number == 1:
+        if type(event) is AttemptEnded and event.attempt == 1:
             return
         if isinstance(event, RetryScheduled):
             tool = self.label(inv.name)
@@ -236,7 +240,7 @@ class Telemetry:
     def watch_breakers(self, breakers: Breakers) -> None:
         """Report ``breakers``' failure and slow-call rates and break durations (computed at
         scrape time; held weakly: a dispatcher that is garbage-collected drops out)."""
-        self.metrics.watch(breakers)
+        self.metrics.breakers.watch(breakers)
 
     def workers_changed(self, key: str, abandoned: int) -> None:
         self.metrics.abandoned.labels(key).set(abandoned)

@@ -104,9 +104,9 @@ def add_event(span: Span, event: Event) -> None:
     elif isinstance(event, ConcurrencyLimited):
         span.set_attribute("toolrelay.concurrency.limit", event.limit)
         span.set_attribute("toolrelay.concurrency.in_flight", event.in_flight)
-    elif isinstance(event, AttemptEnded) and event.number > 1:
+    elif isinstance(event, AttemptEnded) and event.attempt > 1:
         span.add_event(
-            "toolrelay.attempt", {"toolrelay.attempt": event.number, OUTCOME: event.result}
+            "toolrelay.attempt", {"toolrelay.attempt": event.attempt, OUTCOME: event.result}
         )
     elif isinstance(event, HedgeEnded):
         span.add_event(

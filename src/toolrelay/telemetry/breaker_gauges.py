@@ -1,0 +1,234 @@
+"""The breaker gauges: failure and slow-call rates, the current break and the key's
+settings, read from the breakers' windows.
+
+They cost the dispatch path nothing: a collector computes them at scrape time from every
+:class:`~toolrelay.breakers.Breakers` watched on the registry (held weakly, so a dispatcher
+that is garbage-collected drops out). In multiprocess mode a scrape never reaches the worker
+processes, so each process copies them into ``livemax`` gauges every
+:data:`BREAKER_REFRESH_S` seconds instead, from a daemon thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..breakers import Breakers, KeyBreaker
+
+__all__ = ["BREAKER_GAUGES", "BREAKER_REFRESH_S", "BreakerGauges", "breaker_reading"]
+
+BREAKER_GAUGES: tuple[tuple[str, str], ...] = (
+    (
+        "breaker_failure_rate",
+        "Failed share (0-1) of the calls in the breaker key's window; "
+        "count and time windows only. Computed at scrape time.",
+    ),
+    (
+        "breaker_slow_call_rate",
+        "Share (0-1) of the calls in the breaker key's window slower than slow_call_s; "
+        "count and time windows only. Computed at scrape time.",
+    ),
+    (
+        "breaker_break_duration_seconds",
+        "The key's current break: how long its breaker stays open each time it opens, "
+        "grown by failed trials up to reset_timeout_max_s. Computed at scrape time.",
+    ),
+    (
+        "breaker_failure_rate_threshold",
+        "The key's failure_rate setting: the window's failed share that opens the breaker; "
+        "count and time windows only.",
+    ),
+    (
+        "breaker_slow_call_rate_threshold",
+        "The key's slow_call_rate setting: the window's slow share that opens the breaker; "
+        "only when set.",
+    ),
+    (
+        "breaker_break_duration_max_seconds",
+        "The key's reset_timeout_max_s: the longest break; only when the break can grow "
+        "(above reset_timeout_s).",
+    ),
+)
+"""Gauges per ``breaker_key`` read from the breakers (names without the ``toolrelay_`` prefix,
+help text), in the order of :func:`breaker_reading`'s values."""
+
+BREAKER_REFRESH_S = 5.0
+"""Multiprocess mode: how often each process copies its breaker readings into the gauges."""
+
+Reading = tuple[float | None, ...]
+
+
+def _multiprocess() -> bool:
+    """The test prometheus-client makes (at import) to pick its file-backed values."""
+    return "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ
+
+
+def breaker_reading(breaker: KeyBreaker) -> Reading:
+    """One key's values of :data:`BREAKER_GAUGES` (``None``: no such series for the key).
+
+    Safe from any thread: it only reads (a time window is *peeked*, never advanced), so a
+    scrape racing the event loop may see a call half-counted; the rates are clamped to 0–1.
+    Like :meth:`KeyBreaker.rates`, other replicas' counts (shared storage) are included.
+    """
+    config = breaker.config
+    failure_rate = slow_rate = failure_limit = slow_limit = None
+    if breaker.window is not None:
+        failure_rate, slow_rate = breaker.rates()
+        failure_limit = float(config.failure_rate)
+        if config.slow_call_rate is not None:
+            slow_limit = float(config.slow_call_rate)
+    top = config.reset_timeout_max_s
+    grows = top is not None and top > config.reset_timeout_s
+    return (
+        failure_rate,
+        slow_rate,
+        float(breaker.break_s),
+        failure_limit,
+        slow_limit,
+        float(top) if grows and top is not None else None,
+    )
+
+
+class _BreakerCollector(Collector):
+    """The breaker gauges of one registry, computed when it is scraped."""
+
+    def __init__(self, gauges: BreakerGauges) -> None:
+        self._gauges = weakref.ref(gauges)
+
+    def _families(self) -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily(f"toolrelay_{name}", doc, labels=("breaker_key",))
+            for name, doc in BREAKER_GAUGES
+        ]
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = self._families()
+        gauges = self._gauges()
+        readings = {} if gauges is None else gauges.readings()
+        for key in sorted(readings):
+            for family, value in zip(families, readings[key], strict=True):
+                if value is not None:
+                    family.add_metric((key,), value)
+        return iter(families)
+
+
+def _refresh_loop(ref: weakref.ref[BreakerGauges], pid: int) -> None:
+    """Multiprocess mode: copy the readings into the gauges until the registry is gone."""
+    while True:
+        time.sleep(BREAKER_REFRESH_S)
+        gauges = ref()
+        if gauges is None or gauges._refresher_pid != pid:
+            return
+        gauges.refresh()
+        del gauges
+
+
+GaugeFactory = Callable[[str, str, tuple[str, ...], Any], Gauge]
+_ALL: weakref.WeakSet[BreakerGauges] = weakref.WeakSet()
+
+
+class BreakerGauges:
+    """The breaker gauges of one registry: a scrape-time collector, or (multiprocess mode)
+    ``livemax`` gauges made with ``gauge`` and refreshed from a daemon thread."""
+
+    def __init__(self, registry: CollectorRegistry, gauge: GaugeFactory) -> None:
+        self._watched: weakref.WeakSet[Breakers] = weakref.WeakSet()
+        self._watch_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
+        self._multiprocess = _multiprocess()
+        self._refresher_pid = 0
+        self._gauges: list[Gauge] = []
+        self._reported: set[str] = set()
+        if self._multiprocess:
+            self._gauges = [
+                gauge(name, doc, ("breaker_key",), "livemax") for name, doc in BREAKER_GAUGES
+            ]
+        else:
+            registry.register(_BreakerCollector(self))
+        _ALL.add(self)
+
+    def watch(self, breakers: Breakers) -> None:
+        """Report ``breakers`` in the breaker gauges for as long as it lives (held weakly;
+        watching it again does nothing)."""
+        with self._watch_lock:
+            new = breakers not in self._watched
+            self._watched.add(breakers)
+        if self._multiprocess:
+            self._start_refresher()
+            if new:
+                self.refresh()
+
+    def readings(self) -> dict[str, Reading]:
+        """Every watched key's :func:`breaker_reading`; a key several watched dispatchers
+        share reports, per gauge, the highest value."""
+        with self._watch_lock:
+            watched = list(self._watched)
+        out: dict[str, Reading] = {}
+        for breakers in watched:
+            for breaker in list(breakers._breakers.values()):
+                reading = breaker_reading(breaker)
+                seen = out.get(breaker.key)
+                if seen is not None:
+                    reading = tuple(
+                        b if a is None else a if b is None else max(a, b)
+                        for a, b in zip(seen, reading, strict=True)
+                    )
+                out[breaker.key] = reading
+        return out
+
+    def refresh(self) -> None:
+        """Multiprocess mode: copy the readings into the ``livemax`` gauges. Keys no longer
+        watched (their dispatcher is gone) drop their rates and break to 0 (the series of a
+        file-backed gauge cannot be removed), so they neither show a stale break nor alert."""
+        if not self._gauges:
+            return
+        with self._refresh_lock:
+            readings = self.readings()
+            for key, reading in readings.items():
+                for gauge, value in zip(self._gauges, reading, strict=True):
+                    if value is not None:
+                        gauge.labels(key).set(value)
+            for key in self._reported - readings.keys():
+                for gauge in self._gauges[:3]:  # rates and break; settings stay
+                    gauge.labels(key).set(0)
+            self._reported = set(readings)
+
+    def _start_refresher(self) -> None:
+        pid = os.getpid()
+        if self._refresher_pid == pid:
+            return
+        with self._watch_lock:
+            if self._refresher_pid == pid:
+                return
+            self._refresher_pid = pid  # a forked child starts its own on its next watch
+        threading.Thread(
+            target=_refresh_loop,
+            args=(weakref.ref(self), pid),
+            name="toolrelay-breaker-metrics",
+            daemon=True,
+        ).start()
+
+
+def _after_fork_in_child() -> None:
+    """A forked worker (multiprocess mode) refreshes its own copy of the breaker gauges; the
+    parent's refresher thread did not survive the fork, and its locks may have been held."""
+    for gauges in list(_ALL):
+        gauges._watch_lock = threading.Lock()
+        gauges._refresh_lock = threading.Lock()
+        if gauges._multiprocess and len(gauges._watched):
+            gauges._start_refresher()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
