@@ -208,10 +208,10 @@ def test_upstream_protocol_setting() -> None:
         return {"upstreams": {"up": table}}
 
     (default,) = parse_serve_section(upstream()).upstreams.values()
-    assert default.protocol is None and build_source(default, {}).protocol == "auto"
+    assert default.protocol == "auto" and build_source(default, {}).options.protocol == "auto"
     for mode in ("auto", "legacy", "2026-07-28"):
         (chosen,) = parse_serve_section(upstream(protocol=mode)).upstreams.values()
-        assert chosen.protocol == mode and build_source(chosen, {}).protocol == mode
+        assert chosen.protocol == mode and build_source(chosen, {}).options.protocol == mode
     for bad in ("2019-01-01", "modern", "", 2025):
         with pytest.raises(ConfigError, match=r"serve\.upstreams\.up\.protocol"):
             parse_serve_section(upstream(protocol=bad))
