@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from opentelemetry import metrics
 from opentelemetry.util.types import Attributes
 
+from .._version import __version__
+
 __all__ = [
     "MCP_SERVER_BUCKETS",
     "TOOL_BUCKETS",
@@ -77,8 +79,6 @@ class LazyHistogram:
         provider = self.provider or metrics.get_meter_provider()
         if not configured(provider):
             return None
-        from .. import __version__  # not at import time: toolrelay imports this module
-
         meter = provider.get_meter("toolrelay", __version__)
         self.histogram = meter.create_histogram(
             self._name,
