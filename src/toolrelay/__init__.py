@@ -4,10 +4,15 @@ Every call gets a deadline, a per-key circuit breaker, bounded retries and a con
 limit, and always comes back as an answer the model can act on.
 """
 
-from .breakers import BreakerConfig, Breakers
+from .breakers import BreakerOptions, Breakers
+from .budget import BudgetOptions
 from .contract import AuthContext, CallContext, ErrorType, ToolDeclaration, ToolError, ToolPlugin
 from .dispatcher import Dispatcher
+from .options import DispatcherOptions, KeyPolicy, Limits, StorageOptions
+from .pipeline.bulkhead import BulkheadOptions
 from .pipeline.faults import Fault, FaultInjector
+from .pipeline.hedge import HedgeOptions
+from .pipeline.retry import RetryOptions
 from .policy import Profile
 from .registry import RegistrationError, ToolRegistry
 from .result import ToolCall, ToolResult
@@ -16,19 +21,27 @@ from .sync import CallCancelled, DispatcherClosed, SyncDispatcher
 
 __all__ = [
     "AuthContext",
-    "BreakerConfig",
+    "BreakerOptions",
     "Breakers",
+    "BudgetOptions",
+    "BulkheadOptions",
     "CallCancelled",
     "CallContext",
     "Dispatcher",
     "DispatcherClosed",
+    "DispatcherOptions",
     "ErrorType",
     "Fault",
     "FaultInjector",
+    "HedgeOptions",
+    "KeyPolicy",
+    "Limits",
     "ModelSlot",
     "Profile",
     "RegistrationError",
+    "RetryOptions",
     "SlotLease",
+    "StorageOptions",
     "SyncDispatcher",
     "ToolCall",
     "ToolDeclaration",

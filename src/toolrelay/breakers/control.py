@@ -11,7 +11,7 @@ from typing import Any
 import pybreaker
 
 from .machine import BreakerMachine, TransitionListener
-from .options import BreakerConfig
+from .options import BreakerOptions
 from .replica import Clock, State
 from .window import new_window
 
@@ -23,25 +23,25 @@ log = logging.getLogger("toolrelay")
 class KeyBreaker(BreakerMachine):
     """The breaker of one key, with hot reload and the operator's controls."""
 
-    def reconfigure(self, config: BreakerConfig) -> None:
+    def reconfigure(self, options: BreakerOptions) -> None:
         """Take on new settings, keeping the state (hot reload): an open breaker stays open
         (due a trial ``reset_timeout_s`` after it opened, under the new value; a grown
         break stays within ``reset_timeout_max_s``), a pinned one stays pinned, trials in
         flight finish, and the failure window keeps its counts unless its shape
         (``window``, ``window_size``) changed. The new thresholds decide from now on."""
-        old, self.config = self.config, config
-        self.cb.fail_max = config.fail_max
-        self.cb.reset_timeout = config.reset_timeout_s
-        self.cb.success_threshold = config.success_threshold
-        if (old.window, old.window_size) != (config.window, config.window_size):
-            self.window = new_window(config)
+        old, self.options = self.options, options
+        self.cb.fail_max = options.fail_max
+        self.cb.reset_timeout = options.reset_timeout_s
+        self.cb.success_threshold = options.success_threshold
+        if (old.window, old.window_size) != (options.window, options.window_size):
+            self.window = new_window(options)
         self.minimum_calls = (
-            min(config.minimum_calls, config.window_size)
-            if config.window == "count"
-            else config.minimum_calls
+            min(options.minimum_calls, options.window_size)
+            if options.window == "count"
+            else options.minimum_calls
         )
-        grown = min(self.break_s, config.reset_timeout_max_s or config.reset_timeout_s)
-        self.break_s = max(config.reset_timeout_s, grown)
+        grown = min(self.break_s, options.reset_timeout_max_s or options.reset_timeout_s)
+        self.break_s = max(options.reset_timeout_s, grown)
 
     # -- operator controls --------------------------------------------------------------
     def force_open(self) -> None:
@@ -62,7 +62,7 @@ class KeyBreaker(BreakerMachine):
             self._drain()
         self.pinned_open = False
         self.storage.reset_counter()
-        self.break_s = self.config.reset_timeout_s
+        self.break_s = self.options.reset_timeout_s
         if self.known != "closed":
             self.cb.close()
         else:
@@ -103,11 +103,11 @@ class Breakers:
 
     def __init__(
         self,
-        config_for: Callable[[str], BreakerConfig],
+        options_for: Callable[[str], BreakerOptions],
         storage_factory: StorageFactory | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
-        self._config_for = config_for
+        self._options_for = options_for
         self._storage_factory = storage_factory
         self._clock = clock
         self._breakers: dict[str, KeyBreaker] = {}
@@ -118,7 +118,7 @@ class Breakers:
         breaker = self._breakers.get(key)
         if breaker is None:
             storage = None if self._storage_factory is None else self._storage_factory(key)
-            breaker = KeyBreaker(key, self._config_for(key), storage, self._notify, self._clock)
+            breaker = KeyBreaker(key, self._options_for(key), storage, self._notify, self._clock)
             self._breakers[key] = breaker
             for hook in self.on_create:
                 hook(key, breaker.state)
@@ -140,13 +140,13 @@ class Breakers:
         return sorted(self._breakers)
 
     def reconfigure(self) -> list[str]:
-        """Re-read every existing breaker's settings from ``config_for`` (hot reload) and
+        """Re-read every existing breaker's settings from ``options_for`` (hot reload) and
         apply changed ones with :meth:`KeyBreaker.reconfigure`; returns those keys."""
         changed = []
         for key, breaker in self._breakers.items():
-            config = self._config_for(key)
-            if config != breaker.config:
-                breaker.reconfigure(config)
+            options = self._options_for(key)
+            if options != breaker.options:
+                breaker.reconfigure(options)
                 changed.append(key)
         return sorted(changed)
 

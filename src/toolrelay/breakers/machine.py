@@ -29,7 +29,7 @@ from typing import Any, cast
 import pybreaker
 
 from ..outcome import Verdict
-from .options import BreakerConfig
+from .options import BreakerOptions
 from .replica import NOBODY, Clock, Remote, Replica, Replication, State
 from .window import new_window
 
@@ -70,13 +70,13 @@ class BreakerMachine(Replica):
     def __init__(
         self,
         key: str,
-        config: BreakerConfig,
+        options: BreakerOptions,
         storage: pybreaker.CircuitBreakerStorage | None,
         on_transition: TransitionListener,
         clock: Clock = time.monotonic,
     ) -> None:
         self.key = key
-        self.config = config
+        self.options = options
         self.storage = storage or pybreaker.CircuitMemoryStorage(pybreaker.STATE_CLOSED)
         shared = getattr(storage, "replicated", False)
         self.shared = cast(Replication, storage) if shared else None
@@ -91,15 +91,15 @@ class BreakerMachine(Replica):
         self.held: list[str] = []
         """Shared storage: trial places in use by calls in flight."""
         self._claimed_at = -math.inf
-        self.break_s = config.reset_timeout_s
+        self.break_s = options.reset_timeout_s
         """The current break: ``reset_timeout_s``, grown by failed trials if configured."""
         self.opened = -math.inf
         """When the breaker last opened, on :attr:`clock`."""
-        self.window = new_window(config)
+        self.window = new_window(options)
         self.minimum_calls = (
-            min(config.minimum_calls, config.window_size)
-            if config.window == "count"
-            else config.minimum_calls
+            min(options.minimum_calls, options.window_size)
+            if options.window == "count"
+            else options.minimum_calls
         )
         """A count window can never hold more than ``window_size`` calls (as resilience4j)."""
         self.records = 0
@@ -114,9 +114,9 @@ class BreakerMachine(Replica):
         self.known = "closed"
         self.last_transition: tuple[str, str] = ("closed", "closed")
         self.cb = pybreaker.CircuitBreaker(
-            fail_max=config.fail_max,
-            reset_timeout=config.reset_timeout_s,
-            success_threshold=config.success_threshold,
+            fail_max=options.fail_max,
+            reset_timeout=options.reset_timeout_s,
+            success_threshold=options.success_threshold,
             state_storage=self.storage,
             listeners=[_Listener(self)],
             name=key,
@@ -133,7 +133,7 @@ class BreakerMachine(Replica):
         self.held.clear()
         self._claimed_at = -math.inf
         if self.window is not None:
-            self.window = new_window(self.config)
+            self.window = new_window(self.options)
         self.others = NOBODY
 
     def _transitioned(self, old: State, new: State) -> None:
@@ -152,17 +152,17 @@ class BreakerMachine(Replica):
         elif new == "half_open":
             self.cb.half_open()
         else:
-            self.break_s = self.config.reset_timeout_s
+            self.break_s = self.options.reset_timeout_s
             self.cb.close()
         if self.shared is not None:
             self._sent(self.shared.transition(expected, new, self.decided + 1))
 
     def _open(self, *, after_trial: bool) -> None:
-        top = self.config.reset_timeout_max_s
+        top = self.options.reset_timeout_max_s
         if not after_trial:
-            self.break_s = self.config.reset_timeout_s
+            self.break_s = self.options.reset_timeout_s
         elif top is not None:
-            self.break_s = min(top, max(self.break_s * 2, self.config.reset_timeout_s))
+            self.break_s = min(top, max(self.break_s * 2, self.options.reset_timeout_s))
         self._move("open")
 
     def _adopt(self, remote: Remote) -> None:
@@ -215,7 +215,7 @@ class BreakerMachine(Replica):
         if now - self._claimed_at > 1.0:
             self._claimed_at = now
             assert self.shared is not None
-            self.shared.claim(self.config.half_open_max_calls)
+            self.shared.claim(self.options.half_open_max_calls)
 
     def admit(self) -> int:
         """A token for the call (see :data:`REJECT`)."""
@@ -232,7 +232,7 @@ class BreakerMachine(Replica):
                 self._claim()  # the shared storage moves every replica to half-open
                 return REJECT
             self._move("half_open")
-        if self.trials >= self.config.half_open_max_calls:
+        if self.trials >= self.options.half_open_max_calls:
             return REJECT
         if self._sharing():
             if not self.permits:
@@ -254,9 +254,9 @@ class BreakerMachine(Replica):
         permit = self.held.pop()
         self._claimed_at = -math.inf  # our place is free again: the next call may ask
         assert self.shared is not None
-        config = self.config
+        options = self.options
         self.shared.trial_done(
-            self.period, permit, success, config.success_threshold, config.reset_timeout_s
+            self.period, permit, success, options.success_threshold, options.reset_timeout_s
         )
 
     def record(self, verdict: Verdict, token: int, duration_s: float) -> bool:
@@ -273,7 +273,7 @@ class BreakerMachine(Replica):
                 self._trial_done(None)
             return False
         self.records += 1
-        limit = self.config.slow_call_s
+        limit = self.options.slow_call_s
         slow = limit is not None and duration_s > limit
         failed = verdict is Verdict.FAILURE
         if failed or slow:
@@ -286,7 +286,7 @@ class BreakerMachine(Replica):
             storage.increment_success_counter()
             if self.held:
                 self._trial_done(True)
-            if storage.success_counter >= self.config.success_threshold:
+            if storage.success_counter >= self.options.success_threshold:
                 self._move("closed")
             return False
         window = self.window
@@ -296,7 +296,7 @@ class BreakerMachine(Replica):
         if window is None:
             if failed or slow:
                 storage.increment_counter()
-                if storage.counter + others.consecutive >= self.config.fail_max:
+                if storage.counter + others.consecutive >= self.options.fail_max:
                     self._open(after_trial=False)
                     return True
             elif storage.counter:
@@ -312,8 +312,8 @@ class BreakerMachine(Replica):
         calls += others.calls
         if calls < self.minimum_calls:
             return False
-        rate = self.config.slow_call_rate
-        if failures / calls >= self.config.failure_rate or (
+        rate = self.options.slow_call_rate
+        if failures / calls >= self.options.failure_rate or (
             rate is not None and slow_calls / calls >= rate
         ):
             self._open(after_trial=False)

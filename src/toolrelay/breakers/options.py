@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass
 
-from ..settings import DATACLASS, Count, Positive, Rate, Seconds, Share, one_line_errors
+from ..settings import DATACLASS, Count, Positive, Rate, Seconds, one_line_errors
 
-__all__ = ["BreakerConfig", "Window"]
+__all__ = ["BreakerOptions", "Window"]
 
 Window = Literal["consecutive", "count", "time"]
 
 
-@one_line_errors("BreakerConfig.{}")
+@one_line_errors("BreakerOptions.{}")
 @dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
-class BreakerConfig:
-    """The resilience settings shared by every tool naming one ``breaker_key``.
+class BreakerOptions:
+    """What opens and closes the circuit breaker of one ``breaker_key``.
 
     What opens the breaker (``window``):
 
@@ -33,20 +33,13 @@ class BreakerConfig:
     doubles the break, up to that maximum; closing resets it. ``slow_call_s`` makes a
     slower success count as a failure in the consecutive window and in trials.
 
-    ``max_concurrent`` calls may be in flight (and as many worker threads live);
-    ``bulkhead_wait_s`` is how long a call may wait for a place before ``overloaded``;
-    ``max_concurrent_per_tenant`` caps one tenant's share of those places.
-    ``max_concurrent = "adaptive"``: the limit follows the key's latency, between
-    ``adaptive_min`` and ``adaptive_max`` (:mod:`toolrelay.adaptive`).
-    ``max_attempts`` counts all attempts of an idempotent tool; waits between them start
-    near ``backoff_initial_s`` and double up to ``backoff_max_s``, with jitter.
-    ``hedge_after_s`` (seconds, or ``"adaptive"``: the key's observed p95, at least
-    ``hedge_after_min_s``) starts up to ``max_hedges`` extra attempts of a slow idempotent
-    call; the first good answer wins (:mod:`toolrelay.pipeline.hedge`). ``retry_budget``
-    caps the key's retries and hedges at that share of its calls in the last 10 s, or
-    ``retry_budget_min_per_s`` a second if more (:mod:`toolrelay.budget`).
-    A bad value raises :class:`~toolrelay.settings.SettingsError` (a ``ValueError``).
+    Reloadable: a hot reload applies new values and keeps the breaker's state
+    (:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`). A bad value raises
+    :class:`~toolrelay.settings.SettingsError` (a ``ValueError``).
     """
+
+    RELOADABLE: ClassVar[bool] = True
+    """Whether a hot reload may change these settings of a key already in use."""
 
     fail_max: Count = 5
     reset_timeout_s: Seconds = 30.0
@@ -59,31 +52,6 @@ class BreakerConfig:
     minimum_calls: Count = 10
     failure_rate: Rate = 0.5
     slow_call_rate: Rate | None = None
-    max_concurrent: Count | Literal["adaptive"] = 32
-    adaptive_min: Count = 2
-    adaptive_max: Count = 100
-    max_concurrent_per_tenant: Count | None = None
-    bulkhead_wait_s: Seconds = 0.0
-    max_attempts: Count = 3
-    backoff_initial_s: Seconds = 0.05
-    backoff_max_s: Seconds = 2.0
-    hedge_after_s: Positive | Literal["adaptive"] | None = None
-    hedge_after_min_s: Positive = 0.01
-    max_hedges: Count = 1
-    retry_budget: Share | None = None
-    retry_budget_min_per_s: Seconds = 1.0  # a rate ≥ 0 (per second, not seconds)
-
-    @property
-    def max_places(self) -> int:
-        """The most calls that may ever be in flight (and worker threads live)."""
-        return self.adaptive_max if self.max_concurrent == "adaptive" else self.max_concurrent
-
-    @field_validator("adaptive_max")
-    @classmethod
-    def _not_below_adaptive_min(cls, value: int, info: ValidationInfo) -> int:
-        if value < info.data.get("adaptive_min", 1):
-            raise ValueError(f"must be ≥ adaptive_min, not {value!r}")
-        return value
 
     @field_validator("reset_timeout_max_s")
     @classmethod

@@ -6,7 +6,7 @@ calls, ``time`` the calls of the last N seconds in one-second buckets (as resili
 
 from __future__ import annotations
 
-from .options import BreakerConfig
+from .options import BreakerOptions
 
 __all__ = ["CountWindow", "FailureWindow", "TimeWindow", "new_window"]
 
@@ -100,9 +100,9 @@ class TimeWindow:
 FailureWindow = CountWindow | TimeWindow
 
 
-def new_window(config: BreakerConfig) -> FailureWindow | None:
-    if config.window == "count":
-        return CountWindow(config.window_size)
-    if config.window == "time":
-        return TimeWindow(config.window_size)
+def new_window(options: BreakerOptions) -> FailureWindow | None:
+    if options.window == "count":
+        return CountWindow(options.window_size)
+    if options.window == "time":
+        return TimeWindow(options.window_size)
     return None

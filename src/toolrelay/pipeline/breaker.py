@@ -38,7 +38,7 @@ def rejection(inv: Invocation, breaker: KeyBreaker, wait: float | None = None) -
     if wait > 0:
         hint = f"try again in {wait:.1f} s" if wait < 10 else f"try again in {wait:.0f} s"
     else:  # half-open, with every trial place taken
-        wait = min(1.0, breaker.config.reset_timeout_s)
+        wait = min(1.0, breaker.options.reset_timeout_s)
         hint = "a trial call is testing it; try again in a moment"
     message = f"{name} is paused because {breaker.key} is failing; {hint}"
     return Outcome(False, None, ErrorType.CIRCUIT_OPEN, short(message), True, wait)
