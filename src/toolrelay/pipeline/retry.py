@@ -8,7 +8,8 @@ breaker or a ``circuit_open``/``overloaded`` answer, and never follows a cancell
 
 With a retry budget (the key's :class:`~toolrelay.budget.BudgetOptions`) every call is
 counted, and a retry is made only while the key's retries and hedges are within the
-budget; when it is spent, the answer is the failure the call had (a ``RetryBudgetExhausted`` event notes the retry not made).
+budget; when it is spent, the answer is the failure the call had (a
+``RetryBudgetExhausted`` event notes the retry not made).
 """
 
 from __future__ import annotations
