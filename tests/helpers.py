@@ -10,7 +10,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from toolrelay import AuthContext, ToolDeclaration
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    BudgetOptions,
+    BulkheadOptions,
+    HedgeOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolDeclaration,
+)
+from toolrelay.config import RENAMED
 
 if TYPE_CHECKING:
     from toolrelay.chaos.experiment import Experiment, ExperimentReport
@@ -21,6 +31,26 @@ CITY = {
     "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 40}},
     "required": ["city"],
     "additionalProperties": False,
+}
+
+
+def key_policy(**settings: Any) -> KeyPolicy:
+    """A :class:`KeyPolicy` from settings named as in one flat table (``fail_max``,
+    ``max_attempts``, ``hedge_after_s``, …: :data:`toolrelay.config.RENAMED`), for tests
+    that sweep settings of several strategies at once."""
+    parts: dict[str, dict[str, Any]] = {}
+    for name, value in settings.items():
+        part, field = RENAMED[name]
+        parts.setdefault(part, {})[field] = value
+    return KeyPolicy(**{part: _PARTS[part](**fields) for part, fields in parts.items()})
+
+
+_PARTS: dict[str, Any] = {
+    "breaker": BreakerOptions,
+    "retry": RetryOptions,
+    "hedge": HedgeOptions,
+    "bulkhead": BulkheadOptions,
+    "budget": BudgetOptions,
 }
 
 

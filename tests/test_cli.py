@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from toolrelay import DispatcherOptions
 from toolrelay.chaos.upstream import Upstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -233,7 +234,7 @@ def test_live_view_renders_tools_breakers_and_slot() -> None:
     report.slot_holds = [0.4, 1.2]
     report.transitions = [(9.2, "searxng", "closed", "open")]
     report.windows = [("search upstream hangs", 8.0, 18.0)]
-    dispatcher = Dispatcher(ToolRegistry(), telemetry=False)
+    dispatcher = Dispatcher(ToolRegistry(), DispatcherOptions(telemetry=False))
     dispatcher.breakers.force_open("searxng")
     console = Console(record=True, width=140)
     console.print(RichView(30).render(report, dispatcher, elapsed=10.0))

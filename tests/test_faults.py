@@ -9,10 +9,12 @@ from prometheus_client import CollectorRegistry
 
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     Dispatcher,
     ErrorType,
     Fault,
+    KeyPolicy,
+    RetryOptions,
     ToolCall,
     ToolRegistry,
 )
@@ -39,7 +41,11 @@ def build(*faults: Fault, seed: int | None = 7, **kw: Any) -> tuple[Dispatcher, 
         registry,
         faults=faults,
         fault_seed=seed,
-        breakers={"searxng": BreakerConfig(fail_max=3, max_attempts=1)},
+        breakers={
+            "searxng": KeyPolicy(
+                breaker=BreakerOptions(fail_max=3), retry=RetryOptions(max_attempts=1)
+            )
+        },
         metrics_registry=CollectorRegistry(),
         **kw,
     )

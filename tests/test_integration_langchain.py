@@ -37,9 +37,12 @@ from pydantic import Field
 from helpers import CITY, OBJ
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
     Profile,
+    RetryOptions,
     ToolError,
     ToolRegistry,
     ToolResult,
@@ -112,7 +115,9 @@ def build(**kw: Any) -> tuple[Dispatcher, Service]:
 
     kw.setdefault("audit", None)
     kw.setdefault("telemetry", False)
-    one_strike = BreakerConfig(fail_max=1, max_attempts=1, reset_timeout_s=60)
+    one_strike = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=60), retry=RetryOptions(max_attempts=1)
+    )
     dispatcher = Dispatcher(
         registry,
         profiles={"reader": Profile(max_risk="read")},
@@ -442,7 +447,9 @@ async def test_the_content_is_compact_json_keeping_text_and_escaping_lone_surrog
     async def files(args: dict[str, Any], ctx: AuthContext) -> list[str]:
         return [b"caf\xe9.txt".decode("utf-8", "surrogateescape")]
 
-    graph = tool_graph(langchain_tools(Dispatcher(registry, audit=None, telemetry=False)))
+    graph = tool_graph(
+        langchain_tools(Dispatcher(registry, DispatcherOptions(telemetry=False), audit=None))
+    )
     calls = [call("city", "c1"), call("files", "c2")]
     out = await graph.ainvoke({"messages": [AIMessage("", tool_calls=calls)]})
     texts = {m.tool_call_id: m.content for m in out["messages"] if isinstance(m, ToolMessage)}

@@ -47,9 +47,11 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from helpers import CITY  # noqa: E402
 from toolrelay import (  # noqa: E402
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     Dispatcher,
+    KeyPolicy,
     Profile,
+    RetryOptions,
     ToolRegistry,
 )
 from toolrelay.integrations.openai_agents import function_tools  # noqa: E402
@@ -205,7 +207,14 @@ async def test_a_timeout_and_an_open_breaker_come_back_as_answers_and_the_run_co
     async def search(args: dict[str, Any], ctx: AuthContext) -> Any:
         await never.wait()
 
-    d = new_dispatcher(registry, breakers={"searxng": BreakerConfig(fail_max=1, max_attempts=1)})
+    d = new_dispatcher(
+        registry,
+        breakers={
+            "searxng": KeyPolicy(
+                breaker=BreakerOptions(fail_max=1), retry=RetryOptions(max_attempts=1)
+            )
+        },
+    )
     brain = Brain(call("search", "c1"), call("search", "c2"), finish)
     result = await run(d, brain, unavailable="show")
     timeout, paused = brain.seen[1].outputs["c1"], brain.seen[2].outputs["c2"]

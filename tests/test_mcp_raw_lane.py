@@ -33,7 +33,15 @@ import anyio
 import pytest
 
 from helpers import wait_until
-from toolrelay import BreakerConfig, Dispatcher, ErrorType, ToolRegistry
+from toolrelay import (
+    BreakerOptions,
+    BulkheadOptions,
+    Dispatcher,
+    ErrorType,
+    KeyPolicy,
+    RetryOptions,
+    ToolRegistry,
+)
 from toolrelay.contract import AuthContext
 
 pytest.importorskip("mcp", reason="needs the MCP SDK: pip install 'toolrelay[mcp]'")
@@ -46,8 +54,10 @@ pytestmark = pytest.mark.anyio
 
 TEST_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
 ERAS = {"2026-07-28": "2026-07-28", "legacy": "2025-11-25"}  # the mode pins the era
-ONCE = BreakerConfig(max_attempts=1, fail_max=100)  # no retry, never open
-WIDE = BreakerConfig(max_concurrent=256)  # many calls in flight at once
+ONCE = KeyPolicy(
+    breaker=BreakerOptions(fail_max=100), retry=RetryOptions(max_attempts=1)
+)  # no retry, never open
+WIDE = KeyPolicy(bulkhead=BulkheadOptions(max_concurrent=256))  # many calls in flight at once
 
 SERVER = r"""
 import json, os, sys, threading, time

@@ -26,11 +26,23 @@ from anyio.abc import Process
 from helpers import wait_until
 from redis_server import RedisServer, free_port
 from slow_proxy import SlowProxy
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ErrorType, ToolError, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerConfig,
+    BreakerOptions,
+    Dispatcher,
+    ErrorType,
+    KeyPolicy,
+    RetryOptions,
+    ToolError,
+    ToolRegistry,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.servers]
 
-CONFIG = BreakerConfig(fail_max=3, reset_timeout_s=60, max_attempts=1)
+CONFIG = KeyPolicy(
+    breaker=BreakerOptions(fail_max=3, reset_timeout_s=60), retry=RetryOptions(max_attempts=1)
+)
 REPLICA = Path(__file__).parent / "servers" / "breaker_replica.py"
 
 
@@ -112,7 +124,9 @@ async def test_a_replica_adopts_an_open_breaker_from_another(redis: RedisServer)
 
 
 async def test_a_forced_open_holds_on_every_replica(redis: RedisServer) -> None:
-    config = BreakerConfig(fail_max=3, reset_timeout_s=0.05, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=3, reset_timeout_s=0.05), retry=RetryOptions(max_attempts=1)
+    )
     here, _ = make(redis.url, config)
     there, other = make(redis.url, config)
     other.failing = False
@@ -138,7 +152,9 @@ async def test_a_forced_open_holds_on_every_replica(redis: RedisServer) -> None:
 async def test_a_replica_adopting_a_pin_says_an_operator_paused_it(redis: RedisServer) -> None:
     """The pin is shared, and so is the honest answer: the replica that adopted it refuses
     calls as paused by an operator (no trial promised), as the one that pinned it does."""
-    config = BreakerConfig(fail_max=3, reset_timeout_s=0.05, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=3, reset_timeout_s=0.05), retry=RetryOptions(max_attempts=1)
+    )
     here, _ = make(redis.url, config)
     there, other = make(redis.url, config)
     await synced(here)
@@ -237,7 +253,9 @@ async def test_a_pin_is_not_undone_by_a_read_from_before_it(redis: RedisServer) 
     """An operator pins a breaker that failures opened while the replica's periodic read of
     Redis is on its way (held by a paused proxy): that read, from before the pin, arrives
     after it (200 ms before the pin's reply) and must not unpin the replica meanwhile."""
-    config = BreakerConfig(fail_max=1, reset_timeout_s=60, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=60), retry=RetryOptions(max_attempts=1)
+    )
     with SlowProxy("127.0.0.1", redis.port, 0.0) as proxy:
         here, _ = make(
             proxy.url, config, breaker_storage_timeout_s=2.0, breaker_storage_sync_s=0.02
@@ -264,7 +282,9 @@ async def test_a_trial_place_asked_for_before_a_pin_does_not_undo_it(redis: Redi
     """The break is over and a call has asked Redis for a trial place (which moves the key
     to half-open there) when the operator pins the breaker: the place's reply, from before
     the pin, must not take the replica to half-open and back."""
-    config = BreakerConfig(fail_max=1, reset_timeout_s=0.05, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05), retry=RetryOptions(max_attempts=1)
+    )
     with SlowProxy("127.0.0.1", redis.port, 0.0) as proxy:
         here, flaky = make(proxy.url, config, breaker_storage_timeout_s=2.0)
         try:
@@ -311,7 +331,10 @@ async def test_an_observed_transition_resets_no_counters(redis: RedisServer) -> 
 async def test_a_grown_break_is_shared(redis: RedisServer) -> None:
     """Failed trials on one replica grow the break (0.1 → 0.2 → 0.4, capped); every replica
     reports the grown break and answers a retry_after_s within it."""
-    config = BreakerConfig(fail_max=1, reset_timeout_s=0.1, reset_timeout_max_s=0.4, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.1, reset_timeout_max_s=0.4),
+        retry=RetryOptions(max_attempts=1),
+    )
     here, _ = make(redis.url, config)
     there, other = make(redis.url, config)
     other.failing = False
@@ -344,8 +367,9 @@ async def test_a_grown_break_is_shared(redis: RedisServer) -> None:
 
 
 async def test_failures_on_several_replicas_add_up(redis: RedisServer) -> None:
-    config = BreakerConfig(
-        window="count", window_size=20, minimum_calls=6, failure_rate=0.5, max_attempts=1
+    config = KeyPolicy(
+        breaker=BreakerOptions(window="count", window_size=20, minimum_calls=6, failure_rate=0.5),
+        retry=RetryOptions(max_attempts=1),
     )
     here, flaky = make(redis.url, config, breaker_storage_sync_s=0.02)
     there, other = make(redis.url, config, breaker_storage_sync_s=0.02)

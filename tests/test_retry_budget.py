@@ -10,7 +10,17 @@ from prometheus_client import CollectorRegistry
 
 from helpers import wait_until
 from redis_server import RedisServer
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ErrorType, ToolError, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerConfig,
+    BudgetOptions,
+    Dispatcher,
+    DispatcherOptions,
+    ErrorType,
+    KeyPolicy,
+    ToolError,
+    ToolRegistry,
+)
 from toolrelay.budget import OTHERS_TTL_S, WINDOW_S, KeyBudget, RetryBudgets
 from toolrelay.events import Event, RetryBudgetExhausted
 
@@ -100,8 +110,8 @@ def test_bad_settings_are_refused() -> None:
 
 
 def test_budgets_exist_only_for_keys_that_set_one() -> None:
-    configs = {"a": BreakerConfig(retry_budget=0.25, retry_budget_min_per_s=0.0)}
-    budgets = RetryBudgets(lambda key: configs.get(key, BreakerConfig()))
+    configs = {"a": KeyPolicy(budget=BudgetOptions(share=0.25, min_per_s=0.0))}
+    budgets = RetryBudgets(lambda key: configs.get(key, KeyPolicy()))
     assert budgets.get("b") is None and budgets.known("b") is None
     budget = budgets.get("a")
     assert budget is not None and budget.ratio == 0.25 and budget.min_per_s == 0.0
@@ -110,9 +120,9 @@ def test_budgets_exist_only_for_keys_that_set_one() -> None:
 
 def test_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="retry_budget"):
-        BreakerConfig(retry_budget=1.5)
+        KeyPolicy(budget=BudgetOptions(share=1.5))
     with pytest.raises(ValueError, match="retry_budget_min_per_s"):
-        BreakerConfig(retry_budget_min_per_s=-1.0)
+        KeyPolicy(budget=BudgetOptions(min_per_s=-1.0))
 
 
 # -- through the dispatcher ------------------------------------------------------------------
@@ -191,7 +201,7 @@ async def test_a_budget_does_not_stop_retries_that_succeed(anyio_backend: str) -
 
     # the floor lets the very first call retry (half a call's budget is no retry)
     config = BreakerConfig(**OUTAGE, retry_budget=0.5, retry_budget_min_per_s=0.1)  # type: ignore[arg-type]
-    dispatcher = Dispatcher(registry, breakers={"svc": config}, audit=None)
+    dispatcher = Dispatcher(registry, DispatcherOptions(keys={"svc": config}), audit=None)
     results = [await dispatcher.dispatch("flaky", {}) for _ in range(40)]
     assert all(r.ok for r in results)
     retried = sum(r.attempts == 2 for r in results)

@@ -23,7 +23,19 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from helpers import OBJ, wait_until
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolCall, ToolError, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerConfig,
+    BreakerOptions,
+    BulkheadOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolCall,
+    ToolError,
+    ToolRegistry,
+)
 from toolrelay.telemetry import metrics as telemetry_metrics
 from toolrelay.telemetry import serve_metrics
 from toolrelay.telemetry.metrics import DURATION_BUCKETS, ExemplarGate
@@ -63,8 +75,10 @@ def build(**kw: Any) -> tuple[Dispatcher, Service, InMemorySpanExporter, Collect
     dispatcher = Dispatcher(
         registry,
         breakers={
-            "open-meteo": BreakerConfig(
-                fail_max=3, max_attempts=2, backoff_initial_s=0.001, max_concurrent=4
+            "open-meteo": KeyPolicy(
+                breaker=BreakerOptions(fail_max=3),
+                retry=RetryOptions(max_attempts=2, backoff_initial_s=0.001),
+                bulkhead=BulkheadOptions(max_concurrent=4),
             )
         },
         tracer_provider=provider,
@@ -389,7 +403,7 @@ async def test_telemetry_can_be_switched_off() -> None:
     registry = ToolRegistry()
     registry.tool(name="t", parameters=OBJ)(Service())  # type: ignore[arg-type]
     metrics = CollectorRegistry()
-    dispatcher = Dispatcher(registry, telemetry=False, metrics_registry=metrics)
+    dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False), metrics_registry=metrics)
     assert (await dispatcher.dispatch("t", "{}")).ok
     assert dispatcher.telemetry is None
     assert "toolrelay_tool_calls_total" not in generate_latest(metrics).decode()
@@ -513,7 +527,9 @@ def keyed(
     services = {key: Service() for key in configs}
     for key, service in services.items():
         registry.tool(name=key, parameters=OBJ, breaker_key=key, timeout_s=2)(service)  # type: ignore[arg-type]
-    return Dispatcher(registry, breakers=configs, metrics_registry=metrics, audit=None), services
+    return Dispatcher(
+        registry, DispatcherOptions(keys=configs), metrics_registry=metrics, audit=None
+    ), services
 
 
 def window(**kw: Any) -> BreakerConfig:
@@ -535,7 +551,7 @@ async def run(dispatcher: Dispatcher, service: Service, key: str, steps: list[st
 async def test_window_rates_and_thresholds_are_read_at_scrape_time() -> None:
     metrics = CollectorRegistry()
     dispatcher, services = keyed(
-        metrics, search=window(slow_call_s=0.05, slow_call_rate=0.9), legacy=BreakerConfig()
+        metrics, search=window(slow_call_s=0.05, slow_call_rate=0.9), legacy=KeyPolicy()
     )
     await run(dispatcher, services["search"], "search", ["fail", "ok", "fail", "slow", "ok", "ok"])
     assert sample(metrics, "failure_rate", "search") == pytest.approx(2 / 6)
@@ -559,8 +575,7 @@ async def test_window_rates_and_thresholds_are_read_at_scrape_time() -> None:
 
 async def test_break_duration_doubles_after_each_failed_trial_up_to_its_maximum() -> None:
     metrics = CollectorRegistry()
-    config = BreakerConfig(fail_max=1, reset_timeout_s=0.05, reset_timeout_max_s=0.2,
-                           max_attempts=1)  # fmt: skip
+    config = KeyPolicy(breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05, reset_timeout_max_s=0.2), retry=RetryOptions(max_attempts=1))
     dispatcher, services = keyed(metrics, search=config)
     service = services["search"]
 

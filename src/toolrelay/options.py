@@ -134,4 +134,5 @@ class DispatcherOptions(BaseModel):
 
     def replace(self, **changes: Any) -> DispatcherOptions:
         """A copy with ``changes`` (checked like the constructor's arguments)."""
-        return DispatcherOptions(**{**dict(self), **changes})
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return DispatcherOptions(**{**fields, **changes})

@@ -169,7 +169,8 @@ class TomlTable(Generic[M]):
 def _entries(value: Any) -> Mapping[str, Any] | None:
     """A model's, a dataclass's or a mapping's entries; ``None`` for a plain value."""
     if isinstance(value, BaseModel):
-        return dict(value)  # fields and extra keys
+        fields = {name: getattr(value, name) for name in type(value).model_fields}
+        return {**fields, **(value.model_extra or {})}  # not dict(value): a field may be "keys"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
