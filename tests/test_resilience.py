@@ -8,10 +8,9 @@ from typing import Any
 import anyio
 import pytest
 
-from helpers import OBJ, wait_until
+from helpers import OBJ, key_policy, wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
     BreakerOptions,
     BulkheadOptions,
     Dispatcher,
@@ -66,7 +65,7 @@ class Service:
 
 
 def setup(
-    config: BreakerConfig | None = None, *, risk: str = "read", timeout_s: float = 2.0, **kw: Any
+    config: KeyPolicy | None = None, *, risk: str = "read", timeout_s: float = 2.0, **kw: Any
 ) -> tuple[Dispatcher, Service]:
     registry = ToolRegistry()
     service = Service()
@@ -323,7 +322,7 @@ def retrying(max_attempts: int = 3, **kw: Any) -> tuple[Dispatcher, Service, Rec
         registry.tool(name=name, parameters=ANY, breaker_key="up", risk=risk)(service)  # type: ignore[arg-type]
     registry.tool(name="once", parameters=ANY, breaker_key="up", max_attempts=1)(service)  # type: ignore[arg-type]
     recorder = Recorder()
-    config = BreakerConfig(fail_max=kw.pop("fail_max", 10), max_attempts=max_attempts, **kw)
+    config = key_policy(fail_max=kw.pop("fail_max", 10), max_attempts=max_attempts, **kw)
     dispatcher = Dispatcher(
         registry,
         DispatcherOptions(keys={"up": config}),
@@ -563,8 +562,8 @@ async def test_force_open_close_reset_and_listeners() -> None:
     ],
 )
 def test_breaker_config_is_checked(bad: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="BreakerConfig"):
-        BreakerConfig(**bad)
+    with pytest.raises(ValueError, match=r"(Breaker|Bulkhead|Retry)Options\."):
+        key_policy(**bad)
 
 
 async def test_sync_handler_failures_and_timeouts_open_the_breaker() -> None:

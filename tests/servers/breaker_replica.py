@@ -32,16 +32,16 @@ import anyio
 
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
     Dispatcher,
     DispatcherOptions,
     KeyPolicy,
     StorageOptions,
     ToolRegistry,
 )
+from toolrelay.config import parse_config
 
 
-def linked(registry: ToolRegistry, url: str, config: BreakerConfig) -> Dispatcher:
+def linked(registry: ToolRegistry, url: str, config: KeyPolicy) -> Dispatcher:
     return Dispatcher(
         registry,
         DispatcherOptions(keys={"svc": config}, telemetry=False, storage=StorageOptions(url=url)),
@@ -90,7 +90,8 @@ def calls(url: str, config_json: str, seconds: str, work_s: str) -> list[dict[st
                 tg.start_soon(loop, until)
         await dispatcher.aclose()
 
-    dispatcher = linked(registry, url, BreakerConfig(**json.loads(config_json)))
+    policy = parse_config({"keys": {"svc": json.loads(config_json)}}).keys["svc"]
+    dispatcher = linked(registry, url, policy)
     anyio.run(run)
     return records
 
