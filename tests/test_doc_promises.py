@@ -26,14 +26,16 @@ from prometheus_client import CollectorRegistry
 from helpers import OBJ, wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
     BreakerOptions,
+    BudgetOptions,
     BulkheadOptions,
     Dispatcher,
     DispatcherOptions,
     ErrorType,
     Fault,
+    HedgeOptions,
     KeyPolicy,
+    Limits,
     ModelSlot,
     Profile,
     RegistrationError,
@@ -339,7 +341,15 @@ def _parameters(fn: Any) -> set[str]:
         ("`ToolError`", lambda: _parameters(ToolError.__init__)),
         ("`AuthContext`", lambda: _fields(AuthContext)),
         ("`Profile`", lambda: _parameters(Profile.__init__)),
-        ("`BreakerConfig`", lambda: _fields(BreakerConfig)),
+        ("`BreakerOptions`", lambda: _fields(BreakerOptions)),
+        ("`RetryOptions`", lambda: _fields(RetryOptions)),
+        ("`HedgeOptions`", lambda: _fields(HedgeOptions)),
+        ("`BulkheadOptions`", lambda: _fields(BulkheadOptions)),
+        ("`BudgetOptions`", lambda: _fields(BudgetOptions)),
+        ("`KeyPolicy`", lambda: _fields(KeyPolicy)),
+        ("`DispatcherOptions`", lambda: set(DispatcherOptions.model_fields)),
+        ("`StorageOptions`", lambda: _fields(StorageOptions)),
+        ("`Limits`", lambda: _fields(Limits)),
     ],
 )
 def test_readme_public_api_rows_name_every_field(row: str, expected: Any) -> None:
@@ -399,7 +409,7 @@ def test_readme_configuration_table_has_every_section() -> None:
 
 @pytest.mark.parametrize(
     "section",
-    ["plugins", "tools", "breaker_storage", "profiles", "faults", "dispatcher", "telemetry"],
+    ["plugins", "tools", "storage", "profiles", "faults", "dispatcher", "telemetry"],
 )
 def test_readme_configuration_table_lists_the_schema_keys(section: str) -> None:
     """README, Configuration: each row's keys are exactly the schema's (unknown keys are
@@ -407,10 +417,16 @@ def test_readme_configuration_table_lists_the_schema_keys(section: str) -> None:
     assert quoted_names(_table_sections()[section]) == _schema_keys(section)
 
 
-def test_readme_breakers_table_takes_every_breaker_config_field() -> None:
-    """README, Configuration: `[breakers.KEY]` takes "every `BreakerConfig` field"."""
-    assert "every `BreakerConfig` field" in _table_sections()["breakers"]
-    assert _schema_keys("breakers") == _fields(BreakerConfig)
+def test_readme_keys_table_takes_one_table_per_strategy() -> None:
+    """README, Configuration: `[keys.KEY]` takes one table per strategy, each with the
+    fields of its options class."""
+    listed = _table_sections()["keys"]
+    assert quoted_names(listed.split(":")[0]) == _fields(KeyPolicy)
+    policy = _schema_keys("keys")
+    assert policy == _fields(KeyPolicy)
+    for part, cls in (("breaker", BreakerOptions), ("retry", RetryOptions)):
+        ref = CONFIG_SCHEMA["$defs"]["KeyPolicy"]["properties"][part]["$ref"]
+        assert set(CONFIG_SCHEMA["$defs"][ref.rsplit("/", 1)[1]]["properties"]) == _fields(cls)
 
 
 async def test_readme_telemetry_section_is_read_by_from_config() -> None:
@@ -442,7 +458,7 @@ async def test_readme_tools_on_one_breaker_key_share_one_concurrency_limit() -> 
 
 
 def retry_dispatcher(
-    flaky: Flaky, config: BreakerConfig, *, risk: str = "read", **tool: Any
+    flaky: Flaky, config: KeyPolicy, *, risk: str = "read", **tool: Any
 ) -> tuple[Dispatcher, Recorder]:
     registry = ToolRegistry()
     registry.tool(name="t", parameters=ANY, breaker_key="k", risk=risk, **tool)(flaky)  # type: ignore[arg-type]
@@ -468,7 +484,7 @@ async def test_readme_default_backoff_starts_near_50_ms_and_doubles() -> None:
 
 async def test_readme_backoff_is_capped() -> None:
     """README, Breakers: backoff capped at 2 s by default (`backoff_max_s`)."""
-    assert (KeyPolicy().backoff_initial_s, KeyPolicy().backoff_max_s) == (0.05, 2.0)
+    assert (RetryOptions().backoff_initial_s, RetryOptions().backoff_max_s) == (0.05, 2.0)
     config = KeyPolicy(
         retry=RetryOptions(max_attempts=5, backoff_initial_s=0.004, backoff_max_s=0.008)
     )
@@ -715,14 +731,15 @@ async def test_deadlines_model_slot_listeners_see_every_hold() -> None:
 
 
 # == docs/chaos.md ============================================================================
-def chaos_dispatcher(*faults: Fault, **kw: Any) -> tuple[Dispatcher, Flaky]:
+def chaos_dispatcher(*faults: Fault, **options: Any) -> tuple[Dispatcher, Flaky]:
     registry = ToolRegistry()
     flaky = Flaky()
     registry.tool(name="search", parameters=ANY, breaker_key="searxng")(flaky)
     config = KeyPolicy(
         breaker=BreakerOptions(fail_max=100), retry=RetryOptions(backoff_initial_s=0.001)
     )
-    return Dispatcher(registry, breakers={"searxng": config}, faults=faults, **kw), flaky
+    options = DispatcherOptions(keys={"searxng": config}, faults=faults, **options)
+    return Dispatcher(registry, options), flaky
 
 
 async def test_chaos_faults_seed_restarts_the_dice() -> None:

@@ -23,7 +23,6 @@ from toolrelay import (
     ToolError,
     ToolRegistry,
 )
-from toolrelay.breakers import BreakerConfig
 from toolrelay.chaos.experiment import Experiment, ExperimentReport, run_experiment
 from toolrelay.registry import RegistrationError
 
@@ -71,7 +70,7 @@ def build(
     profiles: dict[str, Profile] | None = None,
     metrics: CollectorRegistry | None = None,
     provider: TracerProvider | None = None,
-    breakers: dict[str, BreakerConfig] | None = None,
+    breakers: dict[str, KeyPolicy] | None = None,
 ) -> tuple[Dispatcher, dict[str, Service]]:
     registry = ToolRegistry()
     services = {name: Service(name) for name in ("search", "backup", "backup2")}

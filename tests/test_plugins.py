@@ -21,7 +21,6 @@ import pytest
 from pydantic import ValidationError
 
 from toolrelay import (
-    BreakerConfig,
     BreakerOptions,
     Dispatcher,
     DispatcherOptions,
@@ -63,7 +62,7 @@ def feeds(up: Upstream, extra: Mapping[str, str] | None = None, **config: Any) -
 
 @asynccontextmanager
 async def relay(
-    *plugins: HttpPlugin, breakers: Mapping[str, BreakerConfig] | None = None
+    *plugins: HttpPlugin, breakers: Mapping[str, KeyPolicy] | None = None
 ) -> AsyncIterator[Dispatcher]:
     registry = ToolRegistry()
     for plugin in plugins:

@@ -22,10 +22,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from helpers import OBJ, wait_until
+from helpers import OBJ, key_policy, wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
     BreakerOptions,
     BulkheadOptions,
     Dispatcher,
@@ -58,7 +57,9 @@ class Service:
         return {"city": args.get("city", "Oslo")}
 
 
-def build(**kw: Any) -> tuple[Dispatcher, Service, InMemorySpanExporter, CollectorRegistry]:
+def build(
+    capture_content: bool = False,
+) -> tuple[Dispatcher, Service, InMemorySpanExporter, CollectorRegistry]:
     registry = ToolRegistry()
     service = Service()
     registry.tool(
@@ -72,18 +73,16 @@ def build(**kw: Any) -> tuple[Dispatcher, Service, InMemorySpanExporter, Collect
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     metrics = CollectorRegistry()
+    policy = KeyPolicy(
+        breaker=BreakerOptions(fail_max=3),
+        retry=RetryOptions(max_attempts=2, backoff_initial_s=0.001),
+        bulkhead=BulkheadOptions(max_concurrent=4),
+    )
     dispatcher = Dispatcher(
         registry,
-        breakers={
-            "open-meteo": KeyPolicy(
-                breaker=BreakerOptions(fail_max=3),
-                retry=RetryOptions(max_attempts=2, backoff_initial_s=0.001),
-                bulkhead=BulkheadOptions(max_concurrent=4),
-            )
-        },
+        DispatcherOptions(keys={"open-meteo": policy}, capture_content=capture_content),
         tracer_provider=provider,
         metrics_registry=metrics,
-        **kw,
     )
     return dispatcher, service, exporter, metrics
 
@@ -520,7 +519,7 @@ def test_adder_writes_what_prometheus_client_reports(mode: str, tmp_path: Path) 
 
 # -- breaker window gauges (computed at scrape time) -------------------------------------------
 def keyed(
-    metrics: CollectorRegistry, **configs: BreakerConfig
+    metrics: CollectorRegistry, **configs: KeyPolicy
 ) -> tuple[Dispatcher, dict[str, Service]]:
     """A dispatcher with one tool per breaker key (the tool is named after its key)."""
     registry = ToolRegistry()
@@ -532,8 +531,8 @@ def keyed(
     ), services
 
 
-def window(**kw: Any) -> BreakerConfig:
-    return BreakerConfig(
+def window(**kw: Any) -> KeyPolicy:
+    return key_policy(
         **{"window": "count", "window_size": 10, "minimum_calls": 10, "max_attempts": 1, **kw}
     )
 
@@ -575,7 +574,10 @@ async def test_window_rates_and_thresholds_are_read_at_scrape_time() -> None:
 
 async def test_break_duration_doubles_after_each_failed_trial_up_to_its_maximum() -> None:
     metrics = CollectorRegistry()
-    config = KeyPolicy(breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05, reset_timeout_max_s=0.2), retry=RetryOptions(max_attempts=1))
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05, reset_timeout_max_s=0.2),
+        retry=RetryOptions(max_attempts=1),
+    )
     dispatcher, services = keyed(metrics, search=config)
     service = services["search"]
 
@@ -667,7 +669,8 @@ BREAKER_WORKER = textwrap.dedent(
     import sys, time
     import anyio
     import toolrelay.telemetry.metrics
-    from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
+    from toolrelay import (BreakerOptions, Dispatcher, DispatcherOptions, KeyPolicy,
+                           RetryOptions, ToolError, ToolRegistry)
 
     toolrelay.telemetry.metrics.BREAKER_REFRESH_S = 0.05
     registry = ToolRegistry()
@@ -680,9 +683,11 @@ BREAKER_WORKER = textwrap.dedent(
         return "ok"
 
     async def main():
-        config = BreakerConfig(window="count", window_size=10, minimum_calls=10, max_attempts=1,
-                               reset_timeout_max_s=60)
-        d = Dispatcher(registry, breakers={"search": config}, audit=None)
+        config = KeyPolicy(
+            breaker=BreakerOptions(window="count", window_size=10, minimum_calls=10,
+                                   reset_timeout_max_s=60),
+            retry=RetryOptions(max_attempts=1))
+        d = Dispatcher(registry, DispatcherOptions(keys={"search": config}), audit=None)
         for i in range(4):
             await d.dispatch("search", {"fail": i < failing})
         time.sleep(0.5)  # the refresher copies the readings into the gauges
