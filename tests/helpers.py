@@ -150,7 +150,7 @@ def short_hang(name: str | None = None, **breaker: Any) -> Experiment:
     data["faults"][0].update(from_s=SHORT_HANG_FAULT[0], until_s=SHORT_HANG_FAULT[1])
     data["steady_state"]["min_calls"] = 5
     data["invariants"]["deadline_slack_ms"] = 250
-    data["config"]["breakers"]["searxng"].update(breaker)
+    data["config"]["keys"]["searxng"]["breaker"].update(breaker)
     if name is not None:
         data["name"] = name
     return Experiment.parse(data)

@@ -572,7 +572,7 @@ async def test_a_sync_call_cancelled_before_its_thread_starts_gives_its_place_ba
         dispatcher = Dispatcher(
             registry, DispatcherOptions(keys={"k": config}), metrics_registry=CollectorRegistry()
         )
-        for _ in range(config.max_concurrent + 1):
+        for _ in range(config.bulkhead.max_concurrent + 1):
             with anyio.move_on_after(0) as scope:
                 await dispatcher.dispatch("legacy")
             assert scope.cancelled_caught
@@ -593,7 +593,7 @@ async def test_a_sync_call_timing_out_before_its_thread_starts_gives_its_place_b
     dispatcher = Dispatcher(
         registry, DispatcherOptions(keys={"k": config}), metrics_registry=CollectorRegistry()
     )
-    for _ in range(3 * config.max_concurrent):
+    for _ in range(3 * config.bulkhead.max_concurrent):
         result = await dispatcher.dispatch("legacy")
         assert result.error_type is ErrorType.TIMEOUT, result.error_type
         await wait_until(lambda: dispatcher.workers.live()["k"] == 0, limit_s=2)

@@ -88,7 +88,7 @@ def build(
     )(services["backup2"])  # fmt: skip
     dispatcher = Dispatcher(
         registry,
-        DispatcherOptions(profiles=profiles, keys=breakers),
+        DispatcherOptions(profiles=profiles or {}, keys=breakers or {}),
         audit=None,
         metrics_registry=metrics or CollectorRegistry(),
         tracer_provider=provider,
