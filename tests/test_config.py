@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,15 @@ import isolated_tools
 from toolrelay import (
     AuthContext,
     BreakerOptions,
+    BudgetOptions,
     BulkheadOptions,
     Dispatcher,
     DispatcherOptions,
     ErrorType,
+    HedgeOptions,
     KeyPolicy,
     Limits,
+    RetryOptions,
     ToolRegistry,
 )
 from toolrelay.config import ConfigError, load_config, parse_config
@@ -190,3 +194,39 @@ def test_isolation_must_be_thread_or_process(tmp_path: Path) -> None:
     path.write_text('[tools.describe]\nisolation = "fork"\n')
     with pytest.raises(ConfigError, match=r"tools\.describe\.isolation: \"fork\" is not one of"):
         load_config(path)
+
+
+# -- options on reload ------------------------------------------------------------------------
+def test_a_policy_names_what_cannot_change_for_a_key_in_use() -> None:
+    old = KeyPolicy(bulkhead=BulkheadOptions(max_concurrent=4))
+    new = KeyPolicy(
+        breaker=BreakerOptions(fail_max=9),
+        bulkhead=BulkheadOptions(max_concurrent=8, wait_s=1.0),
+        budget=BudgetOptions(share=0.1),
+    )
+    assert old.fixed_changes(new) == ["bulkhead.max_concurrent", "bulkhead.wait_s", "budget.share"]
+    live = KeyPolicy(breaker=BreakerOptions(fail_max=9), retry=RetryOptions(max_attempts=1))
+    assert old.fixed_changes(dataclasses.replace(live, bulkhead=old.bulkhead)) == []
+    assert (BreakerOptions.RELOADABLE, RetryOptions.RELOADABLE, HedgeOptions.RELOADABLE) == (
+        True,
+        True,
+        True,
+    )
+    assert (BulkheadOptions.RELOADABLE, BudgetOptions.RELOADABLE) == (False, False)
+
+
+async def test_reconfigure_applies_the_live_options_only() -> None:
+    registry = ToolRegistry()
+    options = DispatcherOptions(telemetry=False, limits=Limits(max_argument_bytes=10))
+    dispatcher = Dispatcher(registry, options)
+    dispatcher.breakers.get("k")
+    changed = dispatcher.reconfigure(
+        DispatcherOptions(
+            keys={"k": KeyPolicy(breaker=BreakerOptions(fail_max=9))},
+            limits=Limits(max_argument_bytes=99),
+        )
+    )
+    assert changed == ["k"] and dispatcher.breakers.get("k").options.fail_max == 9
+    assert dispatcher.policy("k").breaker.fail_max == 9
+    assert dispatcher.options.limits.max_argument_bytes == 10  # built once: not live
+    assert dispatcher.options.telemetry is False
