@@ -15,6 +15,8 @@ from toolrelay import (
     BreakerOptions,
     BudgetOptions,
     BulkheadOptions,
+    Dispatcher,
+    DispatcherOptions,
     HedgeOptions,
     KeyPolicy,
     RetryOptions,
@@ -43,6 +45,18 @@ def key_policy(**settings: Any) -> KeyPolicy:
         part, field = RENAMED[name]
         parts.setdefault(part, {})[field] = value
     return KeyPolicy(**{part: _PARTS[part](**fields) for part, fields in parts.items()})
+
+
+LIVE = {"approver", "audit", "observers", "metrics_registry", "tracer_provider", "meter_provider"}
+"""The keyword arguments of ``Dispatcher`` that are live objects, not options."""
+
+
+def dispatcher_with(registry: Any, **settings: Any) -> Dispatcher:
+    """``Dispatcher(registry, DispatcherOptions(...), live=...)`` from one set of keywords:
+    :data:`LIVE` ones are the dispatcher's, the others :class:`DispatcherOptions` fields
+    (for test helpers that take both)."""
+    live = {name: settings.pop(name) for name in LIVE & settings.keys()}
+    return Dispatcher(registry, DispatcherOptions(**settings), **live)
 
 
 _PARTS: dict[str, Any] = {

@@ -650,12 +650,35 @@ def sample_exposition() -> bytes:
         return "backup"
 
     metrics = CollectorRegistry()
-    dispatcher = Dispatcher(registry, DispatcherOptions(keys={
-            "open-meteo": KeyPolicy(breaker=BreakerOptions(fail_max=5), retry=RetryOptions(max_attempts=2, backoff_initial_s=0.001), bulkhead=BulkheadOptions(max_concurrent=1)),
-            "search-api": KeyPolicy(breaker=BreakerOptions(window="count", window_size=10, minimum_calls=5, slow_call_s=1.0, slow_call_rate=0.8, reset_timeout_max_s=300), retry=RetryOptions(max_attempts=1)),
-            "hedged": KeyPolicy(hedge=HedgeOptions(after_s=0.01), budget=BudgetOptions(share=0.5, min_per_s=0.0)),
-            "adaptive-svc": KeyPolicy(bulkhead=BulkheadOptions(max_concurrent="adaptive")),
-        }, faults=[Fault(kind="latency", tool="get_weather", latency_s=0.001)]), metrics_registry=metrics)
+    dispatcher = Dispatcher(
+        registry,
+        DispatcherOptions(
+            keys={
+                "open-meteo": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=5),
+                    retry=RetryOptions(max_attempts=2, backoff_initial_s=0.001),
+                    bulkhead=BulkheadOptions(max_concurrent=1),
+                ),
+                "search-api": KeyPolicy(
+                    breaker=BreakerOptions(
+                        window="count",
+                        window_size=10,
+                        minimum_calls=5,
+                        slow_call_s=1.0,
+                        slow_call_rate=0.8,
+                        reset_timeout_max_s=300,
+                    ),
+                    retry=RetryOptions(max_attempts=1),
+                ),
+                "hedged": KeyPolicy(
+                    hedge=HedgeOptions(after_s=0.01), budget=BudgetOptions(share=0.5, min_per_s=0.0)
+                ),
+                "adaptive-svc": KeyPolicy(bulkhead=BulkheadOptions(max_concurrent="adaptive")),
+            },
+            faults=[Fault(kind="latency", tool="get_weather", latency_s=0.001)],
+        ),
+        metrics_registry=metrics,
+    )
 
     async def calls() -> None:
         async with dispatcher.model_slot(5).hold() as slot:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from helpers import dispatcher_with
 from toolrelay import (
     AuthContext,
     BreakerOptions,
@@ -37,11 +38,11 @@ def build(*faults: Fault, seed: int | None = 7, **kw: Any) -> tuple[Dispatcher, 
         calls.append(2)
         return {"temp": 3}
 
-    dispatcher = Dispatcher(
+    dispatcher = dispatcher_with(
         registry,
         faults=faults,
         fault_seed=seed,
-        breakers={
+        keys={
             "searxng": KeyPolicy(
                 breaker=BreakerOptions(fail_max=3), retry=RetryOptions(max_attempts=1)
             )

@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import Field
 
-from helpers import CITY, OBJ
+from helpers import CITY, OBJ, dispatcher_with
 from toolrelay import (
     AuthContext,
     BreakerOptions,
@@ -118,10 +118,10 @@ def build(**kw: Any) -> tuple[Dispatcher, Service]:
     one_strike = KeyPolicy(
         breaker=BreakerOptions(fail_max=1, reset_timeout_s=60), retry=RetryOptions(max_attempts=1)
     )
-    dispatcher = Dispatcher(
+    dispatcher = dispatcher_with(
         registry,
         profiles={"reader": Profile(max_risk="read")},
-        breakers={"down": one_strike, "stall": one_strike, "blocking": one_strike},
+        keys={"down": one_strike, "stall": one_strike, "blocking": one_strike},
         **kw,
     )
     return dispatcher, svc

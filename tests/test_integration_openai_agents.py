@@ -44,7 +44,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 )
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from helpers import CITY  # noqa: E402
+from helpers import CITY, dispatcher_with  # noqa: E402
 from toolrelay import (  # noqa: E402
     AuthContext,
     BreakerOptions,
@@ -133,7 +133,7 @@ async def run(dispatcher: Dispatcher, brain: Brain, context: Any = None, **optio
 
 
 def new_dispatcher(registry: ToolRegistry, **kwargs: Any) -> Dispatcher:
-    return Dispatcher(registry, metrics_registry=CollectorRegistry(), audit=None, **kwargs)
+    return dispatcher_with(registry, metrics_registry=CollectorRegistry(), audit=None, **kwargs)
 
 
 def echo_registry() -> ToolRegistry:
@@ -209,7 +209,7 @@ async def test_a_timeout_and_an_open_breaker_come_back_as_answers_and_the_run_co
 
     d = new_dispatcher(
         registry,
-        breakers={
+        keys={
             "searxng": KeyPolicy(
                 breaker=BreakerOptions(fail_max=1), retry=RetryOptions(max_attempts=1)
             )

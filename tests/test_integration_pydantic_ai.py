@@ -42,6 +42,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from helpers import dispatcher_with
 from toolrelay import (
     AuthContext,
     BreakerOptions,
@@ -115,7 +116,7 @@ def agent(script: Script, toolset: ToolrelayToolset[Any], **kwargs: Any) -> Agen
 
 
 def dispatcher(registry: ToolRegistry, **kwargs: Any) -> Dispatcher:
-    return Dispatcher(registry, metrics_registry=CollectorRegistry(), **kwargs)
+    return dispatcher_with(registry, metrics_registry=CollectorRegistry(), **kwargs)
 
 
 # -- answers ----------------------------------------------------------------------------
@@ -135,7 +136,7 @@ async def test_ok_timeout_and_open_breaker_are_answers_and_the_run_goes_on() -> 
 
     d = dispatcher(
         registry,
-        breakers={
+        keys={
             "searxng": KeyPolicy(
                 breaker=BreakerOptions(fail_max=1, reset_timeout_s=3600),
                 retry=RetryOptions(max_attempts=1),
@@ -259,7 +260,7 @@ async def test_breaker_health_hides_and_shows_the_tool_step_by_step() -> None:
 
     d = dispatcher(
         registry,
-        breakers={
+        keys={
             "svc": KeyPolicy(
                 breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05),
                 retry=RetryOptions(max_attempts=1),
@@ -392,7 +393,7 @@ async def test_host_cancellation_propagates_and_is_never_an_answer(how: str) -> 
     d = dispatcher(
         registry,
         profiles={"ops": Profile(require_approval=())},
-        breakers={"svc": KeyPolicy(breaker=BreakerOptions(fail_max=1))},
+        keys={"svc": KeyPolicy(breaker=BreakerOptions(fail_max=1))},
         audit=audit.append,
     )
     script = Script([call("slow_write")], "went on after an answer")

@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
 
+from helpers import dispatcher_with
 from toolrelay import (
     AuthContext,
     BreakerOptions,
@@ -129,8 +130,8 @@ class Sinks:
         log_sink(record)  # the default sink's JSON line too (read back from the logs)
 
     def dispatcher(self, registry: ToolRegistry, **kw: Any) -> Dispatcher:
-        kw.setdefault("default_breaker", FAST)
-        return Dispatcher(
+        kw.setdefault("default_key", FAST)
+        return dispatcher_with(
             registry,
             profiles=OPEN,
             secret_patterns=[CUSTOM_PATTERN],
@@ -501,7 +502,7 @@ async def test_http_error_bodies_reach_no_sink(sinks: Sinks, capture_content: bo
                 dispatcher = sinks.dispatcher(
                     registry,
                     capture_content=capture_content,
-                    breakers={
+                    keys={
                         "open-meteo": KeyPolicy(
                             breaker=BreakerOptions(fail_max=10_000),
                             retry=RetryOptions(max_attempts=1),

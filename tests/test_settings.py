@@ -35,7 +35,10 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "toolrelay.toml"
     [
         (lambda: BreakerOptions(fail_max=0), "BreakerOptions.fail_max must be ≥ 1, not 0"),
         (lambda: BreakerOptions(fail_max=True), "BreakerOptions.fail_max must be a valid integer"),
-        (lambda: BreakerOptions(slow_call_rate=1), "BreakerOptions.slow_call_rate needs slow_call_s"),
+        (
+            lambda: BreakerOptions(slow_call_rate=1),
+            "BreakerOptions.slow_call_rate needs slow_call_s",
+        ),
         (
             lambda: BreakerOptions(reset_timeout_s=2, reset_timeout_max_s=1),
             "BreakerOptions.reset_timeout_max_s must be ≥ reset_timeout_s, not 1",
@@ -283,11 +286,14 @@ def test_old_breaker_tables_still_work_with_a_warning_naming_the_new_key() -> No
         },
         "breaker_storage": {"url": "redis://localhost:6379/0", "sync_interval_s": 0.5},
     }
-    with pytest.warns(DeprecationWarning) as caught:
+    with pytest.warns(DeprecationWarning, match="is deprecated; use") as caught:
         settings = parse_config(old)
     said = [str(w.message) for w in caught]
     assert "breakers.searxng.hedge_after_s is deprecated; use keys.searxng.hedge.after_s" in said
-    assert "breakers.default.max_concurrent is deprecated; use keys.default.bulkhead.max_concurrent" in said
+    assert (
+        "breakers.default.max_concurrent is deprecated; use keys.default.bulkhead.max_concurrent"
+        in said
+    )
     assert "[breaker_storage] is deprecated; use [storage]" in said
     new = {
         "keys": {
@@ -301,6 +307,9 @@ def test_old_breaker_tables_still_work_with_a_warning_naming_the_new_key() -> No
         "storage": {"url": "redis://localhost:6379/0", "sync_interval_s": 0.5},
     }
     assert settings == parse_config(new)
-    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError) as bad:
+    with (
+        pytest.warns(DeprecationWarning, match="bulkhead_wait_s"),
+        pytest.raises(ConfigError) as bad,
+    ):
         parse_config({"breakers": {"x": {"bulkhead_wait_s": -1}}})
     assert "keys.x.bulkhead.wait_s" in str(bad.value)

@@ -22,10 +22,9 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from helpers import wait_until
+from helpers import key_policy, wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
     BreakerOptions,
     BulkheadOptions,
     Dispatcher,
@@ -133,8 +132,8 @@ def build(rng: random.Random) -> tuple[Dispatcher, CollectorRegistry, list[dict[
         DispatcherOptions(
             profiles={"reader": Profile(max_risk="read")},
             keys={
-                "svc-a": BreakerConfig(reset_timeout_s=0.05, max_concurrent=256, **fast_retries),
-                "svc-b": BreakerConfig(fail_max=8, reset_timeout_s=0.02, **fast_retries),
+                "svc-a": key_policy(reset_timeout_s=0.05, max_concurrent=256, **fast_retries),
+                "svc-b": key_policy(fail_max=8, reset_timeout_s=0.02, **fast_retries),
                 "svc-c": KeyPolicy(
                     breaker=BreakerOptions(fail_max=1_000_000),
                     retry=RetryOptions(max_attempts=1),
