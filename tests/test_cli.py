@@ -97,10 +97,10 @@ def test_check(tmp_path: Path) -> None:
     good = toolrelay("check", str(ROOT / "examples" / "toolrelay.toml"))
     assert good.returncode == 0 and "ok (3 plugins" in good.stdout
     bad = tmp_path / "bad.toml"
-    bad.write_text("[breakers.x]\nfail_max = -1\n")
+    bad.write_text("[keys.x.breaker]\nfail_max = -1\n")
     result = toolrelay("check", str(bad))
     assert result.returncode == 2
-    assert "breakers.x.fail_max: -1 is less than the minimum of 1" in one_clear_line(result)
+    assert "keys.x.breaker.fail_max: -1 is less than the minimum of 1" in one_clear_line(result)
 
 
 @pytest.mark.parametrize(

@@ -388,14 +388,14 @@ def test_a_worker_ends_when_its_host_dies(tmp_path: Path) -> None:
         sys.path.insert(0, {str(TESTS)!r})
         import anyio
         import isolated_tools
-        from toolrelay import Dispatcher, ToolRegistry
+        from toolrelay import Dispatcher, DispatcherOptions, ToolRegistry
 
         registry = ToolRegistry()
         registry.tool(name="hang", parameters={{"type": "object"}}, isolation="process",
                       timeout_s=60)(isolated_tools.hang)
 
         async def main():
-            dispatcher = Dispatcher(registry, telemetry=False)
+            dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False))
             await dispatcher.dispatch("hang", {{"pidfile": {str(pidfile)!r}}})
 
         if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from helpers import OBJ, wait_until
+from helpers import OBJ, dispatcher_with, wait_until
 from toolrelay import (
     AuthContext,
     BulkheadOptions,
@@ -58,7 +58,7 @@ def audit_dispatcher(**kw: Any) -> tuple[Dispatcher, list[dict[str, Any]]]:
 
         registry.tool(name=name, parameters={"type": "object"}, risk=risk)(tool)  # type: ignore[arg-type]
     records: list[dict[str, Any]] = []
-    dispatcher = Dispatcher(
+    dispatcher = dispatcher_with(
         registry, audit=records.append, profiles={"reader": Profile(max_risk="read")}, **kw
     )
     return dispatcher, records

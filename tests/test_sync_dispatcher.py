@@ -620,7 +620,8 @@ def test_garbage_collection_closes_it(tools: Tools, backend: str) -> None:
 SCRIPT = """
 import sys, threading, anyio
 from typing import Any
-from toolrelay import AuthContext, Dispatcher, SyncDispatcher, ToolDeclaration, ToolRegistry
+from toolrelay import AuthContext, Dispatcher, DispatcherOptions, SyncDispatcher, ToolDeclaration
+from toolrelay import ToolRegistry
 
 class Plugin:
     def describe(self):
@@ -633,7 +634,9 @@ class Plugin:
 
 registry = ToolRegistry()
 registry.register(Plugin())
-relay = SyncDispatcher(Dispatcher(registry, telemetry=False), backend=sys.argv[1])
+relay = SyncDispatcher(
+    Dispatcher(registry, DispatcherOptions(telemetry=False)), backend=sys.argv[1]
+)
 threading.Thread(target=relay.dispatch, args=("hang",), daemon=True).start()
 """
 
