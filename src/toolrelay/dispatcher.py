@@ -268,7 +268,8 @@ class Dispatcher:
 
     def policy(self, key: str) -> KeyPolicy:
         """The :class:`~toolrelay.options.KeyPolicy` in force for breaker key ``key``."""
-        return self.options.policy(key)
+        options = self.options
+        return options.keys.get(key, options.default_key)
 
     def profile(self, name: str | None) -> Profile:
         """The profile a caller naming ``name`` gets: every tool for ``None``, none if unknown."""
