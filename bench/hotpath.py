@@ -60,7 +60,7 @@ def build(scenario: str) -> tuple[Dispatcher, str, int, threading.Event]:
     d = bench.dispatcher(
         registry,
         tracing=tracing,
-        breakers={
+        keys={
             "down": KeyPolicy(breaker=BreakerOptions(reset_timeout_s=3600)),
             "flood": KeyPolicy(
                 breaker=BreakerOptions(fail_max=10**9),
