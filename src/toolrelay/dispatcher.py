@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -13,7 +14,7 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from .breakers import Breakers
+from .breakers import Breakers, StorageFactory
 from .budget import RetryBudgets
 from .config import Settings, load_config, load_configured_plugins
 from .contract import AuthContext, ErrorType, ToolDeclaration
@@ -40,7 +41,7 @@ from .pipeline.validate import Validate
 from .policy import EVERYTHING, NOTHING, Profile
 from .redact import Redactor
 from .registry import RegistrationError, ToolRegistry
-from .result import ToolCall, ToolResult
+from .result import ToolCall, ToolResult, safe_call_id
 from .slot import ModelSlot, SlotLease
 from .storage import RedisLink, SharedStorage
 from .telemetry import Telemetry
@@ -52,23 +53,6 @@ log = logging.getLogger("toolrelay")
 
 ANONYMOUS = AuthContext()
 Unavailable = Literal["hide", "mark", "show"]
-
-MAX_CALL_ID_CHARS = 128
-"""The longest call id kept; a longer one is cut (and ends with ``…``)."""
-
-
-def safe_call_id(call_id: object) -> str | None:
-    """``call_id`` as every sink (result, audit line, span, approver) gets it: a string of
-    at most :data:`MAX_CALL_ID_CHARS` printable characters. Anything not printable
-    (control characters, line breaks, …) becomes ``?``; a non-string id is ``str()``-ed."""
-    if call_id is None:
-        return None
-    text = call_id if isinstance(call_id, str) else str(call_id)
-    if len(text) > MAX_CALL_ID_CHARS:
-        text = text[: MAX_CALL_ID_CHARS - 1] + "…"
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else "?" for ch in text)
-    return text
 
 
 class Dispatcher:
@@ -121,20 +105,17 @@ class Dispatcher:
             tuple(observers) if tel is None else (tel.observe, *observers)
         )
         self.storage_link: RedisLink | None = None
-        factory = None
+        factory: StorageFactory | None = None
         storage = options.storage
         if storage is not None:
-            link = RedisLink(
+            self.storage_link = link = RedisLink(
                 storage.url,
                 timeout_s=storage.timeout_s,
                 probe_interval_s=storage.probe_interval_s,
                 sync_interval_s=storage.sync_interval_s,
                 on_change=None if tel is None else tel.storage_changed,
             )
-            self.storage_link = link
-
-            def factory(key: str) -> SharedStorage:
-                return SharedStorage(link, key)
+            factory = functools.partial(SharedStorage, link)
 
         def places(key: str) -> int:
             return self.policy(key).bulkhead.max_places

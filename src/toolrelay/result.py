@@ -8,7 +8,7 @@ from typing import Any
 
 from .contract import ErrorType
 
-__all__ = ["ToolCall", "ToolResult"]
+__all__ = ["MAX_CALL_ID_CHARS", "ToolCall", "ToolResult", "safe_call_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,3 +61,21 @@ class ToolResult:
         if self.served_by is not None:
             answer["served_by"] = self.served_by
         return answer
+
+
+MAX_CALL_ID_CHARS = 128
+"""The longest call id kept; a longer one is cut (and ends with ``…``)."""
+
+
+def safe_call_id(call_id: object) -> str | None:
+    """``call_id`` as every sink (result, audit line, span, approver) gets it: a string of
+    at most :data:`MAX_CALL_ID_CHARS` printable characters. Anything not printable
+    (control characters, line breaks, …) becomes ``?``; a non-string id is ``str()``-ed."""
+    if call_id is None:
+        return None
+    text = call_id if isinstance(call_id, str) else str(call_id)
+    if len(text) > MAX_CALL_ID_CHARS:
+        text = text[: MAX_CALL_ID_CHARS - 1] + "…"
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text
