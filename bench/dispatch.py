@@ -19,7 +19,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    ToolRegistry,
+)
 
 CTX = AuthContext(user_id="u1", tenant_id="t1")
 SCHEMA = {
@@ -41,14 +48,19 @@ def build() -> tuple[dict[str, Case], Case]:
 
     registry.tool(name="noop", parameters=SCHEMA, breaker_key="svc")(noop)
     registry.tool(name="noop_open", parameters=SCHEMA, breaker_key="down")(noop)
-    breakers = {"down": BreakerConfig(reset_timeout_s=3600)}
+    breakers = {"down": KeyPolicy(breaker=BreakerOptions(reset_timeout_s=3600))}
 
-    bare_dispatcher = Dispatcher(registry, breakers=breakers, telemetry=False)
-    api_dispatcher = Dispatcher(registry, breakers=breakers, metrics_registry=CollectorRegistry())
+    bare_dispatcher = Dispatcher(registry, DispatcherOptions(keys=breakers, telemetry=False))
+    api_dispatcher = Dispatcher(
+        registry, DispatcherOptions(keys=breakers), metrics_registry=CollectorRegistry()
+    )
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(_Discard()))
     sdk_dispatcher = Dispatcher(
-        registry, breakers=breakers, metrics_registry=CollectorRegistry(), tracer_provider=provider
+        registry,
+        DispatcherOptions(keys=breakers),
+        metrics_registry=CollectorRegistry(),
+        tracer_provider=provider,
     )
     for d in (bare_dispatcher, api_dispatcher, sdk_dispatcher):
         d.breakers.force_open("down")

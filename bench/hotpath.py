@@ -30,7 +30,13 @@ import anyio.lowlevel
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run as bench
-from toolrelay import AuthContext, BreakerConfig, Dispatcher
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    BulkheadOptions,
+    Dispatcher,
+    KeyPolicy,
+)
 
 SCENARIOS = ("ok-api", "ok-sdk", "ok-off", "fastfail", "timeouts", "sync-timeouts")
 
@@ -54,10 +60,15 @@ def build(scenario: str) -> tuple[Dispatcher, str, int, threading.Event]:
     d = bench.dispatcher(
         registry,
         tracing=tracing,
-        breakers={
-            "down": BreakerConfig(reset_timeout_s=3600),
-            "flood": BreakerConfig(fail_max=10**9, max_concurrent=2000),
-            "flood_sync": BreakerConfig(fail_max=10**9, max_concurrent=256),
+        keys={
+            "down": KeyPolicy(breaker=BreakerOptions(reset_timeout_s=3600)),
+            "flood": KeyPolicy(
+                breaker=BreakerOptions(fail_max=10**9),
+                bulkhead=BulkheadOptions(max_concurrent=2000),
+            ),
+            "flood_sync": KeyPolicy(
+                breaker=BreakerOptions(fail_max=10**9), bulkhead=BulkheadOptions(max_concurrent=256)
+            ),
         },
     )
     d.breakers.force_open("down")

@@ -28,7 +28,15 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.prebuilt import ToolNode, create_react_agent
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolRegistry,
+)
 from toolrelay.integrations.langchain import langchain_tools
 
 # create_react_agent lives on as langchain.agents.create_agent (the `langchain` package)
@@ -119,8 +127,15 @@ def show(message: BaseMessage) -> None:
 async def main() -> None:
     dispatcher = Dispatcher(
         registry,
-        breakers={"searxng": BreakerConfig(fail_max=2, max_attempts=1, reset_timeout_s=30)},
-        telemetry=False,
+        DispatcherOptions(
+            keys={
+                "searxng": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=2, reset_timeout_s=30),
+                    retry=RetryOptions(max_attempts=1),
+                )
+            },
+            telemetry=False,
+        ),
         audit=None,
     )
     dispatcher.breakers.add_listener(lambda key, old, new: print(f"  breaker {key}: {old} → {new}"))

@@ -16,7 +16,14 @@ from typing import Any
 from agents import Agent, AgentHooks, Model, ModelResponse, Runner, Usage, set_tracing_disabled
 from agents.testing import assistant_message, function_call
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    ToolRegistry,
+)
 from toolrelay.integrations.openai_agents import function_tools
 
 set_tracing_disabled(True)  # the SDK's own traces would go to OpenAI's servers
@@ -115,7 +122,11 @@ def breaker_moved(key: str, old: str, new: str) -> None:
 
 async def main() -> None:
     dispatcher = Dispatcher(
-        registry, breakers={"search": BreakerConfig(fail_max=2, reset_timeout_s=60)}, audit=None
+        registry,
+        DispatcherOptions(
+            keys={"search": KeyPolicy(breaker=BreakerOptions(fail_max=2, reset_timeout_s=60))}
+        ),
+        audit=None,
     )
     dispatcher.breakers.add_listener(breaker_moved)
     agent = Agent(

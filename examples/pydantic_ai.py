@@ -27,7 +27,15 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolRegistry,
+)
 from toolrelay.integrations.pydantic_ai import ToolrelayToolset
 
 registry = ToolRegistry()
@@ -67,8 +75,15 @@ async def web_search(args: dict[str, Any], ctx: AuthContext) -> list[str]:
 
 dispatcher = Dispatcher(
     registry,
-    breakers={"searxng": BreakerConfig(fail_max=2, max_attempts=1, reset_timeout_s=60)},
-    telemetry=False,
+    DispatcherOptions(
+        keys={
+            "searxng": KeyPolicy(
+                breaker=BreakerOptions(fail_max=2, reset_timeout_s=60),
+                retry=RetryOptions(max_attempts=1),
+            )
+        },
+        telemetry=False,
+    ),
     audit=None,
 )
 

@@ -12,9 +12,12 @@ import anyio
 
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
     Profile,
+    RetryOptions,
     ToolCall,
     ToolError,
     ToolRegistry,
@@ -78,9 +81,16 @@ def show(turn: str, call: ToolCall, answer: dict[str, Any]) -> None:
 async def main() -> None:
     dispatcher = Dispatcher(
         registry,
-        profiles={"support": Profile(allow={"get_weather", "web_search", "delete_account"})},
-        breakers={"searxng": BreakerConfig(fail_max=2, reset_timeout_s=1.0, max_attempts=1)},
-        telemetry=False,
+        DispatcherOptions(
+            profiles={"support": Profile(allow={"get_weather", "web_search", "delete_account"})},
+            keys={
+                "searxng": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=2, reset_timeout_s=1.0),
+                    retry=RetryOptions(max_attempts=1),
+                )
+            },
+            telemetry=False,
+        ),
     )
     ctx = AuthContext(user_id="u1", tenant_id="t1")
     slot = dispatcher.model_slot(budget_s=5)

@@ -10,7 +10,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from toolrelay import AuthContext, ToolDeclaration
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    BudgetOptions,
+    BulkheadOptions,
+    Dispatcher,
+    DispatcherOptions,
+    HedgeOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolDeclaration,
+)
+from toolrelay.config import RENAMED
 
 if TYPE_CHECKING:
     from toolrelay.chaos.experiment import Experiment, ExperimentReport
@@ -21,6 +33,38 @@ CITY = {
     "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 40}},
     "required": ["city"],
     "additionalProperties": False,
+}
+
+
+def key_policy(**settings: Any) -> KeyPolicy:
+    """A :class:`KeyPolicy` from settings named as in one flat table (``fail_max``,
+    ``max_attempts``, ``hedge_after_s``, …: :data:`toolrelay.config.RENAMED`), for tests
+    that sweep settings of several strategies at once."""
+    parts: dict[str, dict[str, Any]] = {}
+    for name, value in settings.items():
+        part, field = RENAMED[name]
+        parts.setdefault(part, {})[field] = value
+    return KeyPolicy(**{part: _PARTS[part](**fields) for part, fields in parts.items()})
+
+
+LIVE = {"approver", "audit", "observers", "metrics_registry", "tracer_provider", "meter_provider"}
+"""The keyword arguments of ``Dispatcher`` that are live objects, not options."""
+
+
+def dispatcher_with(registry: Any, **settings: Any) -> Dispatcher:
+    """``Dispatcher(registry, DispatcherOptions(...), live=...)`` from one set of keywords:
+    :data:`LIVE` ones are the dispatcher's, the others :class:`DispatcherOptions` fields
+    (for test helpers that take both)."""
+    live = {name: settings.pop(name) for name in LIVE & settings.keys()}
+    return Dispatcher(registry, DispatcherOptions(**settings), **live)
+
+
+_PARTS: dict[str, Any] = {
+    "breaker": BreakerOptions,
+    "retry": RetryOptions,
+    "hedge": HedgeOptions,
+    "bulkhead": BulkheadOptions,
+    "budget": BudgetOptions,
 }
 
 
@@ -120,7 +164,7 @@ def short_hang(name: str | None = None, **breaker: Any) -> Experiment:
     data["faults"][0].update(from_s=SHORT_HANG_FAULT[0], until_s=SHORT_HANG_FAULT[1])
     data["steady_state"]["min_calls"] = 5
     data["invariants"]["deadline_slack_ms"] = 250
-    data["config"]["breakers"]["searxng"].update(breaker)
+    data["config"]["keys"]["searxng"]["breaker"].update(breaker)
     if name is not None:
         data["name"] = name
     return Experiment.parse(data)

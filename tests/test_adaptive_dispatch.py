@@ -12,7 +12,19 @@ from typing import Any
 import anyio
 import pytest
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ErrorType, ToolRegistry
+from helpers import key_policy
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    BulkheadOptions,
+    Dispatcher,
+    DispatcherOptions,
+    ErrorType,
+    HedgeOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolRegistry,
+)
 from toolrelay.config import parse_config
 from toolrelay.events import ConcurrencyLimited, ConcurrencyLimitUpdated, Event
 from toolrelay.result import ToolResult
@@ -70,9 +82,8 @@ def build(handler: Any, **config: Any) -> tuple[Dispatcher, list[Event]]:
     settings = {"max_concurrent": "adaptive", "max_attempts": 1, "fail_max": 1, **config}
     dispatcher = Dispatcher(
         registry,
-        breakers={"svc": BreakerConfig(**settings)},
+        DispatcherOptions(keys={"svc": key_policy(**settings)}, telemetry=False),
         audit=None,
-        telemetry=False,
         observers=[lambda inv, event: events.append(event)],
     )
     return dispatcher, events
@@ -225,14 +236,17 @@ async def test_timeouts_cut_the_limit(anyio_backend: str) -> None:
         name="svc_call", parameters={"type": "object"}, breaker_key="svc", timeout_s=0.02
     )(handler)
     events: list[Event] = []
-    config = BreakerConfig(
-        max_concurrent="adaptive", adaptive_min=2, adaptive_max=40, max_attempts=1,
-        fail_max=10_000,
-    )  # fmt: skip
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=10_000),
+        retry=RetryOptions(max_attempts=1),
+        bulkhead=BulkheadOptions(max_concurrent="adaptive", adaptive_min=2, adaptive_max=40),
+    )
     dispatcher = Dispatcher(
-        registry, breakers={"svc": config}, audit=None, telemetry=False,
+        registry,
+        DispatcherOptions(keys={"svc": config}, telemetry=False),
+        audit=None,
         observers=[lambda inv, event: events.append(event)],
-    )  # fmt: skip
+    )
 
     async def caller() -> None:
         for _ in range(30):
@@ -266,34 +280,37 @@ async def test_a_hedge_needs_a_place_under_the_current_limit(anyio_backend: str)
     )(slow)
     for places, expected in ((1, 1), (2, 2)):
         requests = 0
-        config = BreakerConfig(
-            max_concurrent="adaptive", adaptive_min=places, adaptive_max=places,
-            hedge_after_s=0.05, max_attempts=1,
-        )  # fmt: skip
-        dispatcher = Dispatcher(registry, breakers={"svc": config}, audit=None, telemetry=False)
+        config = KeyPolicy(
+            retry=RetryOptions(max_attempts=1),
+            hedge=HedgeOptions(after_s=0.05),
+            bulkhead=BulkheadOptions(
+                max_concurrent="adaptive", adaptive_min=places, adaptive_max=places
+            ),
+        )
+        dispatcher = Dispatcher(
+            registry, DispatcherOptions(keys={"svc": config}, telemetry=False), audit=None
+        )
         result = await dispatcher.dispatch("svc_call", {})
         assert result.ok and requests == expected
 
 
 def test_adaptive_settings() -> None:
-    config = BreakerConfig(max_concurrent="adaptive", adaptive_min=3, adaptive_max=30)
-    assert config.max_places == 30
-    assert BreakerConfig(max_concurrent=7).max_places == 7
+    options = BulkheadOptions(max_concurrent="adaptive", adaptive_min=3, adaptive_max=30)
+    assert options.max_places == 30
+    assert BulkheadOptions(max_concurrent=7).max_places == 7
     with pytest.raises(SettingsError, match="adaptive_max must be ≥ adaptive_min"):
-        BreakerConfig(max_concurrent="adaptive", adaptive_min=10, adaptive_max=5)
+        BulkheadOptions(max_concurrent="adaptive", adaptive_min=10, adaptive_max=5)
     with pytest.raises(SettingsError, match="max_concurrent"):
-        BreakerConfig(max_concurrent="auto")  # type: ignore[arg-type]
+        BulkheadOptions(max_concurrent="auto")  # type: ignore[arg-type]
     with pytest.raises(SettingsError, match="adaptive_min"):
-        BreakerConfig(adaptive_min=0)
+        BulkheadOptions(adaptive_min=0)
 
 
 def test_adaptive_in_the_config_file() -> None:
-    data = {"breakers": {"svc": {"max_concurrent": "adaptive", "adaptive_max": 50}}}
+    data = {"keys": {"svc": {"bulkhead": {"max_concurrent": "adaptive", "adaptive_max": 50}}}}
     config = parse_config(data, None)
-    svc = config.breakers["svc"]
+    svc = config.keys["svc"].bulkhead
     assert svc.max_concurrent == "adaptive" and (svc.adaptive_min, svc.adaptive_max) == (2, 50)
-    bad = {
-        "breakers": {"svc": {"max_concurrent": "adaptive", "adaptive_min": 9, "adaptive_max": 3}}
-    }
-    with pytest.raises(ConfigError, match=r"breakers\.svc\.adaptive_max"):
-        parse_config(bad, None)
+    bulkhead = {"max_concurrent": "adaptive", "adaptive_min": 9, "adaptive_max": 3}
+    with pytest.raises(ConfigError, match=r"keys\.svc\.bulkhead\.adaptive_max"):
+        parse_config({"keys": {"svc": {"bulkhead": bulkhead}}}, None)

@@ -21,7 +21,15 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
 from helpers import CITY, OBJ
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, Profile, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    Profile,
+    ToolRegistry,
+)
 from toolrelay.config import ConfigError, parse_config
 from toolrelay.serve.admin import MAX_BODY_BYTES, MAX_FAULTS, AdminState, admin_app
 
@@ -48,8 +56,10 @@ def build_state(*, ready: bool = True) -> AdminState:
     metrics = CollectorRegistry()
     dispatcher = Dispatcher(
         registry,
-        profiles={"support": Profile(allow={"get_weather"})},
-        breakers={"open-meteo": BreakerConfig(fail_max=2, reset_timeout_s=60)},
+        DispatcherOptions(
+            profiles={"support": Profile(allow={"get_weather"})},
+            keys={"open-meteo": KeyPolicy(breaker=BreakerOptions(fail_max=2, reset_timeout_s=60))},
+        ),
         metrics_registry=metrics,
         audit=None,
     )

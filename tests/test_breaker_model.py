@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from toolrelay.breakers import REJECT, BreakerConfig, Breakers, KeyBreaker
+from toolrelay.breakers import REJECT, BreakerOptions, Breakers, KeyBreaker
 from toolrelay.outcome import Verdict
 
 KEY = "svc"
@@ -45,19 +45,19 @@ JUMPS = st.sampled_from([1.5, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 11.0, 16.0, 33.0, 6
 
 
 @st.composite
-def configs(draw: st.DrawFn, window: str) -> BreakerConfig:
+def configs(draw: st.DrawFn, window: str) -> BreakerOptions:
     reset = draw(st.integers(1, 5))
     top = draw(st.one_of(st.none(), st.sampled_from([0, 1, 3, 11, 60]).map(lambda d: reset + d)))
     slow_call_s = draw(st.sampled_from([None, SLOW_CALL_S]))
     slow_call_rate = None if slow_call_s is None else draw(st.sampled_from([None, 0.5]))
-    return BreakerConfig(
+    return BreakerOptions(
         fail_max=draw(st.integers(1, 4)),
         reset_timeout_s=float(reset),
         reset_timeout_max_s=None if top is None else float(top),
         success_threshold=draw(st.integers(1, 3)),
         half_open_max_calls=draw(st.integers(1, 3)),
         slow_call_s=slow_call_s,
-        window=window,  # type: ignore[arg-type]
+        window=window,
         window_size=draw(st.integers(1, 10)),
         minimum_calls=draw(st.integers(1, 6)),
         failure_rate=draw(st.sampled_from([0.25, 0.5, 1.0])),
@@ -81,7 +81,7 @@ CLOSED_ADMIT, TRIAL = "closed-admit", "trial"
 class Model:
     """What the breaker should do, from its specification."""
 
-    cfg: BreakerConfig
+    cfg: BreakerOptions
     now: float
     state: str = "closed"
     pinned: bool = False

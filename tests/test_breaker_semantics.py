@@ -20,9 +20,13 @@ import pytest
 from helpers import wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
+    BulkheadOptions,
     Dispatcher,
+    DispatcherOptions,
     ErrorType,
+    KeyPolicy,
+    RetryOptions,
     ToolError,
     ToolRegistry,
     ToolResult,
@@ -114,12 +118,12 @@ def sync(request: pytest.FixtureRequest) -> bool:
     return bool(request.param == "sync")
 
 
-def relay(config: BreakerConfig, sync: bool = False) -> tuple[Dispatcher, Upstream]:
+def relay(config: KeyPolicy, sync: bool = False) -> tuple[Dispatcher, Upstream]:
     upstream = Upstream(sync)
     registry = ToolRegistry()
     handler = upstream.run_sync if sync else upstream.run_async
     registry.tool(name="svc", parameters=ANY, breaker_key=KEY, timeout_s=10)(handler)
-    return Dispatcher(registry, breakers={KEY: config}), upstream
+    return Dispatcher(registry, DispatcherOptions(keys={KEY: config})), upstream
 
 
 async def call(
@@ -202,12 +206,11 @@ async def test_a_trial_counts_only_in_the_half_open_period_that_admitted_it(
     """Trial A of one half-open period ends after the breaker re-opened and half-opened
     again: however it ends, it neither frees a place of the new period nor helps close it
     (nor re-opens it)."""
-    config = BreakerConfig(
-        fail_max=1,
-        reset_timeout_s=0.05,
-        half_open_max_calls=2,
-        success_threshold=2,
-        max_attempts=1,
+    config = KeyPolicy(
+        breaker=BreakerOptions(
+            fail_max=1, reset_timeout_s=0.05, half_open_max_calls=2, success_threshold=2
+        ),
+        retry=RetryOptions(max_attempts=1),
     )
     dispatcher, upstream = relay(config, sync)
     breaker = dispatcher.breakers.get(KEY)
@@ -243,8 +246,10 @@ async def test_a_trial_counts_only_in_the_half_open_period_that_admitted_it(
 
 
 # -- 2. queueing does not open the breaker ------------------------------------------------------
-QUEUED = BreakerConfig(
-    slow_call_s=0.1, max_concurrent=1, bulkhead_wait_s=5, fail_max=3, max_attempts=1
+QUEUED = KeyPolicy(
+    breaker=BreakerOptions(slow_call_s=0.1, fail_max=3),
+    retry=RetryOptions(max_attempts=1),
+    bulkhead=BulkheadOptions(max_concurrent=1, wait_s=5),
 )
 
 
@@ -272,16 +277,14 @@ async def test_a_really_slow_call_still_counts_after_queueing(sync: bool) -> Non
 
 
 # -- 3. count window ----------------------------------------------------------------------------
-def count_window() -> BreakerConfig:
+def count_window() -> KeyPolicy:
     """The last 10 calls; open at 50 % failed once 5 calls are in the window."""
-    return BreakerConfig(
-        window="count",
-        window_size=10,
-        minimum_calls=5,
-        failure_rate=0.5,
-        reset_timeout_s=30,
-        max_concurrent=1,
-        max_attempts=1,
+    return KeyPolicy(
+        breaker=BreakerOptions(
+            window="count", window_size=10, minimum_calls=5, failure_rate=0.5, reset_timeout_s=30
+        ),
+        retry=RetryOptions(max_attempts=1),
+        bulkhead=BulkheadOptions(max_concurrent=1),
     )
 
 
@@ -299,7 +302,9 @@ async def test_count_window_waits_for_minimum_calls(sync: bool) -> None:
 async def test_a_consecutive_breaker_reports_no_rate(sync: bool) -> None:
     """It counts failures in a row: its snapshot (what /breakers shows) has no share of
     calls to report, so the rates are None rather than a 0 beside two failures."""
-    config = BreakerConfig(fail_max=3, reset_timeout_s=30, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=3, reset_timeout_s=30), retry=RetryOptions(max_attempts=1)
+    )
     dispatcher, _ = relay(config, sync)
     await calls(dispatcher, "ok", "fail", "fail")
     snapshot = dispatcher.breakers.get(KEY).snapshot()
@@ -378,8 +383,8 @@ OUTCOMES = {
 
 
 def key_breaker(clock: FakeClock, **settings: Any) -> KeyBreaker:
-    config = BreakerConfig(reset_timeout_s=30, **settings)
-    return Breakers(lambda key: config, clock=clock).get(KEY)
+    options = BreakerOptions(reset_timeout_s=30, **settings)
+    return Breakers(lambda key: options, clock=clock).get(KEY)
 
 
 def feed(breaker: KeyBreaker, *outcomes: str) -> list[bool]:
@@ -513,13 +518,11 @@ def test_slow_calls_do_not_count_toward_the_failure_rate() -> None:
 
 async def test_slow_call_rate_through_the_dispatcher(sync: bool) -> None:
     """Slow successes answer ok and open the breaker on the slow-call rate alone."""
-    config = BreakerConfig(
-        window="count",
-        window_size=10,
-        minimum_calls=4,
-        slow_call_s=0.05,
-        slow_call_rate=0.5,
-        max_attempts=1,
+    config = KeyPolicy(
+        breaker=BreakerOptions(
+            window="count", window_size=10, minimum_calls=4, slow_call_s=0.05, slow_call_rate=0.5
+        ),
+        retry=RetryOptions(max_attempts=1),
     )
     dispatcher, _ = relay(config, sync)
     first = [await call(dispatcher), await call(dispatcher), await call(dispatcher, sleep=0.1)]
@@ -533,8 +536,9 @@ async def test_slow_call_rate_through_the_dispatcher(sync: bool) -> None:
 
 # -- 6. growing break -----------------------------------------------------------------------------
 async def test_failed_trials_double_the_break_up_to_its_maximum() -> None:
-    config = BreakerConfig(
-        fail_max=1, reset_timeout_s=0.05, reset_timeout_max_s=0.2, max_attempts=1
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05, reset_timeout_max_s=0.2),
+        retry=RetryOptions(max_attempts=1),
     )
     dispatcher, _ = relay(config)
     breaker = dispatcher.breakers.get(KEY)
@@ -566,7 +570,9 @@ async def test_failed_trials_double_the_break_up_to_its_maximum() -> None:
 async def test_a_failure_admitted_before_a_recovery_does_not_count_after_it(sync: bool) -> None:
     """Call A is admitted while closed and fails only after the breaker opened and closed
     again: the new closed period starts from zero failures."""
-    config = BreakerConfig(fail_max=2, reset_timeout_s=0.05, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=2, reset_timeout_s=0.05), retry=RetryOptions(max_attempts=1)
+    )
     dispatcher, upstream = relay(config, sync)
     async with background(dispatcher, upstream) as bg:
         await bg.start("A", "fail")
@@ -603,12 +609,12 @@ async def test_a_failure_admitted_before_a_recovery_does_not_count_after_it(sync
     ],
 )
 def test_new_breaker_settings_are_checked(bad: dict[str, Any], field: str) -> None:
-    with pytest.raises(ValueError, match=f"BreakerConfig.{field} "):
-        BreakerConfig(**bad)
+    with pytest.raises(ValueError, match=f"BreakerOptions.{field} "):
+        BreakerOptions(**bad)
 
 
 def test_new_breaker_settings_accept_their_limits() -> None:
-    config = BreakerConfig(
+    config = BreakerOptions(
         window="time",
         window_size=1,
         minimum_calls=1,
@@ -635,7 +641,9 @@ async def test_a_pinned_breaker_says_an_operator_paused_it() -> None:
     """``force_open`` pins the breaker: no trial ever comes while it is pinned, so the answer
     does not promise one "in 0.2 s" and the specs mark gives no "about N s". ``retry_after_s``
     stays set (hosts rely on it): the break, as an interval to ask again."""
-    config = BreakerConfig(fail_max=1, reset_timeout_s=0.2, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.2), retry=RetryOptions(max_attempts=1)
+    )
     dispatcher, upstream = relay(config)
     dispatcher.breakers.force_open(KEY)
     for _ in range(2):  # the same answer however long it has been pinned
@@ -661,7 +669,15 @@ async def test_a_breaker_pinned_between_attempts_says_an_operator_paused_it() ->
     itself (not the fast-fail check before it), with the same honest answer."""
     registry = ToolRegistry()
     dispatcher = Dispatcher(
-        registry, breakers={KEY: BreakerConfig(reset_timeout_s=0.2, backoff_initial_s=0.001)}
+        registry,
+        DispatcherOptions(
+            keys={
+                KEY: KeyPolicy(
+                    breaker=BreakerOptions(reset_timeout_s=0.2),
+                    retry=RetryOptions(backoff_initial_s=0.001),
+                )
+            }
+        ),
     )
     attempts = []
 

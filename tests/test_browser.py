@@ -22,7 +22,15 @@ from prometheus_client import CollectorRegistry
 
 from conftest import REQUIRE_SERVERS, need_binary
 from helpers import SHORT_HANG_FAULT, short_hang_report
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolRegistry,
+)
 from toolrelay.chaos.report_html import write_html
 from toolrelay.serve.admin import AdminState, admin_app
 from toolrelay.serve.http import HttpService
@@ -182,7 +190,14 @@ def live_admin() -> Iterator[LiveAdmin]:
     metrics = CollectorRegistry()
     dispatcher = Dispatcher(
         registry,
-        breakers={"crm": BreakerConfig(fail_max=3, reset_timeout_s=60, max_attempts=1)},
+        DispatcherOptions(
+            keys={
+                "crm": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=3, reset_timeout_s=60),
+                    retry=RetryOptions(max_attempts=1),
+                )
+            }
+        ),
         metrics_registry=metrics,
         audit=None,
     )

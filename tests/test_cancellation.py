@@ -30,9 +30,13 @@ from prometheus_client import CollectorRegistry
 from helpers import wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
+    BulkheadOptions,
     Dispatcher,
+    DispatcherOptions,
     ErrorType,
+    KeyPolicy,
+    RetryOptions,
     ToolCall,
     ToolDeclaration,
     ToolError,
@@ -190,26 +194,37 @@ def build_rig() -> Rig:
 
     huge = 10**6
     breakers = {
-        "ap": BreakerConfig(fail_max=1, max_concurrent=1000),
-        "bh": BreakerConfig(
-            fail_max=1,
-            max_concurrent=BULKHEAD_PLACES,
-            bulkhead_wait_s=30,
-            max_concurrent_per_tenant=PER_POINT,
+        "ap": KeyPolicy(
+            breaker=BreakerOptions(fail_max=1), bulkhead=BulkheadOptions(max_concurrent=1000)
         ),
-        "rt": BreakerConfig(
-            fail_max=huge, max_attempts=huge, backoff_initial_s=0.001, backoff_max_s=0.004
+        "bh": KeyPolicy(
+            breaker=BreakerOptions(fail_max=1),
+            bulkhead=BulkheadOptions(
+                max_concurrent=BULKHEAD_PLACES, wait_s=30, max_concurrent_per_tenant=PER_POINT
+            ),
         ),
-        "ah": BreakerConfig(fail_max=1, max_concurrent=1000),
-        "ho": BreakerConfig(fail_max=1, reset_timeout_s=0.01, half_open_max_calls=2),
-        "sh": BreakerConfig(fail_max=1, max_concurrent=SYNC_BATCH, max_attempts=1),
+        "rt": KeyPolicy(
+            breaker=BreakerOptions(fail_max=huge),
+            retry=RetryOptions(max_attempts=huge, backoff_initial_s=0.001, backoff_max_s=0.004),
+        ),
+        "ah": KeyPolicy(
+            breaker=BreakerOptions(fail_max=1), bulkhead=BulkheadOptions(max_concurrent=1000)
+        ),
+        "ho": KeyPolicy(
+            breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.01, half_open_max_calls=2)
+        ),
+        "sh": KeyPolicy(
+            breaker=BreakerOptions(fail_max=1),
+            retry=RetryOptions(max_attempts=1),
+            bulkhead=BulkheadOptions(max_concurrent=SYNC_BATCH),
+        ),
     }
     audit: list[dict[str, Any]] = []
     holder: list[Rig] = []
     dispatcher = Dispatcher(
         registry,
+        DispatcherOptions(keys=breakers),
         approver=approver,
-        breakers=breakers,
         metrics_registry=metrics,
         audit=audit.append,
         observers=[lambda inv, event: holder[0].observe(inv, event)],
@@ -548,14 +563,16 @@ def _sync_registry(timeout_s: float = 30.0) -> tuple[ToolRegistry, list[int]]:
 async def test_a_sync_call_cancelled_before_its_thread_starts_gives_its_place_back() -> None:
     """Regression: a job cancelled before a worker took it used to keep its place forever."""
     registry, _ = _sync_registry()
-    config = BreakerConfig(max_concurrent=3, max_attempts=1)
+    config = KeyPolicy(
+        retry=RetryOptions(max_attempts=1), bulkhead=BulkheadOptions(max_concurrent=3)
+    )
     for _ in range(10):
         # A fresh dispatcher has no idle worker thread: the job waits for one to be spawned,
         # and the cancellation at the first checkpoint often comes first.
         dispatcher = Dispatcher(
-            registry, breakers={"k": config}, metrics_registry=CollectorRegistry()
+            registry, DispatcherOptions(keys={"k": config}), metrics_registry=CollectorRegistry()
         )
-        for _ in range(config.max_concurrent + 1):
+        for _ in range(config.bulkhead.max_concurrent + 1):
             with anyio.move_on_after(0) as scope:
                 await dispatcher.dispatch("legacy")
             assert scope.cancelled_caught
@@ -568,9 +585,15 @@ async def test_a_sync_call_cancelled_before_its_thread_starts_gives_its_place_ba
 async def test_a_sync_call_timing_out_before_its_thread_starts_gives_its_place_back() -> None:
     """Regression: a deadline spent before the thread started used to leak the place."""
     registry, _ = _sync_registry(timeout_s=1e-9)
-    config = BreakerConfig(max_concurrent=2, max_attempts=1, fail_max=100)
-    dispatcher = Dispatcher(registry, breakers={"k": config}, metrics_registry=CollectorRegistry())
-    for _ in range(3 * config.max_concurrent):
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=100),
+        retry=RetryOptions(max_attempts=1),
+        bulkhead=BulkheadOptions(max_concurrent=2),
+    )
+    dispatcher = Dispatcher(
+        registry, DispatcherOptions(keys={"k": config}), metrics_registry=CollectorRegistry()
+    )
+    for _ in range(3 * config.bulkhead.max_concurrent):
         result = await dispatcher.dispatch("legacy")
         assert result.error_type is ErrorType.TIMEOUT, result.error_type
         await wait_until(lambda: dispatcher.workers.live()["k"] == 0, limit_s=2)
@@ -630,8 +653,10 @@ async def test_a_failing_audit_sink_never_swallows_a_cancellation() -> None:
 def _deadline_dispatcher(handler: Callable[..., Awaitable[Any]], timeout_s: float) -> Dispatcher:
     registry = ToolRegistry()
     registry.tool(name="slow", parameters=ANY, timeout_s=timeout_s)(handler)
-    never_opens = BreakerConfig(fail_max=1_000_000)
-    return Dispatcher(registry, default_breaker=never_opens, metrics_registry=CollectorRegistry())
+    never_opens = KeyPolicy(breaker=BreakerOptions(fail_max=1_000_000))
+    return Dispatcher(
+        registry, DispatcherOptions(default_key=never_opens), metrics_registry=CollectorRegistry()
+    )
 
 
 async def test_a_host_cancel_arriving_while_the_deadline_unwinds_the_handler_wins() -> None:

@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
-from toolrelay import AuthContext, Dispatcher, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    Dispatcher,
+    DispatcherOptions,
+    ToolRegistry,
+)
 from toolrelay.capabilities import Closeable, DeclaresOne, HasHandler, ProcessIsolatable
 from toolrelay.contract import ToolDeclaration
 
@@ -78,7 +83,7 @@ async def test_lookups_use_declaration_and_handler_when_offered() -> None:
         registry = ToolRegistry()
         registry.register(plugin)
         scans = plugin.scans
-        async with Dispatcher(registry, telemetry=False) as dispatcher:
+        async with Dispatcher(registry, DispatcherOptions(telemetry=False)) as dispatcher:
             result = await dispatcher.dispatch("echo", {})
         assert result.ok and result.data == answer
         # a plugin without declaration() is scanned on each lookup; one with it is not

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from toolrelay import DispatcherOptions
 from toolrelay.chaos.upstream import StandInUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,10 +97,10 @@ def test_check(tmp_path: Path) -> None:
     good = toolrelay("check", str(ROOT / "examples" / "toolrelay.toml"))
     assert good.returncode == 0 and "ok (3 plugins" in good.stdout
     bad = tmp_path / "bad.toml"
-    bad.write_text("[breakers.x]\nfail_max = -1\n")
+    bad.write_text("[keys.x.breaker]\nfail_max = -1\n")
     result = toolrelay("check", str(bad))
     assert result.returncode == 2
-    assert "breakers.x.fail_max: -1 is less than the minimum of 1" in one_clear_line(result)
+    assert "keys.x.breaker.fail_max: -1 is less than the minimum of 1" in one_clear_line(result)
 
 
 @pytest.mark.parametrize(
@@ -237,7 +238,7 @@ def test_live_view_renders_tools_breakers_and_slot() -> None:
     record.holds = [(0.4, 3.0), (1.2, 3.0)]
     record.transitions = [(9.2, "searxng", "closed", "open", 0, 0, 0)]
     report = DemoReport(duration_s=30, seed=1, record=record)
-    dispatcher = Dispatcher(ToolRegistry(), telemetry=False)
+    dispatcher = Dispatcher(ToolRegistry(), DispatcherOptions(telemetry=False))
     dispatcher.breakers.force_open("searxng")
     console = Console(record=True, width=140)
     console.print(RichView(30).render(report, dispatcher, elapsed=10.0))

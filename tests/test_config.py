@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,20 @@ from typing import Any
 import pytest
 
 import isolated_tools
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ErrorType, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    BudgetOptions,
+    BulkheadOptions,
+    Dispatcher,
+    DispatcherOptions,
+    ErrorType,
+    HedgeOptions,
+    KeyPolicy,
+    Limits,
+    RetryOptions,
+    ToolRegistry,
+)
 from toolrelay.config import ConfigError, load_config, parse_config
 from toolrelay.loading import PluginLoadError
 
@@ -19,17 +33,18 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "toolrelay.toml"
 
 async def test_the_annotated_example_builds_a_dispatcher() -> None:
     config = load_config(EXAMPLE)
-    assert config.breakers["searxng"] == BreakerConfig(
-        fail_max=3, reset_timeout_s=10, slow_call_s=3.0, max_concurrent_per_tenant=4
+    assert config.keys["searxng"] == KeyPolicy(
+        breaker=BreakerOptions(fail_max=3, reset_timeout_s=10, slow_call_s=3.0),
+        bulkhead=BulkheadOptions(max_concurrent_per_tenant=4),
     )
-    assert config.default_breaker is not None and config.default_breaker.max_concurrent == 32
+    assert config.default_key.bulkhead.max_concurrent == 32
     dispatcher = Dispatcher.from_config(EXAMPLE)
     try:
         names = {spec["function"]["name"] for spec in dispatcher.specs("support")}
         assert names == {"weather_current", "weather_forecast", "web_search", "feed_latest"}
         tool = dispatcher.registry.resolve("web_search")
         assert tool is not None and tool.decl.timeout_s == 4.0 and tool.decl.max_attempts == 2
-        assert dispatcher.breaker_config("anything-else").fail_max == 5
+        assert dispatcher.policy("anything-else").breaker.fail_max == 5
         denied = await dispatcher.dispatch("web_search", '{"query": "x"}', profile="nobody")
         assert denied.error_type is ErrorType.TOOL_POLICY
     finally:
@@ -40,14 +55,18 @@ async def test_the_annotated_example_builds_a_dispatcher() -> None:
     ("text", "expected"),
     [
         ("colour = 'red'", "(top level): Additional properties are not allowed ('colour'"),
-        ("[breakers.x]\nfail_max = 0", "breakers.x.fail_max: 0 is less than the minimum of 1"),
-        ("[breakers.x]\nfail_max = 'many'", 'breakers.x.fail_max: "many" is not of type'),
-        ("[breakers.x]\nfailmax = 3", "breakers.x: Additional properties are not allowed"),
+        (
+            "[keys.x.breaker]\nfail_max = 0",
+            "keys.x.breaker.fail_max: 0 is less than the minimum of 1",
+        ),
+        ("[keys.x.breaker]\nfail_max = 'many'", 'keys.x.breaker.fail_max: "many" is not of type'),
+        ("[keys.x.breaker]\nfailmax = 3", "keys.x.breaker: Additional properties are not allowed"),
+        ("[keys.x.retry]\nmax_attempts = 0", "keys.x.retry.max_attempts: 0 is less than"),
         ("[profiles.p]\nmax_risk = 'extreme'", "profiles.p.max_risk:"),
         ("[[faults]]\nkind = 'hang'", "faults.0:"),
         ("[[faults]]\nkind = 'hang'\ntool = 'a'\nbreaker_key = 'b'", "faults.0:"),
         ("[telemetry]\nmetrics_port = 70000", "telemetry.metrics_port:"),
-        ("[breaker_storage]\nurl = 'http://x'", "breaker_storage.url:"),
+        ("[storage]\nurl = 'http://x'", "storage.url:"),
         ("[plugins.w]\nmodule = 'a'\nentry_point = 'b'", "plugins.w:"),
         ("[faults]", "faults:"),
     ],
@@ -96,7 +115,9 @@ async def test_keyword_arguments_override_the_file(tmp_path: Path) -> None:
     assert (await dispatcher.dispatch("t", '{"aaaaaaaaaa": 1}')).error_type is (
         ErrorType.INVALID_ARGUMENTS
     )
-    wider = Dispatcher.from_config(path, registry=registry, max_argument_bytes=1000)
+    wider = Dispatcher.from_config(
+        path, registry=registry, overrides={"limits": Limits(max_argument_bytes=1000)}
+    )
     assert (await wider.dispatch("t", '{"aaaaaaaaaa": 1}')).ok
 
 
@@ -118,18 +139,24 @@ def _isolation_registry() -> ToolRegistry:
 
 async def test_an_isolation_override_runs_the_tool_in_a_worker_process(tmp_path: Path) -> None:
     registry = _isolation_registry()
-    async with Dispatcher(registry, telemetry=False) as plain:  # the tool's own mode: a thread
+    async with Dispatcher(
+        registry, DispatcherOptions(telemetry=False)
+    ) as plain:  # the tool's own mode: a thread
         assert (await plain.dispatch("describe", {})).data["pid"] == os.getpid()
     path = tmp_path / "toolrelay.toml"
     path.write_text('[tools.describe]\nisolation = "process"\n')
     assert load_config(path).tools["describe"].isolation == "process"
-    async with Dispatcher.from_config(path, registry=registry, telemetry=False) as dispatcher:
+    async with Dispatcher.from_config(
+        path, overrides={"telemetry": False}, registry=registry
+    ) as dispatcher:
         result = await dispatcher.dispatch("describe", {"x": 1})
         assert result.ok, result.to_model()
         assert result.data["pid"] != os.getpid() and result.data["args"] == {"x": 1}
         assert dispatcher.processes.processes() == {"describe": 1}  # its own key
     path.write_text('[tools.describe]\nisolation = "thread"\n')  # and back
-    async with Dispatcher.from_config(path, registry=registry, telemetry=False) as dispatcher:
+    async with Dispatcher.from_config(
+        path, overrides={"telemetry": False}, registry=registry
+    ) as dispatcher:
         assert (await dispatcher.dispatch("describe", {})).data["pid"] == os.getpid()
         assert dispatcher.processes.processes() == {}
 
@@ -155,7 +182,9 @@ async def test_a_refused_isolation_override_is_a_config_error(
     resolved = registry.resolve(tool)  # nothing of the table applied
     assert resolved is not None and resolved.process_target is None
     assert resolved.decl.timeout_s != 2
-    async with Dispatcher(registry, telemetry=False) as dispatcher:  # still in thread mode
+    async with Dispatcher(
+        registry, DispatcherOptions(telemetry=False)
+    ) as dispatcher:  # still in thread mode
         assert (await dispatcher.dispatch(tool, {})).ok
         assert dispatcher.processes.processes() == {}
 
@@ -165,3 +194,39 @@ def test_isolation_must_be_thread_or_process(tmp_path: Path) -> None:
     path.write_text('[tools.describe]\nisolation = "fork"\n')
     with pytest.raises(ConfigError, match=r"tools\.describe\.isolation: \"fork\" is not one of"):
         load_config(path)
+
+
+# -- options on reload ------------------------------------------------------------------------
+def test_a_policy_names_what_cannot_change_for_a_key_in_use() -> None:
+    old = KeyPolicy(bulkhead=BulkheadOptions(max_concurrent=4))
+    new = KeyPolicy(
+        breaker=BreakerOptions(fail_max=9),
+        bulkhead=BulkheadOptions(max_concurrent=8, wait_s=1.0),
+        budget=BudgetOptions(share=0.1),
+    )
+    assert old.fixed_changes(new) == ["bulkhead.max_concurrent", "bulkhead.wait_s", "budget.share"]
+    live = KeyPolicy(breaker=BreakerOptions(fail_max=9), retry=RetryOptions(max_attempts=1))
+    assert old.fixed_changes(dataclasses.replace(live, bulkhead=old.bulkhead)) == []
+    assert (BreakerOptions.RELOADABLE, RetryOptions.RELOADABLE, HedgeOptions.RELOADABLE) == (
+        True,
+        True,
+        True,
+    )
+    assert (BulkheadOptions.RELOADABLE, BudgetOptions.RELOADABLE) == (False, False)
+
+
+async def test_reconfigure_applies_the_live_options_only() -> None:
+    registry = ToolRegistry()
+    options = DispatcherOptions(telemetry=False, limits=Limits(max_argument_bytes=10))
+    dispatcher = Dispatcher(registry, options)
+    dispatcher.breakers.get("k")
+    changed = dispatcher.reconfigure(
+        DispatcherOptions(
+            keys={"k": KeyPolicy(breaker=BreakerOptions(fail_max=9))},
+            limits=Limits(max_argument_bytes=99),
+        )
+    )
+    assert changed == ["k"] and dispatcher.breakers.get("k").options.fail_max == 9
+    assert dispatcher.policy("k").breaker.fail_max == 9
+    assert dispatcher.options.limits.max_argument_bytes == 10  # built once: not live
+    assert dispatcher.options.telemetry is False

@@ -21,6 +21,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from conftest import need_binary
+from toolrelay import (
+    BreakerOptions,
+    BudgetOptions,
+    BulkheadOptions,
+    DispatcherOptions,
+    HedgeOptions,
+    KeyPolicy,
+    RetryOptions,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "dashboards" / "toolrelay.json"
@@ -590,7 +599,7 @@ def sample_exposition() -> bytes:
     import anyio
 
     import isolated_tools
-    from toolrelay import BreakerConfig, Dispatcher, Fault, ToolError, ToolRegistry
+    from toolrelay import Dispatcher, Fault, ToolError, ToolRegistry
 
     registry = ToolRegistry()
     # isolation="process": a call warms the key's worker, the next is killed at its deadline
@@ -643,19 +652,33 @@ def sample_exposition() -> bytes:
     metrics = CollectorRegistry()
     dispatcher = Dispatcher(
         registry,
+        DispatcherOptions(
+            keys={
+                "open-meteo": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=5),
+                    retry=RetryOptions(max_attempts=2, backoff_initial_s=0.001),
+                    bulkhead=BulkheadOptions(max_concurrent=1),
+                ),
+                "search-api": KeyPolicy(
+                    breaker=BreakerOptions(
+                        window="count",
+                        window_size=10,
+                        minimum_calls=5,
+                        slow_call_s=1.0,
+                        slow_call_rate=0.8,
+                        reset_timeout_max_s=300,
+                    ),
+                    retry=RetryOptions(max_attempts=1),
+                ),
+                "hedged": KeyPolicy(
+                    hedge=HedgeOptions(after_s=0.01), budget=BudgetOptions(share=0.5, min_per_s=0.0)
+                ),
+                "adaptive-svc": KeyPolicy(bulkhead=BulkheadOptions(max_concurrent="adaptive")),
+            },
+            faults=[Fault(kind="latency", tool="get_weather", latency_s=0.001)],
+        ),
         metrics_registry=metrics,
-        breakers={
-            "open-meteo": BreakerConfig(fail_max=5, max_attempts=2, backoff_initial_s=0.001,
-                                        max_concurrent=1),
-            "search-api": BreakerConfig(window="count", window_size=10, minimum_calls=5,
-                                        slow_call_s=1.0, slow_call_rate=0.8,
-                                        reset_timeout_max_s=300, max_attempts=1),
-            "hedged": BreakerConfig(hedge_after_s=0.01, retry_budget=0.5,
-                                    retry_budget_min_per_s=0.0),
-            "adaptive-svc": BreakerConfig(max_concurrent="adaptive"),
-        },
-        faults=[Fault(kind="latency", tool="get_weather", latency_s=0.001)],
-    )  # fmt: skip
+    )
 
     async def calls() -> None:
         async with dispatcher.model_slot(5).hold() as slot:

@@ -13,10 +13,14 @@ from helpers import CITY, OBJ, MutablePlugin, SyncPlugin, wait_until
 from toolrelay import (
     AuthContext,
     Dispatcher,
+    DispatcherOptions,
     ErrorType,
+    KeyPolicy,
+    Limits,
     ModelSlot,
     Profile,
     RegistrationError,
+    RetryOptions,
     ToolCall,
     ToolDeclaration,
     ToolError,
@@ -120,11 +124,17 @@ async def test_oversize_and_overdeep_arguments() -> None:
 
 
 async def test_limits_are_configurable() -> None:
-    dispatcher = Dispatcher(weather_registry(), max_argument_bytes=20, max_argument_depth=2)
+    dispatcher = Dispatcher(
+        weather_registry(),
+        DispatcherOptions(limits=Limits(max_argument_bytes=20, max_argument_depth=2)),
+    )
     assert (await dispatcher.dispatch("get_weather", '{"city": "Oslo"}')).ok
     assert not (await dispatcher.dispatch("get_weather", '{"city": "Oslo, Norway, Europe"}')).ok
     nested = {"city": "x", "more": {"a": [1]}}
-    deep = Dispatcher(weather_registry(), max_argument_bytes=100, max_argument_depth=2)
+    deep = Dispatcher(
+        weather_registry(),
+        DispatcherOptions(limits=Limits(max_argument_bytes=100, max_argument_depth=2)),
+    )
     result = await deep.dispatch("get_weather", nested)
     assert "nested deeper than 2" in result.message
 
@@ -138,7 +148,7 @@ async def test_mapping_arguments_have_the_same_byte_cap_as_text() -> None:
     assert "larger than 262144 bytes" in refused.message
     many = {"city": "Oslo", "tags": ["abcdefgh"] * 40_000}  # ~440 KB as JSON, small strings
     assert "larger than" in (await dispatcher.dispatch("get_weather", many)).message
-    small = Dispatcher(weather_registry(), max_argument_bytes=40)
+    small = Dispatcher(weather_registry(), DispatcherOptions(limits=Limits(max_argument_bytes=40)))
     assert (await small.dispatch("get_weather", {"city": "Oslo"})).ok
     # counted in UTF-8 bytes, like text: 12 characters of 4 bytes each are 48 bytes
     wide = await small.dispatch("get_weather", {"city": "😀" * 12})
@@ -201,7 +211,7 @@ PROFILES = {
 )
 async def test_profiles_and_specs_agree(profile: str | None, callable_tools: set[str]) -> None:
     registry, _ = policy_registry()
-    dispatcher = Dispatcher(registry, profiles=PROFILES)
+    dispatcher = Dispatcher(registry, DispatcherOptions(profiles=PROFILES))
     listed = {spec["function"]["name"] for spec in dispatcher.specs(profile)}
     assert listed == callable_tools
     for name in ("read_doc", "edit_doc", "drop_db", "search"):
@@ -430,7 +440,7 @@ async def test_failing_approver_denies() -> None:
 
 async def test_profile_can_waive_approval() -> None:
     registry, _ = policy_registry()
-    dispatcher = Dispatcher(registry, profiles=PROFILES)
+    dispatcher = Dispatcher(registry, DispatcherOptions(profiles=PROFILES))
     assert (await dispatcher.dispatch("edit_doc", "{}", profile="writer")).ok
 
 
@@ -576,7 +586,9 @@ async def test_tool_error_is_precise_and_capped() -> None:
     async def lookup(args: dict[str, Any], ctx: AuthContext) -> None:
         raise ToolError("upstream busy\n" + "x" * 1000, retryable=True, retry_after_s=2.5)
 
-    result = await Dispatcher(registry, default_breaker=_no_retry()).dispatch("lookup", "{}")
+    result = await Dispatcher(registry, DispatcherOptions(default_key=_no_retry())).dispatch(
+        "lookup", "{}"
+    )
     answer = result.to_model()
     assert answer["error_type"] == "tool_error" and answer["retryable"] is True
     assert answer["retry_after_s"] == 2.5
@@ -584,9 +596,8 @@ async def test_tool_error_is_precise_and_capped() -> None:
 
 
 def _no_retry() -> Any:
-    from toolrelay import BreakerConfig
 
-    return BreakerConfig(max_attempts=1)
+    return KeyPolicy(retry=RetryOptions(max_attempts=1))
 
 
 @pytest.mark.parametrize(
@@ -641,11 +652,13 @@ async def test_oversized_output_refused_or_truncated_with_marker() -> None:
     async def big(args: dict[str, Any], ctx: AuthContext) -> Any:
         return {"text": "y" * 5000}
 
-    refused = await Dispatcher(registry, max_output_bytes=1000).dispatch("big", "{}")
+    refused = await Dispatcher(
+        registry, DispatcherOptions(limits=Limits(max_output_bytes=1000))
+    ).dispatch("big", "{}")
     assert refused.error_type is ErrorType.INVALID_OUTPUT and "1000-byte cap" in refused.message
-    cut = await Dispatcher(registry, max_output_bytes=1000, truncate_output=True).dispatch(
-        "big", "{}"
-    )
+    cut = await Dispatcher(
+        registry, DispatcherOptions(limits=Limits(max_output_bytes=1000, truncate_output=True))
+    ).dispatch("big", "{}")
     assert cut.ok and cut.data["truncated"] is True and cut.data["original_bytes"] > 5000
     assert cut.data["text"].endswith("[truncated by toolrelay]")
     assert len(json.dumps(cut.to_model())) <= 1100
@@ -775,8 +788,8 @@ def test_spec_formats() -> None:
 
 async def test_dispatchers_sharing_a_registry_are_independent() -> None:
     registry = weather_registry()
-    one = Dispatcher(registry, profiles={"p": Profile(allow=())})
-    two = Dispatcher(registry, profiles={"p": Profile()})
+    one = Dispatcher(registry, DispatcherOptions(profiles={"p": Profile(allow=())}))
+    two = Dispatcher(registry, DispatcherOptions(profiles={"p": Profile()}))
     assert (await one.dispatch("get_weather", '{"city": "Oslo"}', profile="p")).error_type is (
         ErrorType.TOOL_POLICY
     )

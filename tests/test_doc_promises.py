@@ -26,13 +26,21 @@ from prometheus_client import CollectorRegistry
 from helpers import OBJ, wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
+    BudgetOptions,
+    BulkheadOptions,
     Dispatcher,
+    DispatcherOptions,
     ErrorType,
     Fault,
+    HedgeOptions,
+    KeyPolicy,
+    Limits,
     ModelSlot,
     Profile,
     RegistrationError,
+    RetryOptions,
+    StorageOptions,
     ToolDeclaration,
     ToolError,
     ToolRegistry,
@@ -260,9 +268,11 @@ async def test_readme_every_error_type_is_as_retryable_as_the_table_says(
     name, _, how = target.partition("@")
     dispatcher = Dispatcher(
         answers_registry(),
-        profiles={"readonly": Profile(max_risk="read")},
+        DispatcherOptions(
+            profiles={"readonly": Profile(max_risk="read")},
+            default_key=KeyPolicy(retry=RetryOptions(max_attempts=1)),
+        ),
         approver=(lambda *a: False) if how == "denied" else None,
-        default_breaker=BreakerConfig(max_attempts=1),
     )
     dispatcher.breakers.force_open("paused")
     result = await dispatcher.dispatch(name, raw, profile=how if how == "readonly" else None)
@@ -300,8 +310,10 @@ async def test_readme_circuit_open_message_reads_like_the_example() -> None:
     again in 28 s" with `retry_after_s`."""
     registry = ToolRegistry()
     registry.tool(name="web_search", parameters=ANY, breaker_key="searxng")(Flaky(5))
-    config = BreakerConfig(fail_max=1, reset_timeout_s=30, max_attempts=1)
-    dispatcher = Dispatcher(registry, breakers={"searxng": config})
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=30), retry=RetryOptions(max_attempts=1)
+    )
+    dispatcher = Dispatcher(registry, DispatcherOptions(keys={"searxng": config}))
     await dispatcher.dispatch("web_search", "{}")
     answer = (await dispatcher.dispatch("web_search", "{}")).to_model()
     assert re.fullmatch(
@@ -329,7 +341,15 @@ def _parameters(fn: Any) -> set[str]:
         ("`ToolError`", lambda: _parameters(ToolError.__init__)),
         ("`AuthContext`", lambda: _fields(AuthContext)),
         ("`Profile`", lambda: _parameters(Profile.__init__)),
-        ("`BreakerConfig`", lambda: _fields(BreakerConfig)),
+        ("`BreakerOptions`", lambda: _fields(BreakerOptions)),
+        ("`RetryOptions`", lambda: _fields(RetryOptions)),
+        ("`HedgeOptions`", lambda: _fields(HedgeOptions)),
+        ("`BulkheadOptions`", lambda: _fields(BulkheadOptions)),
+        ("`BudgetOptions`", lambda: _fields(BudgetOptions)),
+        ("`KeyPolicy`", lambda: _fields(KeyPolicy)),
+        ("`DispatcherOptions`", lambda: set(DispatcherOptions.model_fields)),
+        ("`StorageOptions`", lambda: _fields(StorageOptions)),
+        ("`Limits`", lambda: _fields(Limits)),
     ],
 )
 def test_readme_public_api_rows_name_every_field(row: str, expected: Any) -> None:
@@ -389,7 +409,7 @@ def test_readme_configuration_table_has_every_section() -> None:
 
 @pytest.mark.parametrize(
     "section",
-    ["plugins", "tools", "breaker_storage", "profiles", "faults", "dispatcher", "telemetry"],
+    ["plugins", "tools", "storage", "profiles", "faults", "dispatcher", "telemetry"],
 )
 def test_readme_configuration_table_lists_the_schema_keys(section: str) -> None:
     """README, Configuration: each row's keys are exactly the schema's (unknown keys are
@@ -397,10 +417,16 @@ def test_readme_configuration_table_lists_the_schema_keys(section: str) -> None:
     assert quoted_names(_table_sections()[section]) == _schema_keys(section)
 
 
-def test_readme_breakers_table_takes_every_breaker_config_field() -> None:
-    """README, Configuration: `[breakers.KEY]` takes "every `BreakerConfig` field"."""
-    assert "every `BreakerConfig` field" in _table_sections()["breakers"]
-    assert _schema_keys("breakers") == _fields(BreakerConfig)
+def test_readme_keys_table_takes_one_table_per_strategy() -> None:
+    """README, Configuration: `[keys.KEY]` takes one table per strategy, each with the
+    fields of its options class."""
+    listed = _table_sections()["keys"]
+    assert quoted_names(listed.split(":")[0]) == _fields(KeyPolicy)
+    policy = _schema_keys("keys")
+    assert policy == _fields(KeyPolicy)
+    for part, cls in (("breaker", BreakerOptions), ("retry", RetryOptions)):
+        ref = CONFIG_SCHEMA["$defs"]["KeyPolicy"]["properties"][part]["$ref"]
+        assert set(CONFIG_SCHEMA["$defs"][ref.rsplit("/", 1)[1]]["properties"]) == _fields(cls)
 
 
 async def test_readme_telemetry_section_is_read_by_from_config() -> None:
@@ -421,7 +447,10 @@ async def test_readme_tools_on_one_breaker_key_share_one_concurrency_limit() -> 
     registry.tool(name="first", parameters=ANY, breaker_key="crm")(gate)
     registry.tool(name="second", parameters=ANY, breaker_key="crm")(Flaky())
     registry.tool(name="elsewhere", parameters=ANY, breaker_key="other")(Flaky())
-    dispatcher = Dispatcher(registry, default_breaker=BreakerConfig(max_concurrent=1))
+    dispatcher = Dispatcher(
+        registry,
+        DispatcherOptions(default_key=KeyPolicy(bulkhead=BulkheadOptions(max_concurrent=1))),
+    )
     shed = await while_busy(dispatcher, gate, "first", "second")
     assert shed.error_type is ErrorType.OVERLOADED
     gate.release = anyio.Event()
@@ -429,13 +458,16 @@ async def test_readme_tools_on_one_breaker_key_share_one_concurrency_limit() -> 
 
 
 def retry_dispatcher(
-    flaky: Flaky, config: BreakerConfig, *, risk: str = "read", **tool: Any
+    flaky: Flaky, config: KeyPolicy, *, risk: str = "read", **tool: Any
 ) -> tuple[Dispatcher, Recorder]:
     registry = ToolRegistry()
     registry.tool(name="t", parameters=ANY, breaker_key="k", risk=risk, **tool)(flaky)  # type: ignore[arg-type]
     recorder = Recorder()
     dispatcher = Dispatcher(
-        registry, breakers={"k": config}, observers=[recorder], approver=lambda *a: True
+        registry,
+        DispatcherOptions(keys={"k": config}),
+        observers=[recorder],
+        approver=lambda *a: True,
     )
     return dispatcher, recorder
 
@@ -443,7 +475,7 @@ def retry_dispatcher(
 async def test_readme_default_backoff_starts_near_50_ms_and_doubles() -> None:
     """README, Breakers: retries wait with exponential backoff and jitter, ≈50 ms, doubling
     (the planned waits, not measured time)."""
-    dispatcher, recorder = retry_dispatcher(Flaky(2), BreakerConfig())
+    dispatcher, recorder = retry_dispatcher(Flaky(2), KeyPolicy())
     result = await dispatcher.dispatch("t", "{}")
     assert result.ok and result.attempts == 3
     first, second = recorder.delays()
@@ -452,8 +484,10 @@ async def test_readme_default_backoff_starts_near_50_ms_and_doubles() -> None:
 
 async def test_readme_backoff_is_capped() -> None:
     """README, Breakers: backoff capped at 2 s by default (`backoff_max_s`)."""
-    assert (BreakerConfig().backoff_initial_s, BreakerConfig().backoff_max_s) == (0.05, 2.0)
-    config = BreakerConfig(max_attempts=5, backoff_initial_s=0.004, backoff_max_s=0.008)
+    assert (RetryOptions().backoff_initial_s, RetryOptions().backoff_max_s) == (0.05, 2.0)
+    config = KeyPolicy(
+        retry=RetryOptions(max_attempts=5, backoff_initial_s=0.004, backoff_max_s=0.008)
+    )
     dispatcher, recorder = retry_dispatcher(Flaky(4), config)
     assert (await dispatcher.dispatch("t", "{}")).attempts == 5
     assert max(recorder.delays()) <= 0.008 + 0.002  # the cap, plus at most half a base of jitter
@@ -467,7 +501,7 @@ async def test_readme_idempotent_overrides_the_risk_default(
 ) -> None:
     """README, Breakers: retries for idempotent tools only (default: risk="read");
     `idempotent=` decides when given."""
-    config = BreakerConfig(backoff_initial_s=0.001)
+    config = KeyPolicy(retry=RetryOptions(backoff_initial_s=0.001))
     dispatcher, _ = retry_dispatcher(Flaky(5), config, risk=risk, idempotent=idempotent)
     assert (await dispatcher.dispatch("t", "{}")).attempts == attempts
 
@@ -483,7 +517,10 @@ async def test_readme_a_timeout_is_never_retried() -> None:
         calls.append(1)
         await anyio.sleep_forever()
 
-    dispatcher = Dispatcher(registry, default_breaker=BreakerConfig(backoff_initial_s=0.001))
+    dispatcher = Dispatcher(
+        registry,
+        DispatcherOptions(default_key=KeyPolicy(retry=RetryOptions(backoff_initial_s=0.001))),
+    )
     result = await dispatcher.dispatch("hang", "{}")
     assert (result.error_type, result.retryable, result.attempts) == (ErrorType.TIMEOUT, True, 1)
     assert calls == [1]
@@ -503,8 +540,14 @@ async def test_readme_unreachable_redis_shows_as_storage_up_0() -> None:
     metrics = CollectorRegistry()
     dispatcher = Dispatcher(
         registry,
-        breakers={"k": BreakerConfig(fail_max=2, max_attempts=1)},
-        breaker_storage=f"redis://127.0.0.1:{_free_port()}/0",
+        DispatcherOptions(
+            keys={
+                "k": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=2), retry=RetryOptions(max_attempts=1)
+                )
+            },
+            storage=StorageOptions(url=f"redis://127.0.0.1:{_free_port()}/0"),
+        ),
         metrics_registry=metrics,
     )
     try:
@@ -604,7 +647,9 @@ async def test_pipeline_default_tool_timeout_is_10_s() -> None:
 async def test_pipeline_stage_order_is_visible_in_the_answers() -> None:
     """pipeline.md, About: resolve + policy before decode, decode before validate, validate
     before approve (the first failing stage answers)."""
-    dispatcher = Dispatcher(answers_registry(), profiles={"readonly": Profile(max_risk="read")})
+    dispatcher = Dispatcher(
+        answers_registry(), DispatcherOptions(profiles={"readonly": Profile(max_risk="read")})
+    )
     forbidden = await dispatcher.dispatch("edit", "{not json", profile="readonly")
     assert forbidden.error_type is ErrorType.TOOL_POLICY
     assert (await dispatcher.dispatch("edit", "{not json")).error_type is (
@@ -626,7 +671,9 @@ async def test_deadlines_a_spent_slot_answers_timeout_without_running() -> None:
     registry = ToolRegistry()
     flaky = Flaky()
     registry.tool(name="t", parameters=ANY, breaker_key="k")(flaky)
-    dispatcher = Dispatcher(registry, breakers={"k": BreakerConfig(fail_max=1)})
+    dispatcher = Dispatcher(
+        registry, DispatcherOptions(keys={"k": KeyPolicy(breaker=BreakerOptions(fail_max=1))})
+    )
     async with ModelSlot(budget_s=0.01).hold() as lease:
         await anyio.sleep(0.05)
         result = await dispatcher.dispatch("t", "{}", slot=lease)
@@ -644,7 +691,9 @@ async def test_deadlines_a_slot_bound_timeout_is_retryable_and_not_counted() -> 
     async def hang(args: dict[str, Any], ctx: AuthContext) -> Any:
         await anyio.sleep_forever()
 
-    dispatcher = Dispatcher(registry, breakers={"k": BreakerConfig(fail_max=1)})
+    dispatcher = Dispatcher(
+        registry, DispatcherOptions(keys={"k": KeyPolicy(breaker=BreakerOptions(fail_max=1))})
+    )
     async with ModelSlot(budget_s=0.05).hold() as lease:
         result = await dispatcher.dispatch("hang", "{}", slot=lease)
     assert (result.error_type, result.retryable) == (ErrorType.TIMEOUT, True)
@@ -663,8 +712,8 @@ async def test_deadlines_the_bulkhead_waits_at_most_bulkhead_wait_s_and_never_pa
     gate = Gate()
     registry.tool(name="holder", parameters=ANY, breaker_key="k", timeout_s=30)(gate)
     registry.tool(name="waiter", parameters=ANY, breaker_key="k", timeout_s=timeout_s)(Flaky())
-    config = BreakerConfig(max_concurrent=1, bulkhead_wait_s=wait_s)
-    dispatcher = Dispatcher(registry, breakers={"k": config})
+    config = KeyPolicy(bulkhead=BulkheadOptions(max_concurrent=1, wait_s=wait_s))
+    dispatcher = Dispatcher(registry, DispatcherOptions(keys={"k": config}))
     result = await while_busy(dispatcher, gate, "holder", "waiter")
     assert (result.error_type, result.retryable) == (ErrorType.OVERLOADED, True)
 
@@ -682,12 +731,15 @@ async def test_deadlines_model_slot_listeners_see_every_hold() -> None:
 
 
 # == docs/chaos.md ============================================================================
-def chaos_dispatcher(*faults: Fault, **kw: Any) -> tuple[Dispatcher, Flaky]:
+def chaos_dispatcher(*faults: Fault, **options: Any) -> tuple[Dispatcher, Flaky]:
     registry = ToolRegistry()
     flaky = Flaky()
     registry.tool(name="search", parameters=ANY, breaker_key="searxng")(flaky)
-    config = BreakerConfig(fail_max=100, backoff_initial_s=0.001)
-    return Dispatcher(registry, breakers={"searxng": config}, faults=faults, **kw), flaky
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=100), retry=RetryOptions(backoff_initial_s=0.001)
+    )
+    options = DispatcherOptions(keys={"searxng": config}, faults=faults, **options)
+    return Dispatcher(registry, options), flaky
 
 
 async def test_chaos_faults_seed_restarts_the_dice() -> None:
@@ -798,7 +850,10 @@ def test_chaos_run_prints_to_stdout_as_it_is_when_called(tmp_path: Path) -> None
 async def test_architecture_invalid_output_is_never_counted_by_the_breaker() -> None:
     """architecture.md, Departures: `invalid_output` is a contract failure of the plugin, not
     a service failure: the breaker never counts it."""
-    dispatcher = Dispatcher(answers_registry(), breakers={"nan": BreakerConfig(fail_max=1)})
+    dispatcher = Dispatcher(
+        answers_registry(),
+        DispatcherOptions(keys={"nan": KeyPolicy(breaker=BreakerOptions(fail_max=1))}),
+    )
     for _ in range(3):
         assert (await dispatcher.dispatch("nan", "{}")).error_type is ErrorType.INVALID_OUTPUT
     assert dispatcher.breakers.state("nan") == "closed"
@@ -811,8 +866,11 @@ async def test_architecture_overloaded_is_never_retried_and_has_no_retry_after()
     gate, flaky = Gate(), Flaky()
     registry.tool(name="holder", parameters=ANY, breaker_key="k")(gate)
     registry.tool(name="read", parameters=ANY, breaker_key="k")(flaky)
-    config = BreakerConfig(max_concurrent=1, max_attempts=3, backoff_initial_s=0.001)
-    dispatcher = Dispatcher(registry, breakers={"k": config})
+    config = KeyPolicy(
+        retry=RetryOptions(max_attempts=3, backoff_initial_s=0.001),
+        bulkhead=BulkheadOptions(max_concurrent=1),
+    )
+    dispatcher = Dispatcher(registry, DispatcherOptions(keys={"k": config}))
     shed = await while_busy(dispatcher, gate, "holder", "read")
     assert (shed.error_type, shed.retryable, shed.attempts) == (ErrorType.OVERLOADED, True, 1)
     assert shed.retry_after_s is None and "retry_after_s" not in shed.to_model()

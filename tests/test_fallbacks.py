@@ -13,8 +13,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from toolrelay import AuthContext, Dispatcher, Profile, ToolError, ToolRegistry
-from toolrelay.breakers import BreakerConfig
+from toolrelay import (
+    AuthContext,
+    BulkheadOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    Profile,
+    ToolError,
+    ToolRegistry,
+)
 from toolrelay.chaos.experiment import Experiment, ExperimentReport, run_experiment
 from toolrelay.registry import RegistrationError
 
@@ -62,7 +70,7 @@ def build(
     profiles: dict[str, Profile] | None = None,
     metrics: CollectorRegistry | None = None,
     provider: TracerProvider | None = None,
-    breakers: dict[str, BreakerConfig] | None = None,
+    breakers: dict[str, KeyPolicy] | None = None,
 ) -> tuple[Dispatcher, dict[str, Service]]:
     registry = ToolRegistry()
     services = {name: Service(name) for name in ("search", "backup", "backup2")}
@@ -80,8 +88,7 @@ def build(
     )(services["backup2"])  # fmt: skip
     dispatcher = Dispatcher(
         registry,
-        profiles=profiles,
-        breakers=breakers,
+        DispatcherOptions(profiles=profiles or {}, keys=breakers or {}),
         audit=None,
         metrics_registry=metrics or CollectorRegistry(),
         tracer_provider=provider,
@@ -114,7 +121,7 @@ async def test_the_envelope_key_is_absent_without_a_fallback() -> None:
 
 
 async def test_overloaded_bulkhead_goes_to_the_fallback() -> None:
-    config = {"primary": BreakerConfig(max_concurrent=1, bulkhead_wait_s=0.0)}
+    config = {"primary": KeyPolicy(bulkhead=BulkheadOptions(max_concurrent=1, wait_s=0.0))}
     dispatcher, services = build(breakers=config)
     services["search"].mode = "hang"
     async with anyio.create_task_group() as tg:

@@ -7,12 +7,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from helpers import dispatcher_with
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     Dispatcher,
     ErrorType,
     Fault,
+    KeyPolicy,
+    RetryOptions,
     ToolCall,
     ToolRegistry,
 )
@@ -35,11 +38,15 @@ def build(*faults: Fault, seed: int | None = 7, **kw: Any) -> tuple[Dispatcher, 
         calls.append(2)
         return {"temp": 3}
 
-    dispatcher = Dispatcher(
+    dispatcher = dispatcher_with(
         registry,
         faults=faults,
         fault_seed=seed,
-        breakers={"searxng": BreakerConfig(fail_max=3, max_attempts=1)},
+        keys={
+            "searxng": KeyPolicy(
+                breaker=BreakerOptions(fail_max=3), retry=RetryOptions(max_attempts=1)
+            )
+        },
         metrics_registry=CollectorRegistry(),
         **kw,
     )

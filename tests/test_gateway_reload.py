@@ -49,7 +49,7 @@ token_env = "OPS_TOKEN"
 profile = "all"
 """
 SEARXNG = """
-[breakers.searxng]
+[keys.searxng.breaker]
 fail_max = 1
 reset_timeout_s = 600
 """
@@ -163,7 +163,7 @@ async def test_profiles_breakers_and_faults_change_live(
         text = config.read_text().replace("fail_max = 2", "fail_max = 3")
         config.write_text(text + '\n[[faults]]\nkind = "error"\ntool = "weather_forecast"\n')
         report = await reload(server)
-        assert {"profiles.support.allow", "breakers.open-meteo.fail_max", "faults"} <= set(
+        assert {"profiles.support.allow", "keys.open-meteo.breaker.fail_max", "faults"} <= set(
             report["changed"]
         )
         assert report["profiles"] == ["support"] and report["breakers"] == ["open-meteo"]
@@ -289,7 +289,8 @@ async def test_reload_under_load_answers_every_call(
     slow = '\n[[faults]]\nkind = "latency"\nbreaker_key = "{}"\nlatency_s = 5.0\n'
     extra = OPS + upstream_conf + slow.format("open-meteo") + slow.format("mcp-test")
     server = start_http_server(tmp_path, upstream.url, extra)
-    text = config.read_text().replace("fail_max = 2\n", "fail_max = 2\nmax_concurrent = 100\n")
+    bulkhead = "[keys.open-meteo.bulkhead]\nmax_concurrent = 100\n"
+    text = config.read_text().replace("[profiles.support]\n", bulkhead + "[profiles.support]\n")
     config.write_text(text)  # before any call: the bulkhead's size is fixed at its first call
     await reload(server)
     results: list[types.CallToolResult] = []

@@ -33,7 +33,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from helpers import entered_together
-from toolrelay import Dispatcher, ToolRegistry
+from toolrelay import Dispatcher, DispatcherOptions, ToolRegistry
 from toolrelay.sources.mcp import McpSource, McpSourceOptions
 
 pytestmark = pytest.mark.anyio
@@ -271,7 +271,7 @@ async def test_python_hosts_read_the_documented_data(tmp_path: Path) -> None:
     async with McpSource.stdio(command, McpSourceOptions(breaker_key="t")) as source:
         registry = ToolRegistry()
         registry.register(source)
-        dispatcher = Dispatcher(registry, telemetry=False)
+        dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False))
 
         async def data(name: str) -> Any:
             result = await dispatcher.dispatch(name, "{}")

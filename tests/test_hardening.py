@@ -13,7 +13,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from toolrelay import AuthContext, Dispatcher, Profile, ToolCall, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    Dispatcher,
+    DispatcherOptions,
+    Profile,
+    ToolCall,
+    ToolRegistry,
+)
 from toolrelay.config import ConfigError
 
 pytestmark = pytest.mark.anyio
@@ -59,7 +66,9 @@ def test_contradictory_hints_resolve_to_dangerous() -> None:
 
     registry = ToolRegistry()
     registry.register(src)
-    dispatcher = Dispatcher(registry, profiles={"ro": Profile(max_risk="read")}, telemetry=False)
+    dispatcher = Dispatcher(
+        registry, DispatcherOptions(profiles={"ro": Profile(max_risk="read")}, telemetry=False)
+    )
     listed = {spec["name"] for spec in dispatcher.specs("ro", format="mcp")}
     assert listed == {"reader", "plain"}  # the contradictory tool is not offered as "read"
 
@@ -282,7 +291,9 @@ def test_unauthenticated_caller_gets_nothing_when_tokens_are_configured() -> Non
     registry = ToolRegistry()
     registry.tool(name="lookup")(lambda args, ctx: "ok")
     registry.tool(name="wipe", risk="dangerous")(lambda args, ctx: "gone")
-    dispatcher = Dispatcher(registry, profiles={"ops": Profile()}, telemetry=False)
+    dispatcher = Dispatcher(
+        registry, DispatcherOptions(profiles={"ops": Profile()}, telemetry=False)
+    )
 
     def as_client(client_id: str | None, callers: Callers) -> tuple[str, set[str]]:
         def run() -> tuple[str, set[str]]:
@@ -313,7 +324,7 @@ async def test_unauthenticated_caller_cannot_call() -> None:
 
     registry = ToolRegistry()
     registry.tool(name="lookup")(lambda args, ctx: "ok")
-    dispatcher = Dispatcher(registry, telemetry=False)
+    dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False))
     caller = Callers(None, [ClientSettings("a", token="secret")]).current()
     result = await dispatcher.dispatch("lookup", "{}", caller.ctx, profile=caller.profile)
     assert not result.ok and result.error_type is not ErrorType.INTERNAL_ERROR

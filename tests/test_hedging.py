@@ -11,7 +11,18 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ErrorType, ToolError, ToolRegistry
+from helpers import key_policy
+from toolrelay import (
+    AuthContext,
+    BudgetOptions,
+    Dispatcher,
+    DispatcherOptions,
+    ErrorType,
+    HedgeOptions,
+    KeyPolicy,
+    ToolError,
+    ToolRegistry,
+)
 from toolrelay.budget import RetryBudgets
 from toolrelay.events import Event, HedgeEnded, RetryBudgetExhausted
 from toolrelay.pipeline.hedge import MIN_SAMPLES, WINDOW_SAMPLES, Hedge, LatencyWindow
@@ -38,12 +49,13 @@ def test_p95_is_the_nearest_rank_of_the_recent_samples() -> None:
 
 
 def test_adaptive_delay_has_a_floor_and_fixed_delay_is_as_set() -> None:
-    configs = {
-        "adaptive": BreakerConfig(hedge_after_s="adaptive", hedge_after_min_s=0.05),
-        "fixed": BreakerConfig(hedge_after_s=0.2),
-        "off": BreakerConfig(),
+    options = {
+        "adaptive": HedgeOptions(after_s="adaptive", after_min_s=0.05),
+        "fixed": HedgeOptions(after_s=0.2),
+        "off": HedgeOptions(),
     }
-    hedge = Hedge(configs.__getitem__, RetryBudgets(configs.__getitem__), lambda key: True)
+    budgets = RetryBudgets(lambda key: BudgetOptions())
+    hedge = Hedge(options.__getitem__, budgets, lambda key: True)
     assert hedge.delay("off") is None and hedge.delay("fixed") == 0.2
     assert hedge.delay("adaptive") is None  # no samples yet: no hedging
     for _ in range(MIN_SAMPLES):
@@ -55,10 +67,10 @@ def test_adaptive_delay_has_a_floor_and_fixed_delay_is_as_set() -> None:
 
 
 def test_hedge_settings_are_validated() -> None:
-    with pytest.raises(ValueError, match="hedge_after_s"):
-        BreakerConfig(hedge_after_s="soon")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_hedges"):
-        BreakerConfig(max_hedges=0)
+    with pytest.raises(ValueError, match=r"HedgeOptions\.after_s"):
+        HedgeOptions(after_s="soon")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"HedgeOptions\.max_hedges"):
+        HedgeOptions(max_hedges=0)
 
 
 # -- through the dispatcher ------------------------------------------------------------------
@@ -100,7 +112,7 @@ def build(
     settings = {"window": "count", "max_attempts": 1, **config}
     dispatcher = Dispatcher(
         registry,
-        breakers={"svc": BreakerConfig(**settings)},
+        DispatcherOptions(keys={"svc": key_policy(**settings)}),
         audit=None,
         observers=[lambda inv, event: events.append(event)],
         metrics_registry=metrics,
@@ -250,7 +262,7 @@ async def test_a_hedged_call_is_a_span_event(anyio_backend: str) -> None:
     registry.tool(name="lookup", parameters={"type": "object"}, breaker_key="svc")(handler)
     dispatcher = Dispatcher(
         registry,
-        breakers={"svc": BreakerConfig(hedge_after_s=0.05)},
+        DispatcherOptions(keys={"svc": KeyPolicy(hedge=HedgeOptions(after_s=0.05))}),
         audit=None,
         tracer_provider=provider,
         metrics_registry=CollectorRegistry(),

@@ -24,7 +24,15 @@ import pytest
 
 from helpers import entered_together
 from loop_watchdog import watchdog
-from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
+from toolrelay import (
+    BreakerOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolError,
+    ToolRegistry,
+)
 from toolrelay.chaos.upstream import StandInUpstream
 from toolrelay.sources.mcp import McpSource, McpSourceOptions
 from toolrelay_plugins import _http
@@ -39,7 +47,7 @@ DEADLINE_S = 2.0
 MARGIN_S = 0.5
 MAX_STALL_S = 0.05
 CAP = 2 * 1024 * 1024
-ONCE = BreakerConfig(max_attempts=1, fail_max=1)
+ONCE = KeyPolicy(breaker=BreakerOptions(fail_max=1), retry=RetryOptions(max_attempts=1))
 BREAKERS = {"open-meteo": ONCE, "searxng": ONCE, "feeds": ONCE}
 
 BOMBS: dict[str, str] = {
@@ -67,7 +75,7 @@ async def relay(*plugins: HttpPlugin) -> AsyncIterator[Dispatcher]:
     for plugin in plugins:
         registry.register(plugin)
     try:
-        yield Dispatcher(registry, breakers=BREAKERS)
+        yield Dispatcher(registry, DispatcherOptions(keys=BREAKERS))
     finally:
         for plugin in plugins:
             await plugin.aclose()
@@ -507,7 +515,12 @@ async def mcp_relay(
         async with source:
             registry = ToolRegistry()
             registry.register(source)
-            yield Dispatcher(registry, breakers={"hostile": BreakerConfig(max_attempts=attempts)})
+            yield Dispatcher(
+                registry,
+                DispatcherOptions(
+                    keys={"hostile": KeyPolicy(retry=RetryOptions(max_attempts=attempts))}
+                ),
+            )
 
 
 async def mcp_call(dispatcher: Dispatcher, tool: str, args: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,12 +34,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import Field
 
-from helpers import CITY, OBJ
+from helpers import CITY, OBJ, dispatcher_with
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
     Profile,
+    RetryOptions,
     ToolError,
     ToolRegistry,
     ToolResult,
@@ -112,11 +115,13 @@ def build(**kw: Any) -> tuple[Dispatcher, Service]:
 
     kw.setdefault("audit", None)
     kw.setdefault("telemetry", False)
-    one_strike = BreakerConfig(fail_max=1, max_attempts=1, reset_timeout_s=60)
-    dispatcher = Dispatcher(
+    one_strike = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=60), retry=RetryOptions(max_attempts=1)
+    )
+    dispatcher = dispatcher_with(
         registry,
         profiles={"reader": Profile(max_risk="read")},
-        breakers={"down": one_strike, "stall": one_strike, "blocking": one_strike},
+        keys={"down": one_strike, "stall": one_strike, "blocking": one_strike},
         **kw,
     )
     return dispatcher, svc
@@ -442,7 +447,9 @@ async def test_the_content_is_compact_json_keeping_text_and_escaping_lone_surrog
     async def files(args: dict[str, Any], ctx: AuthContext) -> list[str]:
         return [b"caf\xe9.txt".decode("utf-8", "surrogateescape")]
 
-    graph = tool_graph(langchain_tools(Dispatcher(registry, audit=None, telemetry=False)))
+    graph = tool_graph(
+        langchain_tools(Dispatcher(registry, DispatcherOptions(telemetry=False), audit=None))
+    )
     calls = [call("city", "c1"), call("files", "c2")]
     out = await graph.ainvoke({"messages": [AIMessage("", tool_calls=calls)]})
     texts = {m.tool_call_id: m.content for m in out["messages"] if isinstance(m, ToolMessage)}

@@ -44,12 +44,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 )
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from helpers import CITY  # noqa: E402
+from helpers import CITY, dispatcher_with  # noqa: E402
 from toolrelay import (  # noqa: E402
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     Dispatcher,
+    KeyPolicy,
     Profile,
+    RetryOptions,
     ToolRegistry,
 )
 from toolrelay.integrations.openai_agents import function_tools  # noqa: E402
@@ -131,7 +133,7 @@ async def run(dispatcher: Dispatcher, brain: Brain, context: Any = None, **optio
 
 
 def new_dispatcher(registry: ToolRegistry, **kwargs: Any) -> Dispatcher:
-    return Dispatcher(registry, metrics_registry=CollectorRegistry(), audit=None, **kwargs)
+    return dispatcher_with(registry, metrics_registry=CollectorRegistry(), audit=None, **kwargs)
 
 
 def echo_registry() -> ToolRegistry:
@@ -205,7 +207,14 @@ async def test_a_timeout_and_an_open_breaker_come_back_as_answers_and_the_run_co
     async def search(args: dict[str, Any], ctx: AuthContext) -> Any:
         await never.wait()
 
-    d = new_dispatcher(registry, breakers={"searxng": BreakerConfig(fail_max=1, max_attempts=1)})
+    d = new_dispatcher(
+        registry,
+        keys={
+            "searxng": KeyPolicy(
+                breaker=BreakerOptions(fail_max=1), retry=RetryOptions(max_attempts=1)
+            )
+        },
+    )
     brain = Brain(call("search", "c1"), call("search", "c2"), finish)
     result = await run(d, brain, unavailable="show")
     timeout, paused = brain.seen[1].outputs["c1"], brain.seen[2].outputs["c2"]

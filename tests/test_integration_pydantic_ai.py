@@ -42,11 +42,14 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from helpers import dispatcher_with
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     Dispatcher,
+    KeyPolicy,
     Profile,
+    RetryOptions,
     ToolCall,
     ToolDeclaration,
     ToolError,
@@ -113,7 +116,7 @@ def agent(script: Script, toolset: ToolrelayToolset[Any], **kwargs: Any) -> Agen
 
 
 def dispatcher(registry: ToolRegistry, **kwargs: Any) -> Dispatcher:
-    return Dispatcher(registry, metrics_registry=CollectorRegistry(), **kwargs)
+    return dispatcher_with(registry, metrics_registry=CollectorRegistry(), **kwargs)
 
 
 # -- answers ----------------------------------------------------------------------------
@@ -133,7 +136,12 @@ async def test_ok_timeout_and_open_breaker_are_answers_and_the_run_goes_on() -> 
 
     d = dispatcher(
         registry,
-        breakers={"searxng": BreakerConfig(fail_max=1, max_attempts=1, reset_timeout_s=3600)},
+        keys={
+            "searxng": KeyPolicy(
+                breaker=BreakerOptions(fail_max=1, reset_timeout_s=3600),
+                retry=RetryOptions(max_attempts=1),
+            )
+        },
     )
     script = Script(
         [call("double", '{"n": 21}'), call("search")],
@@ -251,7 +259,13 @@ async def test_breaker_health_hides_and_shows_the_tool_step_by_step() -> None:
         return "fine"
 
     d = dispatcher(
-        registry, breakers={"svc": BreakerConfig(fail_max=1, max_attempts=1, reset_timeout_s=0.05)}
+        registry,
+        keys={
+            "svc": KeyPolicy(
+                breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05),
+                retry=RetryOptions(max_attempts=1),
+            )
+        },
     )
 
     class Waiting(Script):
@@ -379,7 +393,7 @@ async def test_host_cancellation_propagates_and_is_never_an_answer(how: str) -> 
     d = dispatcher(
         registry,
         profiles={"ops": Profile(require_approval=())},
-        breakers={"svc": BreakerConfig(fail_max=1)},
+        keys={"svc": KeyPolicy(breaker=BreakerOptions(fail_max=1))},
         audit=audit.append,
     )
     script = Script([call("slow_write")], "went on after an answer")

@@ -32,8 +32,16 @@ from typing import Any
 import anyio
 import pytest
 
-from helpers import wait_until
-from toolrelay import BreakerConfig, Dispatcher, ErrorType, ToolRegistry
+from helpers import dispatcher_with, wait_until
+from toolrelay import (
+    BreakerOptions,
+    BulkheadOptions,
+    Dispatcher,
+    ErrorType,
+    KeyPolicy,
+    RetryOptions,
+    ToolRegistry,
+)
 from toolrelay.contract import AuthContext
 
 pytest.importorskip("mcp", reason="needs the MCP SDK: pip install 'toolrelay[mcp]'")
@@ -46,8 +54,10 @@ pytestmark = pytest.mark.anyio
 
 TEST_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
 ERAS = {"2026-07-28": "2026-07-28", "legacy": "2025-11-25"}  # the mode pins the era
-ONCE = BreakerConfig(max_attempts=1, fail_max=100)  # no retry, never open
-WIDE = BreakerConfig(max_concurrent=256)  # many calls in flight at once
+ONCE = KeyPolicy(
+    breaker=BreakerOptions(fail_max=100), retry=RetryOptions(max_attempts=1)
+)  # no retry, never open
+WIDE = KeyPolicy(bulkhead=BulkheadOptions(max_concurrent=256))  # many calls in flight at once
 
 SERVER = r"""
 import json, os, sys, threading, time
@@ -183,7 +193,7 @@ def sdk_server(tmp: Path) -> Upstream:
 def dispatcher_for(source: McpSource, **options: Any) -> Dispatcher:
     registry = ToolRegistry()
     registry.register(source)
-    return Dispatcher(registry, **options)
+    return dispatcher_with(registry, **options)
 
 
 def without_id(message: dict[str, Any]) -> dict[str, Any]:
@@ -285,7 +295,7 @@ async def test_json_rpc_errors_map_as_through_the_sdk(
 ) -> None:
     upstream = hand_server(tmp_path)
     async with upstream.source() as source:
-        dispatcher = dispatcher_for(source, default_breaker=ONCE)
+        dispatcher = dispatcher_for(source, default_key=ONCE)
         got = await dispatcher.dispatch(
             "answer", {"kind": "error", "code": code, "message": message}
         )
@@ -305,7 +315,7 @@ async def test_json_rpc_errors_map_as_through_the_sdk(
 async def test_a_session_gone_error_loses_the_connection(tmp_path: Path) -> None:
     upstream = hand_server(tmp_path)
     async with upstream.source(backoff_initial_s=0.2) as source:
-        dispatcher = dispatcher_for(source, default_breaker=ONCE)
+        dispatcher = dispatcher_for(source, default_key=ONCE)
         error = {"kind": "error", "code": -32001, "message": "Session not found"}
         got = await dispatcher.dispatch("answer", error)
         assert got.error_type is ErrorType.TOOL_ERROR and got.retryable
@@ -320,7 +330,7 @@ async def test_a_session_gone_error_loses_the_connection(tmp_path: Path) -> None
 async def test_answers_that_are_not_tool_results(tmp_path: Path, kind: str) -> None:
     upstream = hand_server(tmp_path)
     async with upstream.source() as source:
-        dispatcher = dispatcher_for(source, default_breaker=ONCE)
+        dispatcher = dispatcher_for(source, default_key=ONCE)
         got = await dispatcher.dispatch("answer", {"kind": kind})
         assert got.error_type is ErrorType.INVALID_OUTPUT, got.to_model()
         assert got.message == "up sent an answer that is not a valid MCP tool result"
@@ -333,7 +343,7 @@ async def test_answers_that_are_not_tool_results(tmp_path: Path, kind: str) -> N
 async def test_oversized_answers_are_refused_and_not_counted(tmp_path: Path, kind: str) -> None:
     upstream = hand_server(tmp_path)
     async with upstream.source(max_message_bytes=1024, max_message_values=100) as source:
-        dispatcher = dispatcher_for(source, default_breaker=ONCE)
+        dispatcher = dispatcher_for(source, default_key=ONCE)
         got = await dispatcher.dispatch("answer", {"kind": kind})
         assert got.error_type is ErrorType.INVALID_OUTPUT and not got.retryable
         assert got.message.startswith("up sent an answer too large to read")
@@ -346,7 +356,7 @@ async def test_oversized_answers_are_refused_and_not_counted(tmp_path: Path, kin
 async def test_the_server_dying_fails_every_waiting_call(tmp_path: Path) -> None:
     upstream = hand_server(tmp_path)
     async with upstream.source(backoff_initial_s=0.2) as source:
-        dispatcher = dispatcher_for(source, default_breaker=ONCE)
+        dispatcher = dispatcher_for(source, default_key=ONCE)
         results: list[Any] = []
 
         async def waiting(n: int) -> None:
@@ -373,7 +383,7 @@ async def test_a_deadline_cancels_on_the_server_and_a_late_answer_is_dropped(
 ) -> None:
     upstream = hand_server(tmp_path)
     async with upstream.source(timeout_s=0.3) as source:
-        dispatcher = dispatcher_for(source, default_breaker=ONCE)
+        dispatcher = dispatcher_for(source, default_key=ONCE)
         late = await dispatcher.dispatch("answer", {"kind": "text", "text": "late", "delay": 0.8})
         assert late.error_type is ErrorType.TIMEOUT
         assert dispatcher.breakers.snapshot()["up"]["failures"] == 1  # the timeout, once
@@ -393,7 +403,7 @@ async def test_a_server_that_stops_reading_cannot_hold_a_call_past_its_deadline(
     would wait for it, or cut a line short if it gave up)."""
     upstream = hand_server(tmp_path)
     async with upstream.source(timeout_s=0.4) as source:
-        dispatcher = dispatcher_for(source, default_breaker=ONCE)
+        dispatcher = dispatcher_for(source, default_key=ONCE)
         deaf = await dispatcher.dispatch("answer", {"kind": "deaf"})
         assert deaf.error_type is ErrorType.TIMEOUT
         big = "x" * (200 * 1024)  # beyond a pipe's buffer (64 KiB on Linux)
@@ -437,7 +447,7 @@ async def test_interleaved_calls_and_session_traffic_each_get_their_answer(
 ) -> None:
     upstream = hand_server(tmp_path)
     async with upstream.source() as source:
-        dispatcher = dispatcher_for(source, default_breaker=WIDE)
+        dispatcher = dispatcher_for(source, default_key=WIDE)
         answers: dict[int, Any] = {}
 
         async def one(n: int) -> None:
@@ -465,7 +475,7 @@ async def test_sdk_server_under_concurrency(tmp_path: Path) -> None:
     async def case(upstream: Upstream, protocol: str) -> None:
         async with upstream.source(protocol=protocol) as source:
             assert source.protocol_version == ERAS[protocol]
-            dispatcher = dispatcher_for(source, default_breaker=WIDE)
+            dispatcher = dispatcher_for(source, default_key=WIDE)
             got: dict[int, Any] = {}
 
             async def one(n: int) -> None:

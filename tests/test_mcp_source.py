@@ -25,7 +25,17 @@ import anyio.to_thread
 import pytest
 
 from helpers import wait_until
-from toolrelay import BreakerConfig, Dispatcher, ErrorType, Profile, ToolCall, ToolRegistry
+from toolrelay import (
+    BreakerOptions,
+    Dispatcher,
+    DispatcherOptions,
+    ErrorType,
+    KeyPolicy,
+    Profile,
+    RetryOptions,
+    ToolCall,
+    ToolRegistry,
+)
 
 pytest.importorskip("mcp", reason="needs the MCP SDK: pip install 'toolrelay[mcp]'")
 from toolrelay.contract import AuthContext, ToolError
@@ -35,7 +45,7 @@ pytestmark = pytest.mark.anyio
 
 TEST_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
 OPEN = {"open": Profile(require_approval=())}  # tools without hints are "write" tools
-NO_RETRY = BreakerConfig(max_attempts=1)
+NO_RETRY = KeyPolicy(retry=RetryOptions(max_attempts=1))
 # The era each mode pins with an SDK 2.x server (``auto``: tests of its own below).
 ERAS = {"2026-07-28": "2026-07-28", "legacy": "2025-11-25"}
 # Upstream, not ours: closing a 2025-era streamable-HTTP session under trio leaves the SDK's
@@ -305,7 +315,7 @@ async def test_tool_mapping_names_risks_and_skips(
         for reason in ("'who'", "identity", "'bad_schema'", "not a valid JSON Schema", "n" * 60):
             assert reason in skipped
 
-        dispatcher = Dispatcher(registry, profiles=OPEN)
+        dispatcher = Dispatcher(registry, DispatcherOptions(profiles=OPEN))
         dotted = await dispatcher.dispatch("t__dotted_name", "{}", profile="open")
         assert dotted.data == "dotted.name works"
         assert stdio_server.calls("dotted.name")  # the server's own name went over the wire
@@ -347,7 +357,7 @@ async def test_auto_over_stdio_speaks_2026_to_a_server_that_refuses_the_handshak
             assert source.protocol_version == "2026-07-28"
             registry = ToolRegistry()
             registry.register(source)
-            dispatcher = Dispatcher(registry, profiles=OPEN)
+            dispatcher = Dispatcher(registry, DispatcherOptions(profiles=OPEN))
             answer = await dispatcher.dispatch("structured", {"n": 3})
             assert answer.data == {"n": 3, "doubled": 6}, answer.to_model()
             assert source.connects == 1 and source.connection_failures == 0
@@ -384,7 +394,7 @@ async def test_deadline_cancels_the_call_on_the_server(servers: dict[str, TestSe
             assert source.protocol_version == ERAS[protocol]
             registry = ToolRegistry()
             registry.register(source)
-            dispatcher = Dispatcher(registry, default_breaker=NO_RETRY)
+            dispatcher = Dispatcher(registry, DispatcherOptions(default_key=NO_RETRY))
             started = anyio.current_time()
             result = await dispatcher.dispatch("hang", {"seconds": 30, "tag": "late"})
             assert result.error_type is ErrorType.TIMEOUT and result.retryable, protocol
@@ -405,7 +415,7 @@ async def test_list_changed_reaches_specs(servers: dict[str, TestServer]) -> Non
         async with server.source(protocol=protocol, prefix="lab") as source:
             registry = ToolRegistry()
             registry.register(source)
-            dispatcher = Dispatcher(registry, profiles=OPEN)
+            dispatcher = Dispatcher(registry, DispatcherOptions(profiles=OPEN))
             assert "lab__fresh" not in tool_names(dispatcher), protocol
             added = await dispatcher.dispatch("lab__add_tool", {"name": "fresh"}, profile="open")
             assert added.ok, (protocol, added.to_model())
@@ -421,7 +431,7 @@ async def test_crash_is_an_answer_and_the_next_call_reconnects(server: TestServe
     async with server.source(backoff_initial_s=0.3) as source:
         registry = ToolRegistry()
         registry.register(source)
-        dispatcher = Dispatcher(registry, profiles=OPEN)
+        dispatcher = Dispatcher(registry, DispatcherOptions(profiles=OPEN))
         before = (await dispatcher.dispatch("pid", "{}")).data["pid"]
 
         crashed = await dispatcher.dispatch("crash", "{}", profile="open")
@@ -429,7 +439,9 @@ async def test_crash_is_an_answer_and_the_next_call_reconnects(server: TestServe
         assert crashed.message == "test server is not reachable"
         assert len(source.describe()) > 0  # the last listing stays on offer
 
-        too_soon = await Dispatcher(registry, default_breaker=NO_RETRY).dispatch("pid", "{}")
+        too_soon = await Dispatcher(registry, DispatcherOptions(default_key=NO_RETRY)).dispatch(
+            "pid", "{}"
+        )
         assert too_soon.error_type is ErrorType.TOOL_ERROR and too_soon.retryable
         assert too_soon.retry_after_s is not None and 0 < too_soon.retry_after_s <= 0.3
 
@@ -483,7 +495,7 @@ async def test_http_server_restart_is_noticed(servers: dict[str, TestServer]) ->
         async with srv.source(protocol=protocol, backoff_initial_s=0.1) as source:
             registry = ToolRegistry()
             registry.register(source)
-            dispatcher = Dispatcher(registry, default_breaker=NO_RETRY)
+            dispatcher = Dispatcher(registry, DispatcherOptions(default_key=NO_RETRY))
             before = (await dispatcher.dispatch("pid", "{}")).data["pid"]
             srv.stop()  # while idle: a 2025-era session is now unknown to the new process
             await anyio.to_thread.run_sync(srv.start)
@@ -507,7 +519,7 @@ async def test_retry_waits_out_the_backoff_and_recovers(stdio_server: TestServer
     async with stdio_server.source(backoff_initial_s=0.2) as source:
         registry = ToolRegistry()
         registry.register(source)
-        dispatcher = Dispatcher(registry, profiles=OPEN)
+        dispatcher = Dispatcher(registry, DispatcherOptions(profiles=OPEN))
         await dispatcher.dispatch("crash", "{}", profile="open")
         # "pid" is idempotent: toolrelay's retry honours retry_after_s and the retry reconnects.
         result = await dispatcher.dispatch("pid", "{}")
@@ -517,12 +529,14 @@ async def test_retry_waits_out_the_backoff_and_recovers(stdio_server: TestServer
 async def test_unreachable_http_server_opens_the_breaker(tmp_path: Path) -> None:
     srv = TestServer("http", tmp_path)
     srv.start()
-    breaker = BreakerConfig(fail_max=2, reset_timeout_s=0.5, max_attempts=1)
+    breaker = KeyPolicy(
+        breaker=BreakerOptions(fail_max=2, reset_timeout_s=0.5), retry=RetryOptions(max_attempts=1)
+    )
     try:
         async with srv.source(backoff_initial_s=0.1) as source:
             registry = ToolRegistry()
             registry.register(source)
-            dispatcher = Dispatcher(registry, breakers={"test": breaker})
+            dispatcher = Dispatcher(registry, DispatcherOptions(keys={"test": breaker}))
             srv.stop()
             first = await dispatcher.dispatch("pid", "{}")  # finds the connection gone
             assert first.error_type is ErrorType.TOOL_ERROR and first.retryable
@@ -643,7 +657,7 @@ async def test_concurrent_calls_share_one_reconnect(stdio_server: TestServer) ->
     async with stdio_server.source(backoff_initial_s=0.2, tool_timeouts={"pid": 0.05}) as source:
         registry = ToolRegistry()
         registry.register(source)
-        dispatcher = Dispatcher(registry, profiles=OPEN, default_breaker=NO_RETRY)
+        dispatcher = Dispatcher(registry, DispatcherOptions(profiles=OPEN, default_key=NO_RETRY))
         slow = [ToolCall("hang", {"seconds": 0.3, "tag": str(n)}) for n in range(4)]
         started = anyio.current_time()
         answers = await dispatcher.dispatch_many(slow)
@@ -685,7 +699,7 @@ async def test_exit_stops_the_process_and_leaves_no_tasks(stdio_server: TestServ
         assert alive(pid)
     assert not alive(pid)
     assert len(anyio.get_running_tasks()) == tasks_before
-    late = await Dispatcher(registry, default_breaker=NO_RETRY).dispatch("pid", "{}")
+    late = await Dispatcher(registry, DispatcherOptions(default_key=NO_RETRY)).dispatch("pid", "{}")
     assert late.error_type is ErrorType.TOOL_ERROR  # a closed source answers, never raises
     assert "closed" in late.message and not late.retryable
 
@@ -738,7 +752,9 @@ async def test_count_errors_makes_an_upstream_outage_trip_the_breaker(
     """A server that reports its own outage as ``isError`` can be told apart from one
     giving a business answer: always, never (the default), or by a pattern on the text.
     Each setting has its own server and dispatcher; the four start at once."""
-    config = BreakerConfig(fail_max=2, reset_timeout_s=60, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=2, reset_timeout_s=60), retry=RetryOptions(max_attempts=1)
+    )
     answers: dict[int, list[Any]] = {}
     failures: dict[int, int] = {}
 
@@ -748,7 +764,9 @@ async def test_count_errors_makes_an_upstream_outage_trip_the_breaker(
             async with srv.source(count_errors=count_errors) as source:
                 registry = ToolRegistry()
                 registry.register(source)
-                dispatcher = Dispatcher(registry, breakers={"test": config}, audit=None)
+                dispatcher = Dispatcher(
+                    registry, DispatcherOptions(keys={"test": config}), audit=None
+                )
                 answers[case] = [await dispatcher.dispatch("fail", "{}") for _ in range(3)]
             failures[case] = dispatcher.breakers.snapshot()["test"]["failures"]
         finally:

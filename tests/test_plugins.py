@@ -20,7 +20,15 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from toolrelay import BreakerConfig, Dispatcher, ErrorType, ToolRegistry
+from toolrelay import (
+    BreakerOptions,
+    Dispatcher,
+    DispatcherOptions,
+    ErrorType,
+    KeyPolicy,
+    RetryOptions,
+    ToolRegistry,
+)
 from toolrelay.chaos.upstream import StandInUpstream
 from toolrelay_plugins._http import HttpPlugin, clean_text, retry_after_seconds, safe_url
 from toolrelay_plugins.feeds import FeedsPlugin, FeedsSettings, parse_feed
@@ -29,7 +37,7 @@ from toolrelay_plugins.websearch import WebSearchPlugin
 
 pytestmark = pytest.mark.anyio
 
-ONCE = BreakerConfig(max_attempts=1)
+ONCE = KeyPolicy(retry=RetryOptions(max_attempts=1))
 NO_RETRY = {"open-meteo": ONCE, "searxng": ONCE, "feeds": ONCE}
 
 
@@ -56,13 +64,15 @@ def feeds(
 
 @asynccontextmanager
 async def relay(
-    *plugins: HttpPlugin, breakers: Mapping[str, BreakerConfig] | None = None
+    *plugins: HttpPlugin, breakers: Mapping[str, KeyPolicy] | None = None
 ) -> AsyncIterator[Dispatcher]:
     registry = ToolRegistry()
     for plugin in plugins:
         registry.register(plugin)
     try:
-        yield Dispatcher(registry, breakers=NO_RETRY if breakers is None else breakers)
+        yield Dispatcher(
+            registry, DispatcherOptions(keys=NO_RETRY if breakers is None else breakers)
+        )
     finally:
         for plugin in plugins:
             await plugin.aclose()
@@ -156,7 +166,11 @@ async def test_weather_forecast(upstream: StandInUpstream) -> None:
 
 
 async def test_unknown_city_is_an_answer_not_a_failure(upstream: StandInUpstream) -> None:
-    breakers = {"open-meteo": BreakerConfig(max_attempts=3, fail_max=2)}
+    breakers = {
+        "open-meteo": KeyPolicy(
+            breaker=BreakerOptions(fail_max=2), retry=RetryOptions(max_attempts=3)
+        )
+    }
     async with relay(weather(upstream), breakers=breakers) as dispatcher:
         for _ in range(4):
             result = await dispatcher.dispatch("weather_current", '{"city": "Atlantis"}')
@@ -217,7 +231,11 @@ async def test_only_measurements_cross(upstream: StandInUpstream) -> None:
         },
     }
     upstream.serve_static("/v1/forecast", json.dumps(sneaky).encode(), "application/json")
-    breakers = {"open-meteo": BreakerConfig(max_attempts=1, fail_max=100)}
+    breakers = {
+        "open-meteo": KeyPolicy(
+            breaker=BreakerOptions(fail_max=100), retry=RetryOptions(max_attempts=1)
+        )
+    }
     async with relay(weather(upstream), breakers=breakers) as dispatcher:
         got = await answer(dispatcher, "weather_current", {"latitude": 1, "longitude": 2})
         assert got["data"] == {
@@ -388,7 +406,12 @@ async def test_unreachable_upstream(upstream: StandInUpstream) -> None:
 
 async def test_breaker_opens_after_enough_failures(upstream: StandInUpstream) -> None:
     upstream.set_fault("/v1/forecast", "status", status=500)
-    breakers = {"open-meteo": BreakerConfig(max_attempts=1, fail_max=3, reset_timeout_s=60)}
+    breakers = {
+        "open-meteo": KeyPolicy(
+            breaker=BreakerOptions(fail_max=3, reset_timeout_s=60),
+            retry=RetryOptions(max_attempts=1),
+        )
+    }
     async with relay(weather(upstream), breakers=breakers) as dispatcher:
         for _ in range(3):
             got = await answer(dispatcher, "weather_current", {"latitude": 1, "longitude": 2})
@@ -408,7 +431,7 @@ async def test_breaker_opens_after_enough_failures(upstream: StandInUpstream) ->
 
 async def test_retries_for_a_failing_upstream(upstream: StandInUpstream) -> None:
     upstream.set_fault("/v1/forecast", "status", status=502)
-    breakers = {"open-meteo": BreakerConfig(max_attempts=3, backoff_initial_s=0.01)}
+    breakers = {"open-meteo": KeyPolicy(retry=RetryOptions(max_attempts=3, backoff_initial_s=0.01))}
     async with relay(weather(upstream), breakers=breakers) as dispatcher:
         result = await dispatcher.dispatch("weather_current", '{"latitude": 1, "longitude": 2}')
         assert result.attempts == 3

@@ -27,9 +27,12 @@ import isolated_tools as tools
 from helpers import wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BulkheadOptions,
     Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
     RegistrationError,
+    RetryOptions,
     ToolRegistry,
     ToolResult,
 )
@@ -104,7 +107,7 @@ async def test_arguments_auth_and_call_context_reach_the_worker() -> None:
     ctx = AuthContext(
         user_id="ada", tenant_id="acme", roles=frozenset({"b", "a"}), attributes={"plan": "pro"}
     )
-    async with Dispatcher(registry, telemetry=False) as dispatcher:
+    async with Dispatcher(registry, DispatcherOptions(telemetry=False)) as dispatcher:
         before = time.monotonic()
         result = await dispatcher.dispatch("describe", {"q": [1, "x", None]}, ctx, call_id="c-1")
         assert result.ok, result.to_model()
@@ -130,7 +133,7 @@ async def test_arguments_auth_and_call_context_reach_the_worker() -> None:
 async def test_a_typed_tool_runs_in_a_worker_with_its_contexts() -> None:
     registry = ToolRegistry()
     registry.tool(isolation="process")(tools.typed_sum)
-    async with Dispatcher(registry, telemetry=False) as dispatcher:
+    async with Dispatcher(registry, DispatcherOptions(telemetry=False)) as dispatcher:
         result = await dispatcher.dispatch("typed_sum", {"a": 2, "b": 3}, AuthContext(user_id="u"))
         assert result.to_model()["ok"] is True, result.to_model()
         assert result.data["sum"] == 5
@@ -151,7 +154,9 @@ async def test_a_hung_tool_is_answered_timeout_and_its_process_is_gone(
     )
     events = Events()
     threads_before = threading.active_count()
-    async with Dispatcher(registry, telemetry=False, observers=[events]) as dispatcher:
+    async with Dispatcher(
+        registry, DispatcherOptions(telemetry=False), observers=[events]
+    ) as dispatcher:
         await dispatcher.dispatch("describe", {})  # a warm worker: the deadline is the tool's
         pidfile = tmp_path / "pid"
         started = time.perf_counter()
@@ -181,7 +186,7 @@ async def test_a_hung_tool_is_answered_timeout_and_its_process_is_gone(
 async def test_a_flood_of_hung_calls_leaves_no_process_behind(tmp_path: Path) -> None:
     registry = registry_with(hang=(tools.hang, {"timeout_s": 1.0}))
     flood = 8
-    async with Dispatcher(registry, telemetry=False) as dispatcher:
+    async with Dispatcher(registry, DispatcherOptions(telemetry=False)) as dispatcher:
         results: list[ToolResult] = []
 
         async def one(i: int) -> None:
@@ -210,7 +215,7 @@ async def test_a_crashed_worker_is_a_tool_error_and_is_replaced(
         crash=(tools.exit_abruptly, {"breaker_key": "c"}),
         describe=(tools.describe, {"breaker_key": "c"}),
     )
-    async with Dispatcher(registry, telemetry=False) as dispatcher:
+    async with Dispatcher(registry, DispatcherOptions(telemetry=False)) as dispatcher:
         pidfile = tmp_path / "pid"
         result = await dispatcher.dispatch("crash", {"pidfile": str(pidfile), **how})
         answer = result.to_model()
@@ -228,9 +233,9 @@ async def test_errors_raised_in_the_worker_are_answered_like_thread_mode(
     # One attempt: the precise error asks to be retried after 2.5 s, and two such waits
     # would only add 5 s to what is asserted here, the answers (retries: test_resilience).
     registry = registry_with(fail=(tools.raise_error, {"breaker_key": "fail"}))
-    once = {"fail": BreakerConfig(max_attempts=1)}
+    once = {"fail": KeyPolicy(retry=RetryOptions(max_attempts=1))}
     async with Dispatcher(
-        registry, telemetry=False, secret_patterns=["sesame-\\w+"], breakers=once
+        registry, DispatcherOptions(telemetry=False, secret_patterns=["sesame-\\w+"], keys=once)
     ) as d:
         precise = (await d.dispatch("fail", {"precise": True})).to_model()
         assert precise == {
@@ -252,7 +257,7 @@ async def test_a_function_the_worker_cannot_import_is_a_tool_error(
     moved = types.FunctionType(tools.describe.__code__, tools.describe.__globals__, "describe")
     moved.__module__ = "no_such_module_here"  # importable in the host's eyes only
     registry = registry_with(moved=(moved, {}))
-    async with Dispatcher(registry, telemetry=False) as dispatcher:
+    async with Dispatcher(registry, DispatcherOptions(telemetry=False)) as dispatcher:
         with caplog.at_level(logging.WARNING, logger="toolrelay"):
             answer = (await dispatcher.dispatch("moved", {})).to_model()
         assert answer["error_type"] == "tool_error", answer
@@ -264,7 +269,7 @@ async def test_a_function_the_worker_cannot_import_is_a_tool_error(
 
 async def test_output_that_cannot_leave_the_worker_or_is_no_json_is_invalid_output() -> None:
     registry = registry_with(lock=(tools.unpicklable, {}), a_set=(tools.a_set, {}))
-    async with Dispatcher(registry, telemetry=False) as dispatcher:
+    async with Dispatcher(registry, DispatcherOptions(telemetry=False)) as dispatcher:
         for name in ("lock", "a_set"):
             answer = (await dispatcher.dispatch(name, {})).to_model()
             assert answer["error_type"] == "invalid_output", answer
@@ -276,7 +281,9 @@ async def test_cancellation_kills_the_work_and_gives_no_answer(tmp_path: Path) -
     registry = registry_with(slow=(tools.sleep_then_write, {"timeout_s": 30}))
     events = Events()
     pidfile, mark = tmp_path / "pid", tmp_path / "mark"
-    async with Dispatcher(registry, telemetry=False, observers=[events]) as dispatcher:
+    async with Dispatcher(
+        registry, DispatcherOptions(telemetry=False), observers=[events]
+    ) as dispatcher:
         answers: list[ToolResult] = []
         with anyio.CancelScope() as scope:
 
@@ -308,7 +315,7 @@ async def test_aclose_leaves_no_worker_process(tmp_path: Path) -> None:
         slow=(tools.sleep_then_write, {"timeout_s": 30}),
         hang=(tools.hang, {"timeout_s": 30}),
     )
-    dispatcher = Dispatcher(registry, telemetry=False)
+    dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False))
     marks = [tmp_path / f"mark{i}" for i in range(3)]
     async with anyio.create_task_group() as tg:
         for i, mark in enumerate(marks):
@@ -337,8 +344,10 @@ async def test_aclose_leaves_no_worker_process(tmp_path: Path) -> None:
 
 async def test_the_pool_is_bounded_by_max_concurrent(tmp_path: Path) -> None:
     registry = registry_with(slow=(tools.sleep_then_write, {"timeout_s": 10, "breaker_key": "b"}))
-    breakers = {"b": BreakerConfig(max_concurrent=2, bulkhead_wait_s=10)}
-    async with Dispatcher(registry, telemetry=False, breakers=breakers) as dispatcher:
+    breakers = {"b": KeyPolicy(bulkhead=BulkheadOptions(max_concurrent=2, wait_s=10))}
+    async with Dispatcher(
+        registry, DispatcherOptions(telemetry=False, keys=breakers)
+    ) as dispatcher:
         results: list[ToolResult] = []
         peak = 0
 
@@ -361,7 +370,7 @@ async def test_an_idle_worker_leaves_by_itself_and_is_replaced(
 ) -> None:
     monkeypatch.setattr(isolation_pool, "IDLE_S", 0.3)
     registry = registry_with(describe=(tools.describe, {}))
-    async with Dispatcher(registry, telemetry=False) as dispatcher:
+    async with Dispatcher(registry, DispatcherOptions(telemetry=False)) as dispatcher:
         first = (await dispatcher.dispatch("describe", {})).data["pid"]
         await wait_until(lambda: not alive(first))
         second = await dispatcher.dispatch("describe", {})
@@ -379,14 +388,14 @@ def test_a_worker_ends_when_its_host_dies(tmp_path: Path) -> None:
         sys.path.insert(0, {str(TESTS)!r})
         import anyio
         import isolated_tools
-        from toolrelay import Dispatcher, ToolRegistry
+        from toolrelay import Dispatcher, DispatcherOptions, ToolRegistry
 
         registry = ToolRegistry()
         registry.tool(name="hang", parameters={{"type": "object"}}, isolation="process",
                       timeout_s=60)(isolated_tools.hang)
 
         async def main():
-            dispatcher = Dispatcher(registry, telemetry=False)
+            dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False))
             await dispatcher.dispatch("hang", {{"pidfile": {str(pidfile)!r}}})
 
         if __name__ == "__main__":
@@ -462,7 +471,7 @@ async def test_isolation_can_be_overridden_by_the_operator() -> None:
     with pytest.raises(RegistrationError, match=r"'local'.*not defined at the top level"):
         registry.override("local", isolation="process")
     registry.override("describe", isolation="process")
-    async with Dispatcher(registry, telemetry=False) as dispatcher:
+    async with Dispatcher(registry, DispatcherOptions(telemetry=False)) as dispatcher:
         assert (await dispatcher.dispatch("local", {})).data == "local"  # still in thread mode
         assert (await dispatcher.dispatch("describe", {})).data["pid"] != os.getpid()
         registry.override("describe", isolation="thread")

@@ -47,7 +47,8 @@ RATE_WORKLOAD = textwrap.dedent(
     """
     import random, sys, threading, time
     import anyio
-    from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
+    from toolrelay import (BreakerOptions, Dispatcher, DispatcherOptions, KeyPolicy,
+                           RetryOptions, ToolError, ToolRegistry)
     from toolrelay.telemetry import serve_metrics
 
     registry = ToolRegistry()
@@ -62,12 +63,13 @@ RATE_WORKLOAD = textwrap.dedent(
         return {"hits": []}
 
     async def main(port, seconds):
-        dispatcher = Dispatcher(registry, audit=None, breakers={
-            "search-api": BreakerConfig(window="count", window_size=20, minimum_calls=10,
-                                        failure_rate=0.5, slow_call_s=0.02, slow_call_rate=0.8,
-                                        reset_timeout_s=0.2, reset_timeout_max_s=0.8,
-                                        max_attempts=1),
-        })
+        search_api = KeyPolicy(
+            breaker=BreakerOptions(window="count", window_size=20, minimum_calls=10,
+                                   failure_rate=0.5, slow_call_s=0.02, slow_call_rate=0.8,
+                                   reset_timeout_s=0.2, reset_timeout_max_s=0.8),
+            retry=RetryOptions(max_attempts=1))
+        options = DispatcherOptions(keys={"search-api": search_api})
+        dispatcher = Dispatcher(registry, options, audit=None)
         server = serve_metrics(port)
         stop_at = time.monotonic() + seconds
         try:

@@ -28,10 +28,14 @@ from prometheus_client import CollectorRegistry
 from helpers import MutablePlugin
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     Dispatcher,
+    DispatcherOptions,
     ErrorType,
+    KeyPolicy,
+    Limits,
     Profile,
+    RetryOptions,
     ToolCall,
     ToolDeclaration,
     ToolError,
@@ -219,12 +223,15 @@ def approve_by_user(call: ToolCall, decl: ToolDeclaration, ctx: AuthContext) -> 
 def make_dispatcher(approver: bool) -> Dispatcher:
     return Dispatcher(
         REGISTRY,
-        profiles=PROFILES,
-        approver=approve_by_user if approver else None,
-        default_breaker=BreakerConfig(
-            fail_max=2, max_attempts=2, backoff_initial_s=0.001, backoff_max_s=0.002
+        DispatcherOptions(
+            profiles=PROFILES,
+            default_key=KeyPolicy(
+                breaker=BreakerOptions(fail_max=2),
+                retry=RetryOptions(max_attempts=2, backoff_initial_s=0.001, backoff_max_s=0.002),
+            ),
+            limits=Limits(max_output_bytes=MAX_OUTPUT_BYTES),
         ),
-        max_output_bytes=MAX_OUTPUT_BYTES,
+        approver=approve_by_user if approver else None,
         metrics_registry=CollectorRegistry(),
         audit=None,
     )
@@ -690,7 +697,7 @@ async def test_specs_and_dispatch_agree_for_every_profile(
         registry.register(plugin)
     dispatcher = Dispatcher(
         registry,
-        profiles={"p": profile},
+        DispatcherOptions(profiles={"p": profile}),
         approver=approve_even if with_approver else None,
         metrics_registry=CollectorRegistry(),
         audit=None,
@@ -812,7 +819,9 @@ async def test_truncated_output_fits_the_cap(char: str) -> None:
 
     cap = 1000
     dispatcher = Dispatcher(
-        registry, max_output_bytes=cap, truncate_output=True, metrics_registry=CollectorRegistry()
+        registry,
+        DispatcherOptions(limits=Limits(max_output_bytes=cap, truncate_output=True)),
+        metrics_registry=CollectorRegistry(),
     )
     result = await dispatcher.dispatch("big", "{}")
     assert result.ok and result.data["truncated"] is True

@@ -26,11 +26,25 @@ from anyio.abc import Process
 from helpers import wait_until
 from redis_server import RedisServer, free_port
 from slow_proxy import SlowProxy
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ErrorType, ToolError, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    Dispatcher,
+    DispatcherOptions,
+    ErrorType,
+    KeyPolicy,
+    RetryOptions,
+    StorageOptions,
+    ToolError,
+    ToolRegistry,
+)
+from toolrelay.config import parse_config
 
 pytestmark = [pytest.mark.anyio, pytest.mark.servers]
 
-CONFIG = BreakerConfig(fail_max=3, reset_timeout_s=60, max_attempts=1)
+CONFIG = KeyPolicy(
+    breaker=BreakerOptions(fail_max=3, reset_timeout_s=60), retry=RetryOptions(max_attempts=1)
+)
 REPLICA = Path(__file__).parent / "servers" / "breaker_replica.py"
 
 
@@ -47,12 +61,15 @@ class Flaky:
 
 
 def make(
-    url: str, config: BreakerConfig = CONFIG, key: str = "crm", **kw: Any
+    url: str, config: KeyPolicy = CONFIG, key: str = "crm", **storage: Any
 ) -> tuple[Dispatcher, Flaky]:
+    """A replica of ``key`` (``config``) sharing its breaker through ``url``; ``storage``:
+    more :class:`StorageOptions` (``timeout_s``, ``sync_interval_s``, …)."""
     registry = ToolRegistry()
     flaky = Flaky()
     registry.tool(name="lookup", parameters={"type": "object"}, breaker_key=key)(flaky)  # type: ignore[arg-type]
-    dispatcher = Dispatcher(registry, breakers={key: config}, breaker_storage=url, audit=None, **kw)
+    options = DispatcherOptions(keys={key: config}, storage=StorageOptions(url=url, **storage))
+    dispatcher = Dispatcher(registry, options, audit=None)
     return dispatcher, flaky
 
 
@@ -112,7 +129,9 @@ async def test_a_replica_adopts_an_open_breaker_from_another(redis: RedisServer)
 
 
 async def test_a_forced_open_holds_on_every_replica(redis: RedisServer) -> None:
-    config = BreakerConfig(fail_max=3, reset_timeout_s=0.05, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=3, reset_timeout_s=0.05), retry=RetryOptions(max_attempts=1)
+    )
     here, _ = make(redis.url, config)
     there, other = make(redis.url, config)
     other.failing = False
@@ -138,7 +157,9 @@ async def test_a_forced_open_holds_on_every_replica(redis: RedisServer) -> None:
 async def test_a_replica_adopting_a_pin_says_an_operator_paused_it(redis: RedisServer) -> None:
     """The pin is shared, and so is the honest answer: the replica that adopted it refuses
     calls as paused by an operator (no trial promised), as the one that pinned it does."""
-    config = BreakerConfig(fail_max=3, reset_timeout_s=0.05, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=3, reset_timeout_s=0.05), retry=RetryOptions(max_attempts=1)
+    )
     here, _ = make(redis.url, config)
     there, other = make(redis.url, config)
     await synced(here)
@@ -170,7 +191,7 @@ async def test_forcing_open_then_closed_at_once_never_rolls_back(
     first reply arrives on its own. The replica is watched until Redis, the replies and the
     announcements all agree that it is closed."""
     with SlowProxy("127.0.0.1", redis.port, 0.0) as proxy:
-        here, _ = make(proxy.url, breaker_storage_timeout_s=1.0, breaker_storage_sync_s=0.02)
+        here, _ = make(proxy.url, timeout_s=1.0, sync_interval_s=0.02)
         try:
             await synced(here)
             link = here.storage_link
@@ -237,11 +258,11 @@ async def test_a_pin_is_not_undone_by_a_read_from_before_it(redis: RedisServer) 
     """An operator pins a breaker that failures opened while the replica's periodic read of
     Redis is on its way (held by a paused proxy): that read, from before the pin, arrives
     after it (200 ms before the pin's reply) and must not unpin the replica meanwhile."""
-    config = BreakerConfig(fail_max=1, reset_timeout_s=60, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=60), retry=RetryOptions(max_attempts=1)
+    )
     with SlowProxy("127.0.0.1", redis.port, 0.0) as proxy:
-        here, _ = make(
-            proxy.url, config, breaker_storage_timeout_s=2.0, breaker_storage_sync_s=0.02
-        )
+        here, _ = make(proxy.url, config, timeout_s=2.0, sync_interval_s=0.02)
         try:
             await synced(here)
             await opened_by_a_failure(here, redis.url)
@@ -264,9 +285,11 @@ async def test_a_trial_place_asked_for_before_a_pin_does_not_undo_it(redis: Redi
     """The break is over and a call has asked Redis for a trial place (which moves the key
     to half-open there) when the operator pins the breaker: the place's reply, from before
     the pin, must not take the replica to half-open and back."""
-    config = BreakerConfig(fail_max=1, reset_timeout_s=0.05, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05), retry=RetryOptions(max_attempts=1)
+    )
     with SlowProxy("127.0.0.1", redis.port, 0.0) as proxy:
-        here, flaky = make(proxy.url, config, breaker_storage_timeout_s=2.0)
+        here, flaky = make(proxy.url, config, timeout_s=2.0)
         try:
             await synced(here)
             await opened_by_a_failure(here, redis.url)
@@ -311,7 +334,10 @@ async def test_an_observed_transition_resets_no_counters(redis: RedisServer) -> 
 async def test_a_grown_break_is_shared(redis: RedisServer) -> None:
     """Failed trials on one replica grow the break (0.1 → 0.2 → 0.4, capped); every replica
     reports the grown break and answers a retry_after_s within it."""
-    config = BreakerConfig(fail_max=1, reset_timeout_s=0.1, reset_timeout_max_s=0.4, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.1, reset_timeout_max_s=0.4),
+        retry=RetryOptions(max_attempts=1),
+    )
     here, _ = make(redis.url, config)
     there, other = make(redis.url, config)
     other.failing = False
@@ -344,11 +370,12 @@ async def test_a_grown_break_is_shared(redis: RedisServer) -> None:
 
 
 async def test_failures_on_several_replicas_add_up(redis: RedisServer) -> None:
-    config = BreakerConfig(
-        window="count", window_size=20, minimum_calls=6, failure_rate=0.5, max_attempts=1
+    config = KeyPolicy(
+        breaker=BreakerOptions(window="count", window_size=20, minimum_calls=6, failure_rate=0.5),
+        retry=RetryOptions(max_attempts=1),
     )
-    here, flaky = make(redis.url, config, breaker_storage_sync_s=0.02)
-    there, other = make(redis.url, config, breaker_storage_sync_s=0.02)
+    here, flaky = make(redis.url, config, sync_interval_s=0.02)
+    there, other = make(redis.url, config, sync_interval_s=0.02)
     await synced(here)
     await synced(there)
     for _ in range(3):
@@ -482,12 +509,10 @@ async def test_three_processes_agree_on_the_state_quickly(
 
 async def test_three_replicas_run_at_most_the_trial_limit(redis: RedisServer) -> None:
     config = {
-        "fail_max": 1,
-        "reset_timeout_s": 0.3,
-        "half_open_max_calls": 1,
-        "max_attempts": 1,
+        "breaker": {"fail_max": 1, "reset_timeout_s": 0.3, "half_open_max_calls": 1},
+        "retry": {"max_attempts": 1},
     }
-    opener, _ = make(redis.url, BreakerConfig(**config), key="svc")
+    opener, _ = make(redis.url, parse_config({"keys": {"svc": config}}).keys["svc"], key="svc")
     await synced(opener, "svc")
 
     async def open_it() -> None:
@@ -507,8 +532,8 @@ async def test_three_replicas_run_at_most_the_trial_limit(redis: RedisServer) ->
 
 
 async def test_a_forced_open_holds_in_three_processes(redis: RedisServer) -> None:
-    config = {"fail_max": 3, "reset_timeout_s": 0.1, "max_attempts": 1}
-    operator, _ = make(redis.url, BreakerConfig(**config), key="svc")
+    config = {"breaker": {"fail_max": 3, "reset_timeout_s": 0.1}, "retry": {"max_attempts": 1}}
+    operator, _ = make(redis.url, parse_config({"keys": {"svc": config}}).keys["svc"], key="svc")
     await synced(operator, "svc")
 
     async def force() -> None:
@@ -525,7 +550,7 @@ async def test_a_forced_open_holds_in_three_processes(redis: RedisServer) -> Non
 # -- slow, dead and hung Redis -------------------------------------------------------------------
 async def test_a_slow_redis_does_not_slow_dispatch(redis: RedisServer) -> None:
     with SlowProxy("127.0.0.1", redis.port, 0.040) as proxy:
-        dispatcher, flaky = make(proxy.url, breaker_storage_timeout_s=1.0)
+        dispatcher, flaky = make(proxy.url, timeout_s=1.0)
         watcher, _ = make(redis.url)
         await synced(dispatcher)
         await synced(watcher)
@@ -550,7 +575,7 @@ async def test_a_slow_redis_does_not_slow_dispatch(redis: RedisServer) -> None:
 async def test_killing_redis_mid_run_loses_no_answers(
     redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    dispatcher, flaky = make(redis.url, breaker_storage_probe_s=0.1, breaker_storage_sync_s=0.02)
+    dispatcher, flaky = make(redis.url, probe_interval_s=0.1, sync_interval_s=0.02)
     await synced(dispatcher)
     flaky.failing = False
     results = []
@@ -616,7 +641,7 @@ async def test_a_hung_redis_costs_dispatch_nothing() -> None:
     thread.start()
     try:
         url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
-        dispatcher, flaky = make(url, breaker_storage_probe_s=30, breaker_storage_timeout_s=2.0)
+        dispatcher, flaky = make(url, probe_interval_s=30, timeout_s=2.0)
         flaky.failing = False
         took = []
         for _ in range(100):
@@ -659,7 +684,7 @@ async def test_closing_a_linked_dispatcher_logs_no_error(
 
 
 async def test_no_redis_command_per_call(redis: RedisServer) -> None:
-    dispatcher, flaky = make(redis.url, breaker_storage_sync_s=30)
+    dispatcher, flaky = make(redis.url, sync_interval_s=30)
     flaky.failing = False
     client = redis_py.Redis.from_url(redis.url)
     await synced(dispatcher)

@@ -8,13 +8,17 @@ from typing import Any
 import anyio
 import pytest
 
-from helpers import OBJ, wait_until
+from helpers import OBJ, key_policy, wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
+    BulkheadOptions,
     Dispatcher,
+    DispatcherOptions,
     ErrorType,
+    KeyPolicy,
     ModelSlot,
+    RetryOptions,
     ToolError,
     ToolRegistry,
     ToolResult,
@@ -61,7 +65,7 @@ class Service:
 
 
 def setup(
-    config: BreakerConfig | None = None, *, risk: str = "read", timeout_s: float = 2.0, **kw: Any
+    config: KeyPolicy | None = None, *, risk: str = "read", timeout_s: float = 2.0, **kw: Any
 ) -> tuple[Dispatcher, Service]:
     registry = ToolRegistry()
     service = Service()
@@ -71,8 +75,16 @@ def setup(
     registry.tool(name="svc2", parameters=ANY, breaker_key="up", timeout_s=timeout_s)(service)  # type: ignore[arg-type]
     dispatcher = Dispatcher(
         registry,
-        breakers={"up": config or BreakerConfig(fail_max=2, reset_timeout_s=30, max_attempts=1)},
-        profiles={},
+        DispatcherOptions(
+            keys={
+                "up": config
+                or KeyPolicy(
+                    breaker=BreakerOptions(fail_max=2, reset_timeout_s=30),
+                    retry=RetryOptions(max_attempts=1),
+                )
+            },
+            profiles={},
+        ),
     )
     return dispatcher, service
 
@@ -124,7 +136,11 @@ async def test_success_resets_consecutive_failures() -> None:
 
 
 async def test_slow_successes_count_when_configured() -> None:
-    dispatcher, service = setup(BreakerConfig(fail_max=2, slow_call_s=0.05, max_attempts=1))
+    dispatcher, service = setup(
+        KeyPolicy(
+            breaker=BreakerOptions(fail_max=2, slow_call_s=0.05), retry=RetryOptions(max_attempts=1)
+        )
+    )
     service.script = ["slow", "slow"]
     assert (await call(dispatcher)).ok
     assert (await call(dispatcher)).ok
@@ -139,7 +155,9 @@ async def test_caller_mistakes_never_reach_the_breaker() -> None:
     async def t(args: dict[str, Any], ctx: AuthContext) -> int:
         return 1
 
-    dispatcher = Dispatcher(registry, breakers={"k": BreakerConfig(fail_max=1)})
+    dispatcher = Dispatcher(
+        registry, DispatcherOptions(keys={"k": KeyPolicy(breaker=BreakerOptions(fail_max=1))})
+    )
     for raw in ("{", '{"n": "x"}', "[]"):
         await dispatcher.dispatch("t", raw)
     assert (await dispatcher.dispatch("t", '{"n": 1}')).error_type is ErrorType.NEEDS_APPROVAL
@@ -149,7 +167,10 @@ async def test_caller_mistakes_never_reach_the_breaker() -> None:
 
 
 async def test_slot_budget_timeout_does_not_count() -> None:
-    dispatcher, service = setup(BreakerConfig(fail_max=1, max_attempts=1), timeout_s=30)
+    dispatcher, service = setup(
+        KeyPolicy(breaker=BreakerOptions(fail_max=1), retry=RetryOptions(max_attempts=1)),
+        timeout_s=30,
+    )
     service.script = ["hang", "hang"]
     for _ in range(2):
         async with ModelSlot(budget_s=0.05).hold() as slot:
@@ -159,7 +180,12 @@ async def test_slot_budget_timeout_does_not_count() -> None:
 
 
 async def test_cancellation_is_neither_success_nor_failure() -> None:
-    dispatcher, service = setup(BreakerConfig(fail_max=1, reset_timeout_s=0.05, max_attempts=1))
+    dispatcher, service = setup(
+        KeyPolicy(
+            breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05),
+            retry=RetryOptions(max_attempts=1),
+        )
+    )
     service.script = ["hang"]
     with anyio.move_on_after(0.05) as scope:
         await call(dispatcher)
@@ -191,7 +217,10 @@ async def test_open_fails_fast_without_waiting_the_deadline() -> None:
 
 
 async def test_half_open_admits_limited_trials() -> None:
-    config = BreakerConfig(fail_max=1, reset_timeout_s=0.05, half_open_max_calls=2, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05, half_open_max_calls=2),
+        retry=RetryOptions(max_attempts=1),
+    )
     dispatcher, service = setup(config)
     service.script = ["crash"]
     await call(dispatcher)
@@ -216,7 +245,10 @@ async def test_half_open_admits_limited_trials() -> None:
 
 
 async def test_success_threshold_and_reopen() -> None:
-    config = BreakerConfig(fail_max=1, reset_timeout_s=0.05, success_threshold=2, max_attempts=1)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05, success_threshold=2),
+        retry=RetryOptions(max_attempts=1),
+    )
     dispatcher, service = setup(config)
     service.script = ["crash"]
     await call(dispatcher)
@@ -236,7 +268,9 @@ async def test_success_threshold_and_reopen() -> None:
 
 
 async def test_concurrent_calls_on_one_key_are_not_serialised() -> None:
-    dispatcher, service = setup(BreakerConfig(max_concurrent=64, max_attempts=1))
+    dispatcher, service = setup(
+        KeyPolicy(retry=RetryOptions(max_attempts=1), bulkhead=BulkheadOptions(max_concurrent=64))
+    )
     service.gate = anyio.Event()
     results: list[ToolResult] = []
 
@@ -253,7 +287,12 @@ async def test_concurrent_calls_on_one_key_are_not_serialised() -> None:
 
 # -- specs follow health --------------------------------------------------------------------
 async def test_specs_follow_breaker_health() -> None:
-    dispatcher, service = setup(BreakerConfig(fail_max=1, reset_timeout_s=0.1, max_attempts=1))
+    dispatcher, service = setup(
+        KeyPolicy(
+            breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.1),
+            retry=RetryOptions(max_attempts=1),
+        )
+    )
     assert {s["function"]["name"] for s in dispatcher.specs()} == {"svc", "svc2"}
     service.script = ["crash"]
     await call(dispatcher)
@@ -283,9 +322,12 @@ def retrying(max_attempts: int = 3, **kw: Any) -> tuple[Dispatcher, Service, Rec
         registry.tool(name=name, parameters=ANY, breaker_key="up", risk=risk)(service)  # type: ignore[arg-type]
     registry.tool(name="once", parameters=ANY, breaker_key="up", max_attempts=1)(service)  # type: ignore[arg-type]
     recorder = Recorder()
-    config = BreakerConfig(fail_max=kw.pop("fail_max", 10), max_attempts=max_attempts, **kw)
+    config = key_policy(fail_max=kw.pop("fail_max", 10), max_attempts=max_attempts, **kw)
     dispatcher = Dispatcher(
-        registry, breakers={"up": config}, observers=[recorder], approver=lambda *a: True
+        registry,
+        DispatcherOptions(keys={"up": config}),
+        observers=[recorder],
+        approver=lambda *a: True,
     )
     return dispatcher, service, recorder
 
@@ -330,7 +372,10 @@ async def test_retry_never_sleeps_past_the_deadline() -> None:
     service = Service()
     registry.tool(name="read", parameters=ANY, breaker_key="up", timeout_s=0.3)(service)  # type: ignore[arg-type]
     dispatcher = Dispatcher(
-        registry, breakers={"up": BreakerConfig(max_attempts=5, backoff_initial_s=1.0)}
+        registry,
+        DispatcherOptions(
+            keys={"up": KeyPolicy(retry=RetryOptions(max_attempts=5, backoff_initial_s=1.0))}
+        ),
     )
     service.script = ["retryable"] * 5
     start = anyio.current_time()
@@ -368,7 +413,13 @@ async def test_cancellation_between_retries_propagates() -> None:
 
 # -- bulkheads -----------------------------------------------------------------------------------
 async def test_bulkhead_sheds_load_at_once() -> None:
-    dispatcher, service = setup(BreakerConfig(max_concurrent=2, fail_max=1, max_attempts=1))
+    dispatcher, service = setup(
+        KeyPolicy(
+            breaker=BreakerOptions(fail_max=1),
+            retry=RetryOptions(max_attempts=1),
+            bulkhead=BulkheadOptions(max_concurrent=2),
+        )
+    )
     service.gate = anyio.Event()
     results: list[ToolResult] = []
 
@@ -389,7 +440,9 @@ async def test_bulkhead_sheds_load_at_once() -> None:
 
 
 async def test_bulkhead_bounded_wait() -> None:
-    config = BreakerConfig(max_concurrent=1, bulkhead_wait_s=2.0, max_attempts=1)
+    config = KeyPolicy(
+        retry=RetryOptions(max_attempts=1), bulkhead=BulkheadOptions(max_concurrent=1, wait_s=2.0)
+    )
     dispatcher, service = setup(config)
     service.gate = anyio.Event()
     results: list[ToolResult] = []
@@ -423,7 +476,15 @@ async def test_hung_sync_threads_are_bounded_per_key() -> None:
 
     dispatcher = Dispatcher(
         registry,
-        breakers={"A": BreakerConfig(max_concurrent=5, fail_max=1000, max_attempts=1)},
+        DispatcherOptions(
+            keys={
+                "A": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=1000),
+                    retry=RetryOptions(max_attempts=1),
+                    bulkhead=BulkheadOptions(max_concurrent=5),
+                )
+            }
+        ),
     )
     try:
         results = await dispatcher.dispatch_many(
@@ -453,7 +514,12 @@ def _call(name: str) -> Any:
 
 # -- operator controls and listeners -------------------------------------------------------------
 async def test_force_open_close_reset_and_listeners() -> None:
-    dispatcher, service = setup(BreakerConfig(fail_max=1, reset_timeout_s=0.01, max_attempts=1))
+    dispatcher, service = setup(
+        KeyPolicy(
+            breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.01),
+            retry=RetryOptions(max_attempts=1),
+        )
+    )
     seen: list[tuple[str, str, str]] = []
     dispatcher.breakers.add_listener(lambda key, old, new: seen.append((key, old, new)))
     dispatcher.breakers.force_open("up")
@@ -496,8 +562,8 @@ async def test_force_open_close_reset_and_listeners() -> None:
     ],
 )
 def test_breaker_config_is_checked(bad: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="BreakerConfig"):
-        BreakerConfig(**bad)
+    with pytest.raises(ValueError, match=r"(Breaker|Bulkhead|Retry)Options\."):
+        key_policy(**bad)
 
 
 async def test_sync_handler_failures_and_timeouts_open_the_breaker() -> None:
@@ -514,8 +580,10 @@ async def test_sync_handler_failures_and_timeouts_open_the_breaker() -> None:
             release.wait(10)
         return "ok"
 
-    config = BreakerConfig(fail_max=2, reset_timeout_s=30, max_attempts=1)
-    dispatcher = Dispatcher(registry, breakers={"crm": config})
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=2, reset_timeout_s=30), retry=RetryOptions(max_attempts=1)
+    )
+    dispatcher = Dispatcher(registry, DispatcherOptions(keys={"crm": config}))
     try:
         first = await dispatcher.dispatch("legacy", "{}")
         second = await dispatcher.dispatch("legacy", "{}")
@@ -534,8 +602,12 @@ async def test_sync_places_are_given_back_even_when_the_deadline_beats_the_threa
         threading.Event().wait(0.01)
         return "ok"
 
-    config = BreakerConfig(max_concurrent=200, fail_max=1_000_000, max_attempts=1)
-    dispatcher = Dispatcher(registry, breakers={"q": config}, telemetry=False)
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1_000_000),
+        retry=RetryOptions(max_attempts=1),
+        bulkhead=BulkheadOptions(max_concurrent=200),
+    )
+    dispatcher = Dispatcher(registry, DispatcherOptions(keys={"q": config}, telemetry=False))
     results = await dispatcher.dispatch_many([_call("quick") for _ in range(200)])
     assert {r.error_type for r in results} <= {ErrorType.TIMEOUT, None}
     await wait_until(lambda: dispatcher.workers.live()["q"] == 0)

@@ -8,9 +8,19 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from helpers import wait_until
+from helpers import key_policy, wait_until
 from redis_server import RedisServer
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ErrorType, ToolError, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BudgetOptions,
+    Dispatcher,
+    DispatcherOptions,
+    ErrorType,
+    KeyPolicy,
+    StorageOptions,
+    ToolError,
+    ToolRegistry,
+)
 from toolrelay.budget import OTHERS_TTL_S, WINDOW_S, KeyBudget, RetryBudgets
 from toolrelay.events import Event, RetryBudgetExhausted
 
@@ -100,8 +110,8 @@ def test_bad_settings_are_refused() -> None:
 
 
 def test_budgets_exist_only_for_keys_that_set_one() -> None:
-    configs = {"a": BreakerConfig(retry_budget=0.25, retry_budget_min_per_s=0.0)}
-    budgets = RetryBudgets(lambda key: configs.get(key, BreakerConfig()))
+    options = {"a": BudgetOptions(share=0.25, min_per_s=0.0)}
+    budgets = RetryBudgets(lambda key: options.get(key, BudgetOptions()))
     assert budgets.get("b") is None and budgets.known("b") is None
     budget = budgets.get("a")
     assert budget is not None and budget.ratio == 0.25 and budget.min_per_s == 0.0
@@ -109,10 +119,10 @@ def test_budgets_exist_only_for_keys_that_set_one() -> None:
 
 
 def test_settings_are_validated() -> None:
-    with pytest.raises(ValueError, match="retry_budget"):
-        BreakerConfig(retry_budget=1.5)
-    with pytest.raises(ValueError, match="retry_budget_min_per_s"):
-        BreakerConfig(retry_budget_min_per_s=-1.0)
+    with pytest.raises(ValueError, match=r"BudgetOptions\.share"):
+        BudgetOptions(share=1.5)
+    with pytest.raises(ValueError, match=r"BudgetOptions\.min_per_s"):
+        BudgetOptions(min_per_s=-1.0)
 
 
 # -- through the dispatcher ------------------------------------------------------------------
@@ -127,17 +137,19 @@ class Down:
         raise ToolError("upstream 503", retryable=True)
 
 
-def outage(config: BreakerConfig, **kw: Any) -> tuple[Dispatcher, Down, list[Event]]:
+def outage(
+    config: KeyPolicy, storage: StorageOptions | None = None, **live: Any
+) -> tuple[Dispatcher, Down, list[Event]]:
     registry = ToolRegistry()
     down = Down()
     registry.tool(name="lookup", parameters={"type": "object"}, breaker_key="svc")(down)
     events: list[Event] = []
     dispatcher = Dispatcher(
         registry,
-        breakers={"svc": config},
+        DispatcherOptions(keys={"svc": config}, storage=storage),
         audit=None,
         observers=[lambda inv, event: events.append(event)],
-        **kw,
+        **live,
     )
     return dispatcher, down, events
 
@@ -147,7 +159,7 @@ OUTAGE = dict(fail_max=10_000, max_attempts=3, backoff_initial_s=0.0, backoff_ma
 
 @pytest.mark.anyio
 async def test_without_a_budget_every_call_makes_max_attempts(anyio_backend: str) -> None:
-    dispatcher, down, events = outage(BreakerConfig(**OUTAGE))  # type: ignore[arg-type]
+    dispatcher, down, events = outage(key_policy(**OUTAGE))
     results = [await dispatcher.dispatch("lookup", {}) for _ in range(50)]
     assert all(r.error_type is ErrorType.TOOL_ERROR and r.attempts == 3 for r in results)
     assert down.requests == 150
@@ -156,7 +168,7 @@ async def test_without_a_budget_every_call_makes_max_attempts(anyio_backend: str
 
 @pytest.mark.anyio
 async def test_a_spent_budget_answers_with_the_failure_and_no_retry(anyio_backend: str) -> None:
-    config = BreakerConfig(**OUTAGE, retry_budget=0.2, retry_budget_min_per_s=0.0)  # type: ignore[arg-type]
+    config = key_policy(**OUTAGE, retry_budget=0.2, retry_budget_min_per_s=0.0)
     dispatcher_metrics = CollectorRegistry()
     dispatcher, down, events = outage(config, metrics_registry=dispatcher_metrics)
     results = [await dispatcher.dispatch("lookup", {}) for _ in range(50)]
@@ -190,8 +202,8 @@ async def test_a_budget_does_not_stop_retries_that_succeed(anyio_backend: str) -
         return {"ok": True}
 
     # the floor lets the very first call retry (half a call's budget is no retry)
-    config = BreakerConfig(**OUTAGE, retry_budget=0.5, retry_budget_min_per_s=0.1)  # type: ignore[arg-type]
-    dispatcher = Dispatcher(registry, breakers={"svc": config}, audit=None)
+    config = key_policy(**OUTAGE, retry_budget=0.5, retry_budget_min_per_s=0.1)
+    dispatcher = Dispatcher(registry, DispatcherOptions(keys={"svc": config}), audit=None)
     results = [await dispatcher.dispatch("flaky", {}) for _ in range(40)]
     assert all(r.ok for r in results)
     retried = sum(r.attempts == 2 for r in results)
@@ -208,9 +220,9 @@ def redis() -> Any:
 @pytest.mark.anyio
 @pytest.mark.servers
 async def test_replicas_share_one_budget(anyio_backend: str, redis: RedisServer) -> None:
-    config = BreakerConfig(**OUTAGE, retry_budget=0.2, retry_budget_min_per_s=0.0)  # type: ignore[arg-type]
-    here, here_down, _ = outage(config, breaker_storage=redis.url, breaker_storage_sync_s=0.02)
-    there, there_down, _ = outage(config, breaker_storage=redis.url, breaker_storage_sync_s=0.02)
+    config = key_policy(**OUTAGE, retry_budget=0.2, retry_budget_min_per_s=0.0)
+    here, here_down, _ = outage(config, StorageOptions(url=redis.url, sync_interval_s=0.02))
+    there, there_down, _ = outage(config, StorageOptions(url=redis.url, sync_interval_s=0.02))
     try:
         # 40 calls on one replica earn 8 retries; it spends them all
         for _ in range(40):

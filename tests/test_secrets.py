@@ -37,12 +37,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
 
+from helpers import dispatcher_with
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     Dispatcher,
     ErrorType,
+    KeyPolicy,
     Profile,
+    RetryOptions,
     ToolError,
     ToolRegistry,
     ToolResult,
@@ -55,7 +58,10 @@ pytestmark = pytest.mark.anyio
 CUSTOM_PATTERN = r"CANARY-[0-9a-f]{16}"
 ALICE = AuthContext(user_id="alice", tenant_id="acme")
 OPEN = {"open": Profile(require_approval=())}
-FAST = BreakerConfig(max_attempts=2, fail_max=10_000, backoff_initial_s=0.001, backoff_max_s=0.002)
+FAST = KeyPolicy(
+    breaker=BreakerOptions(fail_max=10_000),
+    retry=RetryOptions(max_attempts=2, backoff_initial_s=0.001, backoff_max_s=0.002),
+)
 
 
 # -- canaries --------------------------------------------------------------------------------
@@ -124,8 +130,8 @@ class Sinks:
         log_sink(record)  # the default sink's JSON line too (read back from the logs)
 
     def dispatcher(self, registry: ToolRegistry, **kw: Any) -> Dispatcher:
-        kw.setdefault("default_breaker", FAST)
-        return Dispatcher(
+        kw.setdefault("default_key", FAST)
+        return dispatcher_with(
             registry,
             profiles=OPEN,
             secret_patterns=[CUSTOM_PATTERN],
@@ -498,7 +504,12 @@ async def test_http_error_bodies_reach_no_sink(sinks: Sinks, capture_content: bo
                 dispatcher = sinks.dispatcher(
                     registry,
                     capture_content=capture_content,
-                    breakers={"open-meteo": BreakerConfig(max_attempts=1, fail_max=10_000)},
+                    keys={
+                        "open-meteo": KeyPolicy(
+                            breaker=BreakerOptions(fail_max=10_000),
+                            retry=RetryOptions(max_attempts=1),
+                        )
+                    },
                 )
                 result = await sinks.call(dispatcher, "weather_current", {"city": "Oslo"})
                 assert not result.ok and result.error_type is ErrorType.TOOL_ERROR, result

@@ -9,13 +9,16 @@ from typing import Any
 import anyio
 import pytest
 
-from helpers import OBJ, wait_until
+from helpers import OBJ, dispatcher_with, wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BulkheadOptions,
     Dispatcher,
+    DispatcherOptions,
     ErrorType,
+    KeyPolicy,
     Profile,
+    RetryOptions,
     ToolCall,
     ToolDeclaration,
     ToolError,
@@ -55,7 +58,7 @@ def audit_dispatcher(**kw: Any) -> tuple[Dispatcher, list[dict[str, Any]]]:
 
         registry.tool(name=name, parameters={"type": "object"}, risk=risk)(tool)  # type: ignore[arg-type]
     records: list[dict[str, Any]] = []
-    dispatcher = Dispatcher(
+    dispatcher = dispatcher_with(
         registry, audit=records.append, profiles={"reader": Profile(max_risk="read")}, **kw
     )
     return dispatcher, records
@@ -122,7 +125,7 @@ async def test_messages_to_the_model_are_redacted(message: str, leak: str) -> No
     async def call_api(args: dict[str, Any], ctx: AuthContext) -> None:
         raise ToolError(message)
 
-    dispatcher = Dispatcher(registry, secret_patterns=[r"acct-\d{6}"])
+    dispatcher = Dispatcher(registry, DispatcherOptions(secret_patterns=[r"acct-\d{6}"]))
     answer = (await dispatcher.dispatch("call_api", "{}")).to_model()
     assert leak not in json.dumps(answer)
     assert "***" in answer["message"]
@@ -139,8 +142,11 @@ async def test_one_tenant_cannot_take_every_place_of_a_key() -> None:
         await gate.wait()
         return "done"
 
-    config = BreakerConfig(max_concurrent=4, max_concurrent_per_tenant=2, max_attempts=1)
-    dispatcher = Dispatcher(registry, breakers={"crm": config})
+    config = KeyPolicy(
+        retry=RetryOptions(max_attempts=1),
+        bulkhead=BulkheadOptions(max_concurrent=4, max_concurrent_per_tenant=2),
+    )
+    dispatcher = Dispatcher(registry, DispatcherOptions(keys={"crm": config}))
     results: list[Any] = []
 
     async def one(ctx: AuthContext) -> None:

@@ -53,7 +53,7 @@ base_url = "{upstream_url}"
 timeout_s = 1.0
 [tools.weather_forecast]
 timeout_s = 30.0
-[breakers.open-meteo]
+[keys.open-meteo.breaker]
 fail_max = 2
 reset_timeout_s = 60
 [profiles.support]

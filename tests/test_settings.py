@@ -14,7 +14,13 @@ from typing import Any
 import jsonschema_rs
 import pytest
 
-from toolrelay import BreakerConfig, Fault, Profile
+from toolrelay import (
+    BreakerOptions,
+    Fault,
+    KeyPolicy,
+    Profile,
+    RetryOptions,
+)
 from toolrelay.cli import main
 from toolrelay.config import CONFIG_SCHEMA, ConfigError, Settings, load_config, parse_config
 from toolrelay.serve.settings import (
@@ -32,15 +38,18 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "toolrelay.toml"
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: BreakerConfig(fail_max=0), "BreakerConfig.fail_max must be ≥ 1, not 0"),
-        (lambda: BreakerConfig(fail_max=True), "BreakerConfig.fail_max must be a valid integer"),
-        (lambda: BreakerConfig(slow_call_rate=1), "BreakerConfig.slow_call_rate needs slow_call_s"),
+        (lambda: BreakerOptions(fail_max=0), "BreakerOptions.fail_max must be ≥ 1, not 0"),
+        (lambda: BreakerOptions(fail_max=True), "BreakerOptions.fail_max must be a valid integer"),
         (
-            lambda: BreakerConfig(reset_timeout_s=2, reset_timeout_max_s=1),
-            "BreakerConfig.reset_timeout_max_s must be ≥ reset_timeout_s, not 1",
+            lambda: BreakerOptions(slow_call_rate=1),
+            "BreakerOptions.slow_call_rate needs slow_call_s",
         ),
-        (lambda: BreakerConfig(backoff_max_s=math.inf), "BreakerConfig.backoff_max_s must be a "),
-        (lambda: BreakerConfig(colour="red"), "BreakerConfig.colour is not a setting"),
+        (
+            lambda: BreakerOptions(reset_timeout_s=2, reset_timeout_max_s=1),
+            "BreakerOptions.reset_timeout_max_s must be ≥ reset_timeout_s, not 1",
+        ),
+        (lambda: RetryOptions(backoff_max_s=math.inf), "RetryOptions.backoff_max_s must be a "),
+        (lambda: BreakerOptions(colour="red"), "BreakerOptions.colour is not a setting"),
         (lambda: Fault(kind="hang"), "a fault targets exactly one of tool= or breaker_key="),
         (lambda: Fault(kind="hang", tool="t", rate=2), "fault rate must be less than or equal to"),
         (lambda: Fault(kind="boom", tool="t"), "fault kind must be one of 'latency', 'error'"),
@@ -69,12 +78,16 @@ def test_fault_output_is_bounded() -> None:
 
 
 def test_settings_are_frozen_hashable_values() -> None:
-    config = BreakerConfig(fail_max=3)
-    assert config == BreakerConfig(fail_max=3) and hash(config) == hash(BreakerConfig(fail_max=3))
+    config = BreakerOptions(fail_max=3)
+    assert config == BreakerOptions(fail_max=3) and hash(config) == hash(BreakerOptions(fail_max=3))
+    policy = KeyPolicy(breaker=config)
+    assert policy == KeyPolicy(breaker=BreakerOptions(fail_max=3)) and hash(policy) == hash(
+        KeyPolicy(breaker=BreakerOptions(fail_max=3))
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.fail_max = 4  # type: ignore[misc]
     assert dataclasses.replace(config, fail_max=4).fail_max == 4
-    with pytest.raises(SettingsError, match=r"^BreakerConfig\.fail_max must be ≥ 1, not 0$"):
+    with pytest.raises(SettingsError, match=r"^BreakerOptions\.fail_max must be ≥ 1, not 0$"):
         dataclasses.replace(config, fail_max=0)  # replace() checks like the constructor
     profile = Profile(allow=["a", "b"], deny_tags=(tag for tag in ("x",)))
     assert profile == Profile(allow={"b", "a"}, deny_tags=["x"])
@@ -92,8 +105,12 @@ def test_settings_are_frozen_hashable_values() -> None:
     ("data", "expected"),
     [
         (
-            {"breakers": {"x": {"slow_call_rate": 0.5}}},
-            "config: breakers.x.slow_call_rate: needs slow_call_s",
+            {"keys": {"x": {"breaker": {"slow_call_rate": 0.5}}}},
+            "config: keys.x.breaker.slow_call_rate: needs slow_call_s",
+        ),
+        (
+            {"keys": {"x": {"bulkhead": {"adaptive_min": 5, "adaptive_max": 4}}}},
+            "config: keys.x.bulkhead.adaptive_max: must be ≥ adaptive_min, not 4",
         ),
         (
             {"faults": [{"kind": "hang", "tool": "t"}, {"kind": "hang"}]},
@@ -116,11 +133,13 @@ def test_settings_mirror_the_file() -> None:
         {
             "plugins": {"feeds": {"enabled": False, "feeds": {"a": "https://x"}}},
             "tools": {"t": {"timeout_s": 2}},
-            "breakers": {"default": {"fail_max": 2}, "k": {}},
+            "keys": {"default": {"breaker": {"fail_max": 2}}, "k": {}},
             "dispatcher": {"secret_patterns": ["a", "b"]},
         }
     )
-    assert settings.path is None and settings.default_breaker == BreakerConfig(fail_max=2)
+    assert settings.path is None and settings.default_key == KeyPolicy(
+        breaker=BreakerOptions(fail_max=2)
+    )
     assert settings.plugins["feeds"].settings == {"feeds": {"a": "https://x"}}
     assert settings.plugins["feeds"].enabled is False
     assert settings.tools["t"].model_dump(exclude_none=True) == {"timeout_s": 2.0}
@@ -136,14 +155,17 @@ def test_config_schema_prints_the_generated_schema(capsys: pytest.CaptureFixture
     assert printed["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     validator = jsonschema_rs.validator_for(printed)
     assert validator.is_valid(tomllib.loads(EXAMPLE.read_text()))
-    assert not validator.is_valid({"breakers": {"k": {"fail_max": 0}}})
-    assert not validator.is_valid({"breakers": {"k": {"colour": 1}}})
+    assert not validator.is_valid({"keys": {"k": {"breaker": {"fail_max": 0}}}})
+    assert not validator.is_valid({"keys": {"k": {"breaker": {"colour": 1}}}})
+    assert not validator.is_valid({"keys": {"k": {"colour": {}}}})
     assert not validator.is_valid({"profiles": {"p": {"max_risk": "extreme"}}})
 
 
 def test_the_schema_is_the_models() -> None:
-    breaker = CONFIG_SCHEMA["$defs"]["BreakerConfig"]
-    assert set(breaker["properties"]) == {f.name for f in dataclasses.fields(BreakerConfig)}
+    breaker = CONFIG_SCHEMA["$defs"]["BreakerOptions"]
+    assert set(breaker["properties"]) == {f.name for f in dataclasses.fields(BreakerOptions)}
+    policy = CONFIG_SCHEMA["$defs"]["KeyPolicy"]
+    assert set(policy["properties"]) == {f.name for f in dataclasses.fields(KeyPolicy)}
     assert breaker["additionalProperties"] is False
     assert breaker["properties"]["fail_max"] == {"default": 5, "minimum": 1, "type": "integer"}
     # "not set" is absent, never null: TOML has no null
@@ -154,7 +176,7 @@ def test_the_schema_is_the_models() -> None:
 
 # -- comparing settings ---------------------------------------------------------------------
 BASE: dict[str, Any] = {
-    "breakers": {"searxng": {"fail_max": 3}, "open-meteo": {}},
+    "keys": {"searxng": {"breaker": {"fail_max": 3}}, "open-meteo": {}},
     "profiles": {"support": {"allow": ["web_search"]}},
     "faults": [{"kind": "hang", "tool": "t"}],
     "telemetry": {"capture_content": False},
@@ -173,18 +195,18 @@ def test_equal_settings_have_no_difference() -> None:
 def test_diff_names_each_changed_key() -> None:
     old = parse_config(BASE)
     new = _changed(
-        breakers={"searxng": {"fail_max": 5}, "open-meteo": {}, "feeds": {}},
+        keys={"searxng": {"breaker": {"fail_max": 5}}, "open-meteo": {}, "feeds": {}},
         profiles={},
         telemetry={"capture_content": True},
     )
     assert old != new
     assert old.diff(new) == {
-        "breakers.searxng.fail_max": (3, 5),
-        "breakers.feeds": (None, BreakerConfig()),
+        "keys.searxng.breaker.fail_max": (3, 5),
+        "keys.feeds": (None, KeyPolicy()),
         "profiles.support": (Profile(allow=["web_search"]), None),
         "telemetry.capture_content": (False, True),
     }
-    assert new.diff(old)["breakers.feeds"] == (BreakerConfig(), None)
+    assert new.diff(old)["keys.feeds"] == (KeyPolicy(), None)
 
 
 def test_diff_compares_lists_whole_and_sees_plugin_settings() -> None:
@@ -258,3 +280,41 @@ def test_serve_settings_built_in_code_are_checked() -> None:
         ClientSettings("bot")
     with pytest.raises(SettingsError, match=r"^an upstream has exactly one of command and url$"):
         UpstreamSettings(name="u", breaker_key="u", command=("a",), url="http://h")
+
+
+# -- deprecated keys ------------------------------------------------------------------------
+def test_old_breaker_tables_still_work_with_a_warning_naming_the_new_key() -> None:
+    old = {
+        "breakers": {
+            "default": {"fail_max": 2, "max_concurrent": 4},
+            "searxng": {"max_attempts": 1, "hedge_after_s": 0.2, "retry_budget": 0.1},
+        },
+        "breaker_storage": {"url": "redis://localhost:6379/0", "sync_interval_s": 0.5},
+    }
+    with pytest.warns(DeprecationWarning, match="is deprecated; use") as caught:
+        settings = parse_config(old)
+    said = [str(w.message) for w in caught]
+    assert "breakers.searxng.hedge_after_s is deprecated; use keys.searxng.hedge.after_s" in said
+    assert (
+        "breakers.default.max_concurrent is deprecated; use keys.default.bulkhead.max_concurrent"
+        in said
+    )
+    assert "[breaker_storage] is deprecated; use [storage]" in said
+    new = {
+        "keys": {
+            "default": {"breaker": {"fail_max": 2}, "bulkhead": {"max_concurrent": 4}},
+            "searxng": {
+                "retry": {"max_attempts": 1},
+                "hedge": {"after_s": 0.2},
+                "budget": {"share": 0.1},
+            },
+        },
+        "storage": {"url": "redis://localhost:6379/0", "sync_interval_s": 0.5},
+    }
+    assert settings == parse_config(new)
+    with (
+        pytest.warns(DeprecationWarning, match="bulkhead_wait_s"),
+        pytest.raises(ConfigError) as bad,
+    ):
+        parse_config({"breakers": {"x": {"bulkhead_wait_s": -1}}})
+    assert "keys.x.bulkhead.wait_s" in str(bad.value)

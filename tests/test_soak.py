@@ -22,14 +22,18 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from helpers import wait_until
+from helpers import key_policy, wait_until
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
+    BulkheadOptions,
     Dispatcher,
+    DispatcherOptions,
     ErrorType,
     Fault,
+    KeyPolicy,
     Profile,
+    RetryOptions,
     ToolCall,
     ToolDeclaration,
     ToolRegistry,
@@ -125,24 +129,37 @@ def build(rng: random.Random) -> tuple[Dispatcher, CollectorRegistry, list[dict[
     }
     dispatcher = Dispatcher(
         registry,
-        profiles={"reader": Profile(max_risk="read")},
+        DispatcherOptions(
+            profiles={"reader": Profile(max_risk="read")},
+            keys={
+                "svc-a": key_policy(reset_timeout_s=0.05, max_concurrent=256, **fast_retries),
+                "svc-b": key_policy(fail_max=8, reset_timeout_s=0.02, **fast_retries),
+                "svc-c": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=1_000_000),
+                    retry=RetryOptions(max_attempts=1),
+                    bulkhead=BulkheadOptions(max_concurrent=256),
+                ),
+                "svc-d": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=3, reset_timeout_s=0.01),
+                    retry=RetryOptions(max_attempts=1),
+                ),
+                "svc-e": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=1_000_000),
+                    retry=RetryOptions(max_attempts=1),
+                    bulkhead=BulkheadOptions(max_concurrent=16),
+                ),
+            },
+            faults=[
+                Fault(kind="latency", tool="fast", rate=0.05, latency_s=0.001, jitter_s=0.004),
+                Fault(kind="hang", breaker_key="svc-b", rate=0.04),
+                Fault(kind="error", breaker_key="svc-b", rate=0.06, message="upstream 503"),
+                Fault(kind="error", tool="faulty", rate=0.03, retryable=False, error_type="denied"),
+                Fault(kind="exception", breaker_key="svc-b", rate=0.03),
+                Fault(kind="bad_output", tool="faulty", rate=0.02),
+            ],
+            fault_seed=SEED,
+        ),
         approver=approver,
-        breakers={
-            "svc-a": BreakerConfig(reset_timeout_s=0.05, max_concurrent=256, **fast_retries),
-            "svc-b": BreakerConfig(fail_max=8, reset_timeout_s=0.02, **fast_retries),
-            "svc-c": BreakerConfig(fail_max=1_000_000, max_concurrent=256, max_attempts=1),
-            "svc-d": BreakerConfig(fail_max=3, reset_timeout_s=0.01, max_attempts=1),
-            "svc-e": BreakerConfig(fail_max=1_000_000, max_concurrent=16, max_attempts=1),
-        },
-        faults=[
-            Fault(kind="latency", tool="fast", rate=0.05, latency_s=0.001, jitter_s=0.004),
-            Fault(kind="hang", breaker_key="svc-b", rate=0.04),
-            Fault(kind="error", breaker_key="svc-b", rate=0.06, message="upstream 503"),
-            Fault(kind="error", tool="faulty", rate=0.03, retryable=False, error_type="denied"),
-            Fault(kind="exception", breaker_key="svc-b", rate=0.03),
-            Fault(kind="bad_output", tool="faulty", rate=0.02),
-        ],
-        fault_seed=SEED,
         metrics_registry=metrics,
         audit=audit.append,
     )

@@ -32,11 +32,13 @@ from prometheus_client import CollectorRegistry
 
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
     CallCancelled,
     Dispatcher,
     DispatcherClosed,
+    DispatcherOptions,
     ErrorType,
+    KeyPolicy,
     ToolCall,
     ToolDeclaration,
     ToolError,
@@ -170,9 +172,11 @@ def relay(tools: Tools, backend: str) -> Iterator[SyncDispatcher]:
     sd = SyncDispatcher(
         Dispatcher(
             tools.registry,
-            telemetry=False,
+            DispatcherOptions(
+                telemetry=False,
+                keys={"flaky": KeyPolicy(breaker=BreakerOptions(fail_max=5, reset_timeout_s=60))},
+            ),
             audit=None,
-            breakers={"flaky": BreakerConfig(fail_max=5, reset_timeout_s=60)},
         ),
         backend=backend,
     )
@@ -208,7 +212,7 @@ def in_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
 
 def test_answers_are_the_async_dispatchers(tools: Tools, relay: SyncDispatcher) -> None:
     """The same ToolResults (envelopes) as awaiting Dispatcher.dispatch, errors included."""
-    reference = Dispatcher(tools.registry, telemetry=False, audit=None)
+    reference = Dispatcher(tools.registry, DispatcherOptions(telemetry=False), audit=None)
     cases: list[tuple[str, Any]] = [
         ("echo", '{"n": 7}'),
         ("echo_sync", {"n": 8}),
@@ -230,16 +234,20 @@ def test_answers_are_the_async_dispatchers(tools: Tools, relay: SyncDispatcher) 
 
 def test_runs_on_the_chosen_backend(tools: Tools, backend: str) -> None:
     """asyncio by default; trio when asked."""
-    with SyncDispatcher(Dispatcher(tools.registry, telemetry=False)) as default:
+    with SyncDispatcher(Dispatcher(tools.registry, DispatcherOptions(telemetry=False))) as default:
         assert default.dispatch("library").data == "asyncio"
-    with SyncDispatcher(Dispatcher(tools.registry, telemetry=False), backend=backend) as sd:
+    with SyncDispatcher(
+        Dispatcher(tools.registry, DispatcherOptions(telemetry=False)), backend=backend
+    ) as sd:
         assert sd.dispatch("library").data == backend
 
 
 def test_unknown_backend_fails_at_construction(tools: Tools) -> None:
     before = threading.active_count()
     with pytest.raises(LookupError):
-        SyncDispatcher(Dispatcher(tools.registry, telemetry=False), backend="nope")
+        SyncDispatcher(
+            Dispatcher(tools.registry, DispatcherOptions(telemetry=False)), backend="nope"
+        )
     deadline = time.monotonic() + JOIN_S
     while threading.active_count() > before:  # the loop thread ended with the error
         assert time.monotonic() < deadline
@@ -597,7 +605,9 @@ def test_calls_from_the_loop_itself_are_refused(tools: Tools, relay: SyncDispatc
 
 
 def test_garbage_collection_closes_it(tools: Tools, backend: str) -> None:
-    sd = SyncDispatcher(Dispatcher(tools.registry, telemetry=False), backend=backend)
+    sd = SyncDispatcher(
+        Dispatcher(tools.registry, DispatcherOptions(telemetry=False)), backend=backend
+    )
     assert sd.dispatch("noop").ok
     del sd
     gc.collect()
@@ -610,7 +620,8 @@ def test_garbage_collection_closes_it(tools: Tools, backend: str) -> None:
 SCRIPT = """
 import sys, threading, anyio
 from typing import Any
-from toolrelay import AuthContext, Dispatcher, SyncDispatcher, ToolDeclaration, ToolRegistry
+from toolrelay import AuthContext, Dispatcher, DispatcherOptions, SyncDispatcher, ToolDeclaration
+from toolrelay import ToolRegistry
 
 class Plugin:
     def describe(self):
@@ -623,7 +634,9 @@ class Plugin:
 
 registry = ToolRegistry()
 registry.register(Plugin())
-relay = SyncDispatcher(Dispatcher(registry, telemetry=False), backend=sys.argv[1])
+relay = SyncDispatcher(
+    Dispatcher(registry, DispatcherOptions(telemetry=False)), backend=sys.argv[1]
+)
 threading.Thread(target=relay.dispatch, args=("hang",), daemon=True).start()
 """
 
@@ -649,7 +662,7 @@ def test_from_config(tools: Tools, tmp_path: Path, backend: str) -> None:
         '[breakers.flaky]\nfail_max = 2\n\n[profiles.readers]\nallow = ["echo", "flaky"]\n'
     )
     with SyncDispatcher.from_config(
-        config, registry=tools.registry, backend=backend, telemetry=False
+        config, overrides={"telemetry": False}, registry=tools.registry, backend=backend
     ) as sd:
         assert {s["function"]["name"] for s in sd.specs("readers")} == {"echo", "flaky"}
         assert sd.dispatch("echo_sync", {"n": 1}, profile="readers").error_type is (

@@ -22,8 +22,19 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from helpers import OBJ, wait_until
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolCall, ToolError, ToolRegistry
+from helpers import OBJ, key_policy, wait_until
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    BulkheadOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolCall,
+    ToolError,
+    ToolRegistry,
+)
 from toolrelay.telemetry import metrics as telemetry_metrics
 from toolrelay.telemetry import serve_metrics
 from toolrelay.telemetry.metrics import DURATION_BUCKETS, ExemplarGate
@@ -46,7 +57,9 @@ class Service:
         return {"city": args.get("city", "Oslo")}
 
 
-def build(**kw: Any) -> tuple[Dispatcher, Service, InMemorySpanExporter, CollectorRegistry]:
+def build(
+    capture_content: bool = False,
+) -> tuple[Dispatcher, Service, InMemorySpanExporter, CollectorRegistry]:
     registry = ToolRegistry()
     service = Service()
     registry.tool(
@@ -60,16 +73,16 @@ def build(**kw: Any) -> tuple[Dispatcher, Service, InMemorySpanExporter, Collect
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     metrics = CollectorRegistry()
+    policy = KeyPolicy(
+        breaker=BreakerOptions(fail_max=3),
+        retry=RetryOptions(max_attempts=2, backoff_initial_s=0.001),
+        bulkhead=BulkheadOptions(max_concurrent=4),
+    )
     dispatcher = Dispatcher(
         registry,
-        breakers={
-            "open-meteo": BreakerConfig(
-                fail_max=3, max_attempts=2, backoff_initial_s=0.001, max_concurrent=4
-            )
-        },
+        DispatcherOptions(keys={"open-meteo": policy}, capture_content=capture_content),
         tracer_provider=provider,
         metrics_registry=metrics,
-        **kw,
     )
     return dispatcher, service, exporter, metrics
 
@@ -389,7 +402,7 @@ async def test_telemetry_can_be_switched_off() -> None:
     registry = ToolRegistry()
     registry.tool(name="t", parameters=OBJ)(Service())  # type: ignore[arg-type]
     metrics = CollectorRegistry()
-    dispatcher = Dispatcher(registry, telemetry=False, metrics_registry=metrics)
+    dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False), metrics_registry=metrics)
     assert (await dispatcher.dispatch("t", "{}")).ok
     assert dispatcher.telemetry is None
     assert "toolrelay_tool_calls_total" not in generate_latest(metrics).decode()
@@ -506,18 +519,20 @@ def test_adder_writes_what_prometheus_client_reports(mode: str, tmp_path: Path) 
 
 # -- breaker window gauges (computed at scrape time) -------------------------------------------
 def keyed(
-    metrics: CollectorRegistry, **configs: BreakerConfig
+    metrics: CollectorRegistry, **configs: KeyPolicy
 ) -> tuple[Dispatcher, dict[str, Service]]:
     """A dispatcher with one tool per breaker key (the tool is named after its key)."""
     registry = ToolRegistry()
     services = {key: Service() for key in configs}
     for key, service in services.items():
         registry.tool(name=key, parameters=OBJ, breaker_key=key, timeout_s=2)(service)  # type: ignore[arg-type]
-    return Dispatcher(registry, breakers=configs, metrics_registry=metrics, audit=None), services
+    return Dispatcher(
+        registry, DispatcherOptions(keys=configs), metrics_registry=metrics, audit=None
+    ), services
 
 
-def window(**kw: Any) -> BreakerConfig:
-    return BreakerConfig(
+def window(**kw: Any) -> KeyPolicy:
+    return key_policy(
         **{"window": "count", "window_size": 10, "minimum_calls": 10, "max_attempts": 1, **kw}
     )
 
@@ -535,7 +550,7 @@ async def run(dispatcher: Dispatcher, service: Service, key: str, steps: list[st
 async def test_window_rates_and_thresholds_are_read_at_scrape_time() -> None:
     metrics = CollectorRegistry()
     dispatcher, services = keyed(
-        metrics, search=window(slow_call_s=0.05, slow_call_rate=0.9), legacy=BreakerConfig()
+        metrics, search=window(slow_call_s=0.05, slow_call_rate=0.9), legacy=KeyPolicy()
     )
     await run(dispatcher, services["search"], "search", ["fail", "ok", "fail", "slow", "ok", "ok"])
     assert sample(metrics, "failure_rate", "search") == pytest.approx(2 / 6)
@@ -559,8 +574,10 @@ async def test_window_rates_and_thresholds_are_read_at_scrape_time() -> None:
 
 async def test_break_duration_doubles_after_each_failed_trial_up_to_its_maximum() -> None:
     metrics = CollectorRegistry()
-    config = BreakerConfig(fail_max=1, reset_timeout_s=0.05, reset_timeout_max_s=0.2,
-                           max_attempts=1)  # fmt: skip
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05, reset_timeout_max_s=0.2),
+        retry=RetryOptions(max_attempts=1),
+    )
     dispatcher, services = keyed(metrics, search=config)
     service = services["search"]
 
@@ -652,7 +669,8 @@ BREAKER_WORKER = textwrap.dedent(
     import sys, time
     import anyio
     import toolrelay.telemetry.breaker_gauges
-    from toolrelay import BreakerConfig, Dispatcher, ToolError, ToolRegistry
+    from toolrelay import (BreakerOptions, Dispatcher, DispatcherOptions, KeyPolicy,
+                           RetryOptions, ToolError, ToolRegistry)
 
     toolrelay.telemetry.breaker_gauges.BREAKER_REFRESH_S = 0.05
     registry = ToolRegistry()
@@ -665,9 +683,11 @@ BREAKER_WORKER = textwrap.dedent(
         return "ok"
 
     async def main():
-        config = BreakerConfig(window="count", window_size=10, minimum_calls=10, max_attempts=1,
-                               reset_timeout_max_s=60)
-        d = Dispatcher(registry, breakers={"search": config}, audit=None)
+        config = KeyPolicy(
+            breaker=BreakerOptions(window="count", window_size=10, minimum_calls=10,
+                                   reset_timeout_max_s=60),
+            retry=RetryOptions(max_attempts=1))
+        d = Dispatcher(registry, DispatcherOptions(keys={"search": config}), audit=None)
         for i in range(4):
             await d.dispatch("search", {"fail": i < failing})
         time.sleep(0.5)  # the refresher copies the readings into the gauges

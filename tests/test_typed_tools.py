@@ -31,11 +31,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
     CallContext,
     Dispatcher,
+    DispatcherOptions,
     ErrorType,
+    KeyPolicy,
     RegistrationError,
+    RetryOptions,
     ToolDeclaration,
     ToolError,
     ToolRegistry,
@@ -406,7 +408,7 @@ def test_reserved_identity_properties_are_refused_for_typed_tools() -> None:
 def registry_with(fn: Callable[..., Any], **kwargs: Any) -> Dispatcher:
     registry = ToolRegistry()
     registry.tool(name="t", breaker_key="k", **kwargs)(fn)
-    return Dispatcher(registry, telemetry=False, audit=None)
+    return Dispatcher(registry, DispatcherOptions(telemetry=False), audit=None)
 
 
 @pytest.mark.anyio
@@ -466,7 +468,7 @@ async def test_schema_refusals_keep_their_messages() -> None:
     registry.tool(name="legacy", parameters=registry.resolve("typed").decl.parameters)(  # type: ignore[union-attr]
         lambda args, ctx: args["city"]
     )
-    d = Dispatcher(registry, telemetry=False, audit=None)
+    d = Dispatcher(registry, DispatcherOptions(telemetry=False), audit=None)
     for raw in ("{}", '{"city": 3}', '{"city": "x", "extra": 1}', '{"city": "' + "x" * 65 + '"}'):
         typed_answer = (await d.dispatch("typed", raw, CTX)).to_model()
         legacy_answer = (await d.dispatch("legacy", raw, CTX)).to_model()
@@ -568,8 +570,8 @@ async def test_call_context_by_annotation_and_current(sync: bool) -> None:
 
     registry = ToolRegistry()
     registry.tool(name="t", breaker_key="k", timeout_s=5)(fn)
-    config = BreakerConfig(backoff_initial_s=0.001, backoff_max_s=0.001)
-    d = Dispatcher(registry, telemetry=False, audit=None, breakers={"k": config})
+    config = KeyPolicy(retry=RetryOptions(backoff_initial_s=0.001, backoff_max_s=0.001))
+    d = Dispatcher(registry, DispatcherOptions(telemetry=False, keys={"k": config}), audit=None)
     before = time.monotonic()
     result = await d.dispatch("t", '{"city": "Oslo"}', CTX, call_id="call-7")
     assert result.data == "Oslo" and result.attempts == 2
@@ -613,7 +615,7 @@ async def test_plugins_get_the_current_call_context() -> None:
     registry = ToolRegistry()
     registry.register(sync_plugin)
     registry.register(async_plugin)
-    d = Dispatcher(registry, telemetry=False, audit=None)
+    d = Dispatcher(registry, DispatcherOptions(telemetry=False), audit=None)
     assert (await d.dispatch("p_sync", "{}", CTX, call_id="s")).data != "MainThread"
     assert (await d.dispatch("p_async", "{}", CTX, call_id="a")).data == "MainThread"
     (sync_call,) = sync_plugin.seen
@@ -652,7 +654,7 @@ async def test_cancellation_propagates_and_clears_the_call_context() -> None:
 async def test_specs_show_the_inferred_declaration() -> None:
     registry = ToolRegistry()
     registry.tool()(google)
-    (spec,) = Dispatcher(registry, telemetry=False).specs(format="openai")
+    (spec,) = Dispatcher(registry, DispatcherOptions(telemetry=False)).specs(format="openai")
     assert spec["function"]["description"] == "Forecast for a city."
     assert spec["function"]["parameters"]["required"] == ["city"]
 
@@ -734,7 +736,7 @@ async def test_methods_partials_and_callable_objects_are_tools() -> None:
         functools.partial(_search_async, "https://search.example", api_key="sk-secret")
     )
     registry.tool(name="legacy")(functools.partial(_legacy_with_client, client="pool-1"))
-    d = Dispatcher(registry, telemetry=False, audit=None)
+    d = Dispatcher(registry, DispatcherOptions(telemetry=False), audit=None)
 
     specs = {s["function"]["name"]: s["function"] for s in d.specs(format="openai")}
     assert "sk-secret" not in json.dumps(specs) and "api_key" not in json.dumps(specs)
@@ -843,7 +845,7 @@ async def test_a_module_with_postponed_annotations(
     monkeypatch.setitem(sys.modules, "future_tools", module)  # as an import would
     spec.loader.exec_module(module)
 
-    d = Dispatcher(module.registry, telemetry=False, audit=None)
+    d = Dispatcher(module.registry, DispatcherOptions(telemetry=False), audit=None)
     decl = d.registry.resolve("plan").decl  # type: ignore[union-attr]
     stop = decl.parameters["properties"]["stops"]["items"]
     assert stop["properties"]["at"] == {"type": "string", "format": "date-time"}

@@ -14,7 +14,15 @@ from typing import Any
 import anyio
 import pytest
 
-from toolrelay import AuthContext, Dispatcher, ErrorType, Profile, ToolError, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    Dispatcher,
+    DispatcherOptions,
+    ErrorType,
+    Profile,
+    ToolError,
+    ToolRegistry,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -51,7 +59,7 @@ def relay(sync: bool, behaviour: str, *, risk: str = "write", idempotent: bool |
     registry.tool(name="charge", parameters=ANY, risk=risk, idempotent=idempotent, timeout_s=0.1)(
         handler
     )
-    return Dispatcher(registry, profiles=OPEN, audit=None), release
+    return Dispatcher(registry, DispatcherOptions(profiles=OPEN), audit=None), release
 
 
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])

@@ -16,7 +16,16 @@ import anyio
 import pytest
 
 from helpers import wait_until
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry, ToolResult
+from toolrelay import (
+    AuthContext,
+    BulkheadOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolRegistry,
+    ToolResult,
+)
 from toolrelay import workers as workers_module
 
 pytestmark = pytest.mark.anyio
@@ -58,8 +67,15 @@ async def test_a_flood_of_hung_sync_calls_does_not_delay_another_keys_thread(
 
     dispatcher = Dispatcher(
         registry,
-        breakers={HUNG_KEY: BreakerConfig(max_concurrent=2_000, max_attempts=1)},
-        telemetry=False,
+        DispatcherOptions(
+            keys={
+                HUNG_KEY: KeyPolicy(
+                    retry=RetryOptions(max_attempts=1),
+                    bulkhead=BulkheadOptions(max_concurrent=2_000),
+                )
+            },
+            telemetry=False,
+        ),
     )
     flood_results: list[ToolResult] = []
 
@@ -109,7 +125,11 @@ async def test_a_worker_thread_that_cannot_start_leaves_the_key_usable(
         return "done"
 
     dispatcher = Dispatcher(
-        registry, breakers={"fairness-nothread": BreakerConfig(max_attempts=1)}, audit=None
+        registry,
+        DispatcherOptions(
+            keys={"fairness-nothread": KeyPolicy(retry=RetryOptions(max_attempts=1))}
+        ),
+        audit=None,
     )
     real_start = threading.Thread.start
     refused: list[str] = []

@@ -16,9 +16,15 @@ import anyio
 import isolated_tools
 from toolrelay import (
     AuthContext,
-    BreakerConfig,
+    BreakerOptions,
+    BudgetOptions,
+    BulkheadOptions,
     Dispatcher,
+    DispatcherOptions,
     Fault,
+    HedgeOptions,
+    KeyPolicy,
+    RetryOptions,
     ToolCall,
     ToolError,
     ToolRegistry,
@@ -85,17 +91,22 @@ async def backup(args: dict[str, Any], ctx: AuthContext) -> Any:
 async def main(port: int, seconds: float) -> None:
     dispatcher = Dispatcher(
         registry,
-        breakers={
-            "flaky-svc": BreakerConfig(fail_max=3, reset_timeout_s=0.5, max_attempts=2,
-                                       backoff_initial_s=0.01),
-            "steady-svc": BreakerConfig(max_concurrent=2),
-            "tail-svc": BreakerConfig(hedge_after_s=0.05, retry_budget=0.1,
-                                      retry_budget_min_per_s=0.0),
-            "adaptive-svc": BreakerConfig(max_concurrent="adaptive"),
-        },
-        faults=[Fault(kind="latency", tool="steady", latency_s=0.01, rate=0.3)],
-        fault_seed=1,
-    )  # fmt: skip
+        DispatcherOptions(
+            keys={
+                "flaky-svc": KeyPolicy(
+                    breaker=BreakerOptions(fail_max=3, reset_timeout_s=0.5),
+                    retry=RetryOptions(max_attempts=2, backoff_initial_s=0.01),
+                ),
+                "steady-svc": KeyPolicy(bulkhead=BulkheadOptions(max_concurrent=2)),
+                "tail-svc": KeyPolicy(
+                    hedge=HedgeOptions(after_s=0.05), budget=BudgetOptions(share=0.1, min_per_s=0.0)
+                ),
+                "adaptive-svc": KeyPolicy(bulkhead=BulkheadOptions(max_concurrent="adaptive")),
+            },
+            faults=[Fault(kind="latency", tool="steady", latency_s=0.01, rate=0.3)],
+            fault_seed=1,
+        ),
+    )
     dispatcher.breakers.force_open("primary-svc")
     server = serve_metrics(port)
     slot = dispatcher.model_slot(budget_s=2)

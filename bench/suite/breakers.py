@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from toolrelay import BreakerConfig, Dispatcher
+from toolrelay import BreakerOptions, Dispatcher, KeyPolicy, StorageOptions
 
 from .harness import (
     ARGS,
@@ -56,13 +56,15 @@ def bench_breaker_windows(s: Settings) -> list[Row]:
 
     never = 10**9  # no window may open: every case must stay on the closed path
     configs = {
-        "consecutive": BreakerConfig(fail_max=never),
+        "consecutive": KeyPolicy(breaker=BreakerOptions(fail_max=never)),
         # failure_rate 1.0 is never reached at 1 failure in 20, yet every failure goes
         # the whole way (minimum_calls met, the rate computed)
-        "count": BreakerConfig(window="count", window_size=100, failure_rate=1.0),
-        "time": BreakerConfig(window="time", window_size=10, failure_rate=1.0),
+        "count": KeyPolicy(
+            breaker=BreakerOptions(window="count", window_size=100, failure_rate=1.0)
+        ),
+        "time": KeyPolicy(breaker=BreakerOptions(window="time", window_size=10, failure_rate=1.0)),
     }
-    breakers = Breakers(configs.__getitem__)
+    breakers = Breakers(lambda key: configs[key].breaker)
     cases = {name: breaker_loop(breakers.get(name)) for name in configs}
     calls = s.breaker_calls
     samples = interleave_sync(cases, s.rounds, calls, calls // 4)
@@ -144,7 +146,7 @@ def still_up(*named: tuple[str, Dispatcher]) -> None:
 
 async def redis_vs_memory(s: Settings, url: str, sync_s: float) -> Row:
     registry = noop_registry()
-    shared = dispatcher(registry, breaker_storage=url, breaker_storage_sync_s=sync_s)
+    shared = dispatcher(registry, storage=StorageOptions(url=url, sync_interval_s=sync_s))
     local = dispatcher(registry)
     try:
         await linked(shared)
@@ -201,11 +203,9 @@ async def slowed_redis_p99(s: Settings, server_port: int, url: str, sync_s: floa
         # a 1 s socket timeout: 40 ms per command must not mark Redis down
         slow = dispatcher(
             registry,
-            breaker_storage=proxy.url,
-            breaker_storage_sync_s=sync_s,
-            breaker_storage_timeout_s=1.0,
+            storage=StorageOptions(url=proxy.url, sync_interval_s=sync_s, timeout_s=1.0),
         )
-        fast = dispatcher(registry, breaker_storage=url, breaker_storage_sync_s=sync_s)
+        fast = dispatcher(registry, storage=StorageOptions(url=url, sync_interval_s=sync_s))
         took = time.perf_counter()
         await linked(slow)
         first_sync = time.perf_counter() - took
@@ -262,8 +262,8 @@ async def convergence(s: Settings, url: str, sync_s: float) -> Row:
             super().append(item)
 
     registry = noop_registry()
-    here = dispatcher(registry, breaker_storage=url, breaker_storage_sync_s=sync_s)
-    there = dispatcher(registry, breaker_storage=url, breaker_storage_sync_s=sync_s)
+    here = dispatcher(registry, storage=StorageOptions(url=url, sync_interval_s=sync_s))
+    there = dispatcher(registry, storage=StorageOptions(url=url, sync_interval_s=sync_s))
     poll_s = 0.0005
     delays: list[float] = []
     arrivals: list[float] = []

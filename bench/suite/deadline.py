@@ -15,7 +15,13 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from toolrelay import AuthContext, BreakerConfig, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    BulkheadOptions,
+    KeyPolicy,
+    ToolRegistry,
+)
 
 from .flood import (
     CPU_WAIT_LIMIT_S,
@@ -80,12 +86,21 @@ async def bench_deadline(s: Settings) -> list[Row]:
     huge = 10**9
     d = dispatcher(
         registry,
-        breakers={
-            "flood": BreakerConfig(fail_max=huge, max_concurrent=2 * s.async_flood),
+        keys={
+            "flood": KeyPolicy(
+                breaker=BreakerOptions(fail_max=huge),
+                bulkhead=BulkheadOptions(max_concurrent=2 * s.async_flood),
+            ),
             # room to spare: a slot can leak (see the "worker slots" row)
-            "flood_sync": BreakerConfig(fail_max=huge, max_concurrent=10 * s.sync_flood),
+            "flood_sync": KeyPolicy(
+                breaker=BreakerOptions(fail_max=huge),
+                bulkhead=BulkheadOptions(max_concurrent=10 * s.sync_flood),
+            ),
             # the probe is open loop: after a stall it may have many calls in flight
-            "healthy": BreakerConfig(fail_max=huge, max_concurrent=100_000),
+            "healthy": KeyPolicy(
+                breaker=BreakerOptions(fail_max=huge),
+                bulkhead=BulkheadOptions(max_concurrent=100_000),
+            ),
         },
     )
     # before any thread is started: the worker threads inherit it

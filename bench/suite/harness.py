@@ -16,7 +16,7 @@ import anyio
 import anyio.lowlevel
 from prometheus_client import CollectorRegistry
 
-from toolrelay import AuthContext, Dispatcher, ToolRegistry, ToolResult
+from toolrelay import AuthContext, Dispatcher, DispatcherOptions, ToolRegistry, ToolResult
 
 HERE = Path(__file__).resolve().parents[1]  # bench/: gateway.py, breaker_servers.py beside it
 SKIP_BENCH = "skipped (pip install '.[bench]')"
@@ -217,14 +217,22 @@ def noop_registry() -> ToolRegistry:
     return registry
 
 
-def dispatcher(registry: ToolRegistry, *, tracing: str = "api", **kwargs: Any) -> Dispatcher:
+def dispatcher(registry: ToolRegistry, *, tracing: str = "api", **settings: Any) -> Dispatcher:
     """``tracing``: "off" (no telemetry at all), "api" (metrics on a fresh registry, tracing
-    API with no SDK configured) or "sdk" (metrics, and an SDK provider recording spans)."""
+    API with no SDK configured) or "sdk" (metrics, and an SDK provider recording spans).
+    ``settings``: :class:`DispatcherOptions` fields (``keys=…``, ``storage=…``) and the
+    dispatcher's live keyword arguments, told apart by name."""
+    fields = {name: settings.pop(name) for name in DispatcherOptions.model_fields & settings.keys()}
+    options = DispatcherOptions(**fields)
     if tracing == "off":
-        return Dispatcher(registry, telemetry=False, **kwargs)
+        return Dispatcher(registry, options.replace(telemetry=False), **settings)
     provider = sdk_provider() if tracing == "sdk" else None
     return Dispatcher(
-        registry, metrics_registry=CollectorRegistry(), tracer_provider=provider, **kwargs
+        registry,
+        options,
+        metrics_registry=CollectorRegistry(),
+        tracer_provider=provider,
+        **settings,
     )
 
 

@@ -11,7 +11,12 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from toolrelay import AuthContext, BreakerConfig
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    BulkheadOptions,
+    KeyPolicy,
+)
 
 from .harness import (
     ARGS,
@@ -49,7 +54,12 @@ async def bench_memory(s: Settings) -> list[Row]:
 
     d = dispatcher(
         registry,
-        breakers={"parked": BreakerConfig(fail_max=10**9, max_concurrent=2 * s.inflight)},
+        keys={
+            "parked": KeyPolicy(
+                breaker=BreakerOptions(fail_max=10**9),
+                bulkhead=BulkheadOptions(max_concurrent=2 * s.inflight),
+            )
+        },
     )
 
     async def mix(first: int, count: int) -> Tally[str]:

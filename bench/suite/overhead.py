@@ -9,7 +9,13 @@ import statistics
 import time
 from typing import Any
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    Dispatcher,
+    KeyPolicy,
+    ToolRegistry,
+)
 
 from .harness import (
     ARGS,
@@ -68,7 +74,7 @@ async def bench_overhead(s: Settings) -> list[Row]:
 async def bench_fastfail(s: Settings) -> list[Row]:
     registry = noop_registry()
     registry.tool(name="noop_open", parameters=SCHEMA, breaker_key="down")(noop)
-    d = dispatcher(registry, breakers={"down": BreakerConfig(reset_timeout_s=3600)})
+    d = dispatcher(registry, keys={"down": KeyPolicy(breaker=BreakerOptions(reset_timeout_s=3600))})
     d.breakers.force_open("down")
     cases = {
         "ok": dispatch_case(d),

@@ -25,7 +25,17 @@ import anyio
 import httpx
 from prometheus_client import CollectorRegistry
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolError, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BulkheadOptions,
+    Dispatcher,
+    DispatcherOptions,
+    HedgeOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolError,
+    ToolRegistry,
+)
 from toolrelay.chaos.upstream import StandInUpstream
 
 KEY = "feeds"
@@ -52,16 +62,16 @@ async def run_side(
                 raise ToolError(f"upstream answered {response.status_code}", retryable=True)
             return len(response.content)
 
-        config = BreakerConfig(
-            hedge_after_s=hedge_after,
-            hedge_after_min_s=args.base * 2,
-            max_hedges=args.max_hedges,
-            max_attempts=1,
-            max_concurrent=4 * args.concurrency,
+        config = KeyPolicy(
+            retry=RetryOptions(max_attempts=1),
+            hedge=HedgeOptions(
+                after_s=hedge_after, after_min_s=args.base * 2, max_hedges=args.max_hedges
+            ),
+            bulkhead=BulkheadOptions(max_concurrent=4 * args.concurrency),
         )
         metrics = CollectorRegistry()
         dispatcher = Dispatcher(
-            registry, breakers={KEY: config}, audit=None, metrics_registry=metrics
+            registry, DispatcherOptions(keys={KEY: config}), audit=None, metrics_registry=metrics
         )
         durations: list[float] = []
         outcomes: dict[str, int] = {}

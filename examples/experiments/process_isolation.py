@@ -28,7 +28,16 @@ from typing import Any
 
 import anyio
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    BulkheadOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    RetryOptions,
+    ToolRegistry,
+)
 from toolrelay.contract import Isolation
 
 ANY = {"type": "object"}
@@ -81,8 +90,14 @@ async def run_mode(
                   isolation=mode)(hang)  # fmt: skip
     registry.tool(name="quick", parameters=ANY, timeout_s=30, breaker_key=KEY,
                   isolation=mode)(quick)  # fmt: skip
-    breakers = {KEY: BreakerConfig(max_concurrent=calls, max_attempts=1, fail_max=10**9)}
-    dispatcher = Dispatcher(registry, telemetry=False, breakers=breakers)
+    breakers = {
+        KEY: KeyPolicy(
+            breaker=BreakerOptions(fail_max=10**9),
+            retry=RetryOptions(max_attempts=1),
+            bulkhead=BulkheadOptions(max_concurrent=calls),
+        )
+    }
+    dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False, keys=breakers))
     report: dict[str, Any] = {"mode": mode, "calls": calls, "timeout_s": deadline_s}
 
     # warm-up: one worker per call (started concurrently, kept idle for reuse)

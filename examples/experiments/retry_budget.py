@@ -30,7 +30,18 @@ from typing import Any
 import anyio
 import httpx
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolError, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    BreakerOptions,
+    BudgetOptions,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    RetryOptions,
+    StorageOptions,
+    ToolError,
+    ToolRegistry,
+)
 from toolrelay.chaos.upstream import StandInUpstream
 
 KEY = "feeds"
@@ -41,13 +52,10 @@ MAX_ATTEMPTS = 3
 # -- one replica (a child process) ---------------------------------------------------------
 async def replica(args: argparse.Namespace) -> dict[str, Any]:
     budget = None if args.budget <= 0 else args.budget
-    config = BreakerConfig(
-        fail_max=1_000_000,
-        max_attempts=MAX_ATTEMPTS,
-        backoff_initial_s=0.01,
-        backoff_max_s=0.05,
-        retry_budget=budget,
-        retry_budget_min_per_s=args.floor,
+    config = KeyPolicy(
+        breaker=BreakerOptions(fail_max=1_000_000),
+        retry=RetryOptions(max_attempts=MAX_ATTEMPTS, backoff_initial_s=0.01, backoff_max_s=0.05),
+        budget=BudgetOptions(share=budget, min_per_s=args.floor),
     )
     outcomes: dict[str, int] = {}
     calls = 0
@@ -63,11 +71,12 @@ async def replica(args: argparse.Namespace) -> dict[str, Any]:
 
         dispatcher = Dispatcher(
             registry,
-            breakers={KEY: config},
-            breaker_storage=args.redis,
-            breaker_storage_sync_s=0.05,
+            DispatcherOptions(
+                keys={KEY: config},
+                telemetry=False,
+                storage=StorageOptions(url=args.redis, sync_interval_s=0.05),
+            ),
             audit=None,
-            telemetry=False,
         )
         end = time.monotonic() + args.seconds
 

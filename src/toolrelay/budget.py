@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
-from .breakers import BreakerConfig
+from pydantic.dataclasses import dataclass
 
-__all__ = ["OTHERS_TTL_S", "WINDOW_S", "KeyBudget", "RetryBudgets"]
+from .settings import DATACLASS, Seconds, Share, one_line_errors
+
+__all__ = ["OTHERS_TTL_S", "WINDOW_S", "BudgetOptions", "KeyBudget", "RetryBudgets"]
 
 WINDOW_S = 10
 """The budget's sliding window, in seconds."""
@@ -32,6 +35,23 @@ OTHERS_TTL_S = 2.0
 """How long other replicas' counts are believed without a fresh reading."""
 
 Clock = Callable[[], float]
+
+
+@one_line_errors("BudgetOptions.{}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
+class BudgetOptions:
+    """A key's retry budget: its retries and hedges at most ``share`` of its calls in the
+    last :data:`WINDOW_S` seconds, or ``min_per_s`` a second if more. ``share = None`` (the
+    default): no budget, retries are limited by attempts only.
+
+    Not reloadable: a key's budget keeps the settings of its first call.
+    """
+
+    RELOADABLE: ClassVar[bool] = False
+    """Whether a hot reload may change these settings of a key already in use."""
+
+    share: Share | None = None
+    min_per_s: Seconds = 1.0  # a rate ≥ 0 (per second, not seconds)
 
 
 class KeyBudget:
@@ -104,14 +124,14 @@ class KeyBudget:
 
 
 class RetryBudgets:
-    """The budgets of every key whose :class:`BreakerConfig` sets ``retry_budget``."""
+    """The budgets of every key whose :class:`BudgetOptions` set a ``share``."""
 
-    __slots__ = ("_budgets", "_clock", "_config_for")
+    __slots__ = ("_budgets", "_clock", "_options_for")
 
     def __init__(
-        self, config_for: Callable[[str], BreakerConfig], clock: Clock = time.monotonic
+        self, options_for: Callable[[str], BudgetOptions], clock: Clock = time.monotonic
     ) -> None:
-        self._config_for = config_for
+        self._options_for = options_for
         self._clock = clock
         self._budgets: dict[str, KeyBudget | None] = {}
 
@@ -120,12 +140,10 @@ class RetryBudgets:
         try:
             return self._budgets[key]
         except KeyError:
-            config = self._config_for(key)
-            ratio = config.retry_budget
+            options = self._options_for(key)
+            ratio = options.share
             budget = (
-                None
-                if ratio is None
-                else KeyBudget(ratio, config.retry_budget_min_per_s, clock=self._clock)
+                None if ratio is None else KeyBudget(ratio, options.min_per_s, clock=self._clock)
             )
             self._budgets[key] = budget
             return budget

@@ -105,7 +105,8 @@ def _config_source(path: str | None) -> Any:
 def _dispatcher(args: argparse.Namespace) -> Any:
     from .dispatcher import Dispatcher
 
-    return Dispatcher.from_config(_config_source(args.config), telemetry=False, audit=None)
+    source = _config_source(args.config)
+    return Dispatcher.from_config(source, overrides={"telemetry": False}, audit=None)
 
 
 async def _call(args: argparse.Namespace) -> int:
@@ -130,7 +131,7 @@ def _check(args: argparse.Namespace) -> int:
     parts = [
         f"{len(config.plugins)} plugins",
         f"{len(config.tools)} tool overrides",
-        f"{len(config.breakers)} breaker settings",
+        f"{len(config.keys)} key policies",
         f"{len(config.profiles)} profiles",
         f"{len(config.faults)} faults",
     ]

@@ -1,6 +1,6 @@
 """One TOML file for what an operator tunes without code, as one :class:`Settings` model.
 
-The models (here and :class:`~toolrelay.breakers.BreakerConfig`,
+The models (here, the dispatcher's :mod:`toolrelay.options` with each strategy's options,
 :class:`~toolrelay.policy.Profile`, :class:`~toolrelay.pipeline.faults.Fault`) are the only
 statement of what a setting may be. The file's JSON Schema (``CONFIG_SCHEMA``, printed by
 ``toolrelay config schema`` for editors) is generated from them; a file is checked against
@@ -8,38 +8,56 @@ it first, so every error names its key path and what was expected, and then buil
 models, whose validators check what a schema cannot say (one fault target, a rate that
 needs ``slow_call_s``). An extension adds its own tables with :func:`extend` (the gateway's
 ``[serve]``). ``Dispatcher.from_config(path)`` and ``toolrelay check CONFIG`` use
-:func:`load_config`.
+:func:`load_config`; :meth:`Settings.dispatcher_options` is what the dispatcher is told.
+
+Deprecated (0.1 names, read until 0.3 with a ``DeprecationWarning`` naming the new key):
+the flat ``[breakers.NAME]`` tables (now ``[keys.NAME.breaker]``, ``.retry``, ``.hedge``,
+``.bulkhead``, ``.budget``, see :data:`RENAMED`) and ``[breaker_storage]`` (now
+``[storage]``).
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict
+from pydantic import BaseModel, ConfigDict, PrivateAttr, Strict
 from pydantic import model_validator as _model_validator
+from pydantic.dataclasses import dataclass
 
-from .breakers import BreakerConfig
 from .contract import Isolation, Risk
 from .faults import Fault
+from .options import DispatcherOptions, KeyPolicy, Limits, StorageOptions
 from .policy import Profile
 from .registry import RegistrationError, ToolRegistry
-from .settings import MODEL, ConfigError, Count, Flag, Name, Port, Positive, Text, TomlTable, diff
+from .settings import (
+    DATACLASS,
+    MODEL,
+    ConfigError,
+    Count,
+    Flag,
+    Name,
+    Port,
+    Positive,
+    Text,
+    TomlTable,
+    diff,
+)
 
 __all__ = [
     "CONFIG_SCHEMA",
-    "BreakerStorageSettings",
+    "RENAMED",
     "Config",
     "ConfigError",
-    "DispatcherSettings",
+    "DispatcherSection",
     "PluginSettings",
     "Settings",
     "TelemetrySettings",
     "ToolOverride",
-    "dispatcher_arguments",
     "extend",
     "load_config",
     "load_configured_plugins",
@@ -86,33 +104,20 @@ class ToolOverride(BaseModel):
     (docs/isolation.md)."""
 
 
-class BreakerStorageSettings(BaseModel):
-    """``[breaker_storage]``: Redis shared by the replicas' breakers."""
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
+class DispatcherSection(Limits):
+    """``[dispatcher]``: the dispatcher's :class:`~toolrelay.options.Limits`, its faults'
+    seed, audit and redaction, and the registry's ``reserved_properties``."""
 
-    model_config = MODEL  # dumped by alias: the Dispatcher's keyword arguments
-
-    url: Annotated[str, Strict(), Field(pattern=r"^(redis|rediss|unix)://")] = Field(
-        serialization_alias="breaker_storage"
-    )
-    timeout_s: Positive | None = Field(None, serialization_alias="breaker_storage_timeout_s")
-    probe_interval_s: Positive | None = Field(None, serialization_alias="breaker_storage_probe_s")
-    sync_interval_s: Positive | None = Field(None, serialization_alias="breaker_storage_sync_s")
-
-
-class DispatcherSettings(BaseModel):
-    """``[dispatcher]``: ``Dispatcher`` keyword arguments; unset keys keep its defaults."""
-
-    model_config = MODEL
-
-    max_argument_bytes: Count | None = None
-    max_argument_depth: Count | None = None
-    max_output_bytes: Count | None = None
-    truncate_output: Flag | None = None
     fault_seed: Annotated[int, Strict()] | None = None
     reserved_properties: frozenset[str] | None = None
-    secret_patterns: frozenset[str] | None = None
-    audit: Flag | None = None
-    audit_arguments: Flag | None = None
+    secret_patterns: frozenset[str] = frozenset()
+    audit: Flag = True
+    audit_arguments: Flag = False
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(**{name: getattr(self, name) for name in Limits.__dataclass_fields__})
 
 
 class TelemetrySettings(BaseModel):
@@ -132,35 +137,58 @@ class TelemetrySettings(BaseModel):
 class Settings(BaseModel):
     """A checked ``toolrelay.toml``, ready to build a dispatcher from.
 
-    ``[breakers.default]`` is :attr:`default_breaker`; :attr:`path` is the file it was read
-    from (``None`` when built from a mapping). Two settings values compare with ``==``
-    (which also compares :attr:`path`) and :meth:`diff` says what changed, key by key.
+    ``[keys.default]`` is :attr:`default_key`; :attr:`path` is the file it was read from
+    (``None`` when built from a mapping). Two settings values compare with ``==`` (which
+    also compares :attr:`path`) and :meth:`diff` says what changed, key by key.
     """
 
     model_config = MODEL
 
     plugins: dict[str, PluginSettings] = {}
     tools: dict[str, ToolOverride] = {}
-    breakers: dict[str, BreakerConfig] = Field(
-        default={}, description="breaker key (or 'default') → BreakerConfig settings"
-    )
-    breaker_storage: BreakerStorageSettings | None = None
+    keys: dict[str, KeyPolicy] = {}
+    """Breaker key (or ``default``) → its policy: ``[keys.NAME.breaker]``, ``.retry``, …"""
+    storage: StorageOptions | None = None
     profiles: dict[str, Profile] = {}
     faults: tuple[Fault, ...] = ()
-    dispatcher: DispatcherSettings = DispatcherSettings()
+    dispatcher: DispatcherSection = DispatcherSection()
     telemetry: TelemetrySettings = TelemetrySettings()
     _path: Path | None = PrivateAttr(default=None)
+
+    @_model_validator(mode="before")
+    @classmethod
+    def _deprecated(cls, data: Any) -> Any:
+        return translate_deprecated(data) if isinstance(data, Mapping) else data
 
     @property
     def path(self) -> Path | None:
         return self._path
 
     @property
-    def default_breaker(self) -> BreakerConfig | None:
-        return self.breakers.get("default")
+    def default_key(self) -> KeyPolicy:
+        """The policy of every key ``[keys]`` does not name."""
+        return self.keys.get("default", KeyPolicy())
+
+    def dispatcher_options(self) -> DispatcherOptions:
+        """What a dispatcher built from this file is told."""
+        section = self.dispatcher
+        return DispatcherOptions(
+            profiles=self.profiles,
+            keys={key: policy for key, policy in self.keys.items() if key != "default"},
+            default_key=self.default_key,
+            storage=self.storage,
+            limits=section.limits,
+            faults=self.faults,
+            fault_seed=section.fault_seed,
+            secret_patterns=section.secret_patterns,
+            audit=section.audit,
+            audit_arguments=section.audit_arguments,
+            telemetry=self.telemetry.enabled,
+            capture_content=self.telemetry.capture_content,
+        )
 
     def diff(self, other: Settings) -> dict[str, tuple[Any, Any]]:
-        """What differs in ``other``: dotted key (``breakers.searxng.fail_max``,
+        """What differs in ``other``: dotted key (``keys.searxng.breaker.fail_max``,
         ``profiles.support``) → ``(old, new)``; a table on one side only has ``None`` on the
         other; lists (``faults``) are compared whole."""
         return diff(self, other)
@@ -196,15 +224,78 @@ def extend(model: type[Settings]) -> None:
     _table = TomlTable[Settings](model)
 
 
+RENAMED: dict[str, tuple[str, str]] = {
+    **{
+        name: ("breaker", name)
+        for name in (
+            *("fail_max", "reset_timeout_s", "reset_timeout_max_s", "success_threshold"),
+            *("half_open_max_calls", "slow_call_s", "window", "window_size", "minimum_calls"),
+            *("failure_rate", "slow_call_rate"),
+        )
+    },
+    "max_attempts": ("retry", "max_attempts"),
+    "backoff_initial_s": ("retry", "backoff_initial_s"),
+    "backoff_max_s": ("retry", "backoff_max_s"),
+    "hedge_after_s": ("hedge", "after_s"),
+    "hedge_after_min_s": ("hedge", "after_min_s"),
+    "max_hedges": ("hedge", "max_hedges"),
+    "max_concurrent": ("bulkhead", "max_concurrent"),
+    "max_concurrent_per_tenant": ("bulkhead", "max_concurrent_per_tenant"),
+    "bulkhead_wait_s": ("bulkhead", "wait_s"),
+    "adaptive_min": ("bulkhead", "adaptive_min"),
+    "adaptive_max": ("bulkhead", "adaptive_max"),
+    "retry_budget": ("budget", "share"),
+    "retry_budget_min_per_s": ("budget", "min_per_s"),
+}
+"""A deprecated ``[breakers.NAME]`` key → its ``[keys.NAME.PART]`` table and key."""
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=4)
+
+
+def translate_deprecated(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``data`` with the deprecated tables (``[breakers.NAME]``, ``[breaker_storage]``)
+    moved to their new keys, a ``DeprecationWarning`` naming each new key; a key set in
+    both places keeps the new one. Anything else is returned as it is."""
+    if "breakers" not in data and "breaker_storage" not in data:
+        return data
+    data = dict(data)
+    if "breaker_storage" in data:
+        _deprecated("[breaker_storage]", "[storage]")
+        old_storage = data.pop("breaker_storage")
+        data.setdefault("storage", old_storage)
+    old_keys = data.pop("breakers", None)
+    if not isinstance(old_keys, Mapping):
+        if old_keys is not None:
+            data["breakers"] = old_keys  # not a table: the schema says so
+        return data
+    keys = {name: dict(table) for name, table in dict(data.get("keys") or {}).items()}
+    for name, table in old_keys.items():
+        if not isinstance(table, Mapping):
+            keys.setdefault(name, table)
+            continue
+        policy = keys.setdefault(name, {})
+        for old, value in table.items():
+            part, new = RENAMED.get(old, ("breaker", old))
+            _deprecated(f"breakers.{name}.{old}", f"keys.{name}.{part}.{new}")
+            section = policy.setdefault(part, {})
+            if isinstance(section, dict):
+                section.setdefault(new, value)
+    data["keys"] = keys
+    return data
+
+
 def parse_config(data: Mapping[str, Any], path: Path | None = None) -> Settings:
     """Check a decoded config and turn it into :class:`Settings` (or the model an
-    extension put in its place: :func:`extend`)."""
-    settings = _table(data, path)
+    extension put in its place: :func:`extend`), deprecated tables translated first, with a
+    warning."""
+    settings = _table(translate_deprecated(data), path)
     settings._path = path
     return settings
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(path: str | os.PathLike[str]) -> Settings:
     """Read and check a ``toolrelay.toml``; raise :class:`ConfigError` with a clear line."""
     file = Path(path)
     try:
@@ -251,22 +342,3 @@ def load_configured_plugins(registry: ToolRegistry, config: Settings) -> list[st
                 raise ConfigError(f"{where}: tools.{tool}.{key}: {reason}") from None
         registry.override(tool, **fields)
     return loaded
-
-
-def dispatcher_arguments(config: Settings) -> dict[str, Any]:
-    """The ``Dispatcher`` keyword arguments a config file sets."""
-    kwargs: dict[str, Any] = {
-        "profiles": config.profiles,
-        "breakers": {key: value for key, value in config.breakers.items() if key != "default"},
-        "default_breaker": config.default_breaker,
-        "faults": config.faults,
-        "telemetry": config.telemetry.enabled,
-        "capture_content": config.telemetry.capture_content,
-    }
-    settings = config.dispatcher.model_dump(exclude_none=True, exclude={"reserved_properties"})
-    if settings.pop("audit", True) is False:
-        kwargs["audit"] = None
-    kwargs.update(settings)
-    if config.breaker_storage is not None:
-        kwargs.update(config.breaker_storage.model_dump(by_alias=True, exclude_none=True))
-    return kwargs

@@ -58,12 +58,21 @@ DEMO: dict[str, Any] = {
             },
         },
         "tools": {"web_search": {"timeout_s": 1.0, "fallback": [FALLBACK]}},
-        "breakers": {
-            "searxng": {"fail_max": 2, "reset_timeout_s": 1.5, "max_attempts": 1},
-            "open-meteo": {"fail_max": 4, "reset_timeout_s": 1.5, "max_attempts": 2},
-            "legacy-crm": {"fail_max": 2, "reset_timeout_s": 1.5, "max_concurrent": 4},
+        "keys": {
+            "searxng": {
+                "breaker": {"fail_max": 2, "reset_timeout_s": 1.5},
+                "retry": {"max_attempts": 1},
+            },
+            "open-meteo": {
+                "breaker": {"fail_max": 4, "reset_timeout_s": 1.5},
+                "retry": {"max_attempts": 2},
+            },
+            "legacy-crm": {
+                "breaker": {"fail_max": 2, "reset_timeout_s": 1.5},
+                "bulkhead": {"max_concurrent": 4},
+            },
             # the status feed has a slow tail (1 in 5 takes 1.5 s): hedged after 0.15 s
-            "feeds": {"hedge_after_s": 0.15, "max_attempts": 1},
+            "feeds": {"hedge": {"after_s": 0.15}, "retry": {"max_attempts": 1}},
         },
     },
     "upstream_faults": [

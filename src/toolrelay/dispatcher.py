@@ -15,15 +15,14 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from .approval import Approver
-from .breakers import BreakerConfig, Breakers
+from .breakers import Breakers, StorageFactory
 from .budget import RetryBudgets
 from .capabilities import Closeable
-from .config import Config, dispatcher_arguments, load_config, load_configured_plugins
+from .config import Settings, load_config, load_configured_plugins
 from .contract import AuthContext, ErrorType, ToolDeclaration
-from .faults import Fault
 from .formats import formatter
 from .isolation import ProcessPools
-from .jsonlimits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, DEFAULT_MAX_OUTPUT_BYTES
+from .options import DispatcherOptions, KeyPolicy
 from .outcome import failure
 from .pipeline import Invocation, Observer, Stage, compose
 from .pipeline.approve import Approve
@@ -74,46 +73,33 @@ class Dispatcher:
     def __init__(
         self,
         registry: ToolRegistry,
+        options: DispatcherOptions | None = None,
         *,
-        profiles: Mapping[str, Profile] | None = None,
         approver: Approver | None = None,
-        breakers: Mapping[str, BreakerConfig] | None = None,
-        default_breaker: BreakerConfig | None = None,
-        breaker_storage: str | None = None,
-        breaker_storage_timeout_s: float = 0.05,
-        breaker_storage_probe_s: float = 5.0,
-        breaker_storage_sync_s: float = 0.2,
-        max_argument_bytes: int = DEFAULT_MAX_BYTES,
-        max_argument_depth: int = DEFAULT_MAX_DEPTH,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        truncate_output: bool = False,
-        observers: Iterable[Observer] = (),
-        secret_patterns: Iterable[str] = (),
         audit: AuditSink | None = log_sink,
-        audit_arguments: bool = False,
-        faults: Iterable[Fault] = (),
-        fault_seed: int | None = None,
-        telemetry: bool = True,
+        observers: Iterable[Observer] = (),
         metrics_registry: CollectorRegistry | None = None,
         tracer_provider: TracerProvider | None = None,
-        capture_content: bool = False,
         meter_provider: MeterProvider | None = None,
     ) -> None:
+        """``options``: the settings (:class:`~toolrelay.options.DispatcherOptions`; the
+        defaults when ``None``). The keyword arguments are live objects: who approves
+        (``approver``), where audit lines go (``audit``; ``None``: nowhere, as
+        ``options.audit = False``), who observes stage events, and the metric registry and
+        OpenTelemetry providers telemetry uses."""
         self.registry = registry
-        self.profiles: dict[str, Profile] = dict(profiles or {})
-        self.breaker_configs: dict[str, BreakerConfig] = dict(breakers or {})
-        self.default_breaker = default_breaker or BreakerConfig()
-        self.redact = Redactor(secret_patterns)
+        self.options = options = DispatcherOptions() if options is None else options
+        self.redact = Redactor(options.secret_patterns)
         self.telemetry = (
             Telemetry(
                 registry,
                 metrics_registry=metrics_registry,
                 tracer_provider=tracer_provider,
-                capture_content=capture_content,
+                capture_content=options.capture_content,
                 redact=self.redact,
                 meter_provider=meter_provider,
             )
-            if telemetry
+            if options.telemetry
             else None
         )
         tel = self.telemetry
@@ -121,52 +107,53 @@ class Dispatcher:
             tuple(observers) if tel is None else (tel.observe, *observers)
         )
         self.storage_link: RedisLink | None = None
-        factory = None
-        if breaker_storage is not None:
-            link = RedisLink(
-                breaker_storage,
-                timeout_s=breaker_storage_timeout_s,
-                probe_interval_s=breaker_storage_probe_s,
-                sync_interval_s=breaker_storage_sync_s,
+        factory: StorageFactory | None = None
+        storage = options.storage
+        if storage is not None:
+            self.storage_link = link = RedisLink(
+                storage.url,
+                timeout_s=storage.timeout_s,
+                probe_interval_s=storage.probe_interval_s,
+                sync_interval_s=storage.sync_interval_s,
                 on_change=None if tel is None else tel.storage_changed,
             )
-            self.storage_link = link
+            factory = functools.partial(SharedStorage, link)
 
-            def factory(key: str) -> SharedStorage:
-                return SharedStorage(link, key)
+        def places(key: str) -> int:
+            return self.policy(key).bulkhead.max_places
 
-        self.breakers = Breakers(self.breaker_config, factory)
-        self.workers = WorkerPools(
-            lambda key: self.breaker_config(key).max_places,
-            None if tel is None else tel.workers_changed,
-        )
+        self.breakers = Breakers(lambda key: self.policy(key).breaker, factory)
+        self.workers = WorkerPools(places, None if tel is None else tel.workers_changed)
         if tel is not None:
             self.breakers.add_listener(tel.breaker_transition)
             self.breakers.on_create.append(tel.breaker_seen)
             tel.watch_breakers(self.breakers)
-        self.bulkhead = Bulkhead(self.breaker_config, lambda key: self.workers.get(key).abandoned)
-        self.budgets = RetryBudgets(self.breaker_config)
+        self.bulkhead = Bulkhead(
+            lambda key: self.policy(key).bulkhead, lambda key: self.workers.get(key).abandoned
+        )
+        self.budgets = RetryBudgets(lambda key: self.policy(key).budget)
         if self.storage_link is not None:
             self.storage_link.budgets = self.budgets
-        self.faults = FaultInjector(faults, fault_seed)
+        self.faults = FaultInjector(options.faults, options.fault_seed)
         outer: list[Stage] = []
-        if audit is not None:
-            outer.append(Audit(audit, arguments=audit_arguments, redact=self.redact))
+        if audit is not None and options.audit:
+            outer.append(Audit(audit, arguments=options.audit_arguments, redact=self.redact))
         outer.append(Resolve(registry, self.redact))
+        limits = options.limits
         inner: list[Stage] = [
             FastFail(self.breakers),
-            Decode(max_argument_bytes, max_argument_depth, self.redact),
+            Decode(limits.max_argument_bytes, limits.max_argument_depth, self.redact),
             Validate(self.redact),
             Approve(approver),
-            Shape(max_output_bytes, truncate_output),
+            Shape(limits.max_output_bytes, limits.truncate_output),
             Deadline(),
-            Retry(self.breaker_config, self.budgets),
-            Hedge(self.breaker_config, self.budgets, self.bulkhead.has_place),
+            Retry(lambda key: self.policy(key).retry, self.budgets),
+            Hedge(lambda key: self.policy(key).hedge, self.budgets, self.bulkhead.has_place),
             Breaker(self.breakers),
             self.bulkhead,
             self.faults,
         ]
-        self.processes = ProcessPools(lambda key: self.breaker_config(key).max_places)
+        self.processes = ProcessPools(places)
         invoke = Invoke(self.workers, self.redact, self.processes)
         # a fallback's call runs every stage but telemetry (the call's span and metrics are
         # the primary's) and the fallback stage (a fallback's fallbacks are not followed)
@@ -176,26 +163,32 @@ class Dispatcher:
     @classmethod
     def from_config(
         cls,
-        source: str | os.PathLike[str] | Config,
+        source: str | os.PathLike[str] | Settings,
         *,
         registry: ToolRegistry | None = None,
-        **overrides: Any,
+        overrides: Mapping[str, Any] | None = None,
+        **live: Any,
     ) -> Dispatcher:
         """Build a dispatcher (and, unless given, its registry) from a ``toolrelay.toml``.
 
-        Plugins are loaded, tool overrides applied, and breakers, profiles, faults, storage
-        and telemetry set as the file says; keyword arguments override the file.
+        Plugins are loaded, tool overrides applied, and the dispatcher's options built
+        from the file (:meth:`~toolrelay.config.Settings.dispatcher_options`);
+        ``overrides`` replace options (``{"telemetry": False}``) and the other keyword
+        arguments are the dispatcher's live ones (``approver=…``, ``audit=None``).
         Raises :class:`~toolrelay.config.ConfigError` or
         :class:`~toolrelay.loading.PluginLoadError` with one clear line.
         """
-        config = source if isinstance(source, Config) else load_config(source)
+        config = source if isinstance(source, Settings) else load_config(source)
         if registry is None:
             reserved = config.dispatcher.reserved_properties
             registry = (
                 ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
             )
         load_configured_plugins(registry, config)
-        return cls(registry, **{**dispatcher_arguments(config), **overrides})
+        options = config.dispatcher_options()
+        if overrides:
+            options = options.replace(**overrides)
+        return cls(registry, options, **live)
 
     async def __aenter__(self) -> Dispatcher:
         return self
@@ -232,41 +225,41 @@ class Dispatcher:
         listeners = [] if self.telemetry is None else [self.telemetry.slot_released]
         return ModelSlot(budget_s, listeners=listeners)
 
-    def reconfigure(
-        self,
-        *,
-        profiles: Mapping[str, Profile] | None = None,
-        breakers: Mapping[str, BreakerConfig] | None = None,
-        default_breaker: BreakerConfig | None = None,
-        faults: Iterable[Fault] | None = None,
-    ) -> list[str]:
-        """Apply new settings to later calls (hot reload); ``None`` keeps a setting as it is.
+    def reconfigure(self, options: DispatcherOptions) -> list[str]:
+        """Apply new options to later calls (hot reload): ``profiles``, ``keys`` and
+        ``default_key``, and ``faults`` when they differ from those in force (they replace
+        the faults in force, admin-added ones included; the dice keep rolling). The rest
+        (storage, limits, audit, telemetry) is kept as built.
 
         A call in flight keeps the profile it started with; breakers keep their state
-        (:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`); ``faults`` replace the faults
-        in force (the dice keep rolling). Returns the keys of the breakers reconfigured.
-        A bulkhead and a retry budget keep the settings of a key's first call.
+        (:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`). A key's bulkhead and retry
+        budget keep the options of its first call (``RELOADABLE = False``). Returns the
+        keys of the breakers reconfigured.
         """
-        if profiles is not None:
-            self.profiles = dict(profiles)
-        if breakers is not None:
-            self.breaker_configs = dict(breakers)
-        if default_breaker is not None:
-            self.default_breaker = default_breaker
-        if faults is not None:
+        old = self.options
+        live = {"profiles", "keys", "default_key", "faults"}
+        self.options = old.replace(**{name: getattr(options, name) for name in live})
+        if options.faults != old.faults:
             self.faults.clear()
-            for fault in faults:
+            for fault in options.faults:
                 self.faults.add(fault)
         return self.breakers.reconfigure()
 
-    def breaker_config(self, key: str) -> BreakerConfig:
-        return self.breaker_configs.get(key, self.default_breaker)
+    @property
+    def profiles(self) -> Mapping[str, Profile]:
+        """The caller profiles in force, by name."""
+        return self.options.profiles
+
+    def policy(self, key: str) -> KeyPolicy:
+        """The :class:`~toolrelay.options.KeyPolicy` in force for breaker key ``key``."""
+        options = self.options
+        return options.keys.get(key, options.default_key)
 
     def profile(self, name: str | None) -> Profile:
         """The profile a caller naming ``name`` gets: every tool for ``None``, none if unknown."""
         if name is None:
             return EVERYTHING
-        return self.profiles.get(name, NOTHING)
+        return self.options.profiles.get(name, NOTHING)
 
     # -- dispatch -----------------------------------------------------------------------
     async def dispatch(

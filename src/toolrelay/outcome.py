@@ -192,7 +192,7 @@ class OpenBreaker(Protocol):
     @property
     def key(self) -> str: ...
     @property
-    def config(self) -> _BreakerSettings: ...
+    def options(self) -> _BreakerSettings: ...
     @property
     def pinned_open(self) -> bool: ...
     def retry_after(self) -> float: ...
@@ -218,7 +218,7 @@ def circuit_open(inv: Invocation, breaker: OpenBreaker, wait: float | None = Non
     if wait > 0:
         hint = f"try again in {wait:.1f} s" if wait < 10 else f"try again in {wait:.0f} s"
     else:  # half-open, with every trial place taken
-        wait = min(1.0, breaker.config.reset_timeout_s)
+        wait = min(1.0, breaker.options.reset_timeout_s)
         hint = "a trial call is testing it; try again in a moment"
     message = f"{name} is paused because {breaker.key} is failing; {hint}"
     return Outcome(False, None, ErrorType.CIRCUIT_OPEN, short(message), True, wait,

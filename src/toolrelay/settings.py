@@ -1,6 +1,6 @@
 """What every settings model shares: pydantic config, value types, TOML tables, one-line
 errors, diffs. Settings are frozen pydantic models or dataclasses that refuse unknown keys;
-a class built by hand (``BreakerConfig(fail_max=0)``) raises :class:`SettingsError`, a
+a class built by hand (``BreakerOptions(fail_max=0)``) raises :class:`SettingsError`, a
 ``ValueError`` of one line naming the setting, never pydantic's multi-line report.
 """
 
@@ -92,7 +92,7 @@ def explain(exc: ValidationError, where: str = "{}") -> list[str]:
 
 def one_line_errors(where: str) -> Callable[[type[T]], type[T]]:
     """Make a settings class's constructor raise :class:`SettingsError` (one line, each
-    setting named by ``where``, e.g. ``"BreakerConfig.{}"``) instead of pydantic's report.
+    setting named by ``where``, e.g. ``"BreakerOptions.{}"``) instead of pydantic's report.
     Validation inside a larger model (the config file) does not call the constructor."""
 
     def decorate(cls: type[T]) -> type[T]:
@@ -122,7 +122,8 @@ class _TomlSchema(GenerateJsonSchema):
 
     def default_schema(self, schema: core_schema.WithDefaultSchema) -> dict[str, Any]:
         default = schema.get("default", ...)
-        if default is None or isinstance(default, BaseModel):  # a section: see its fields
+        if default is None or isinstance(default, BaseModel) or dataclasses.is_dataclass(default):
+            # a section: see its fields
             return self.generate_inner(schema["schema"])
         return super().default_schema(schema)
 
@@ -168,7 +169,8 @@ class TomlTable(Generic[M]):
 def _entries(value: Any) -> Mapping[str, Any] | None:
     """A model's, a dataclass's or a mapping's entries; ``None`` for a plain value."""
     if isinstance(value, BaseModel):
-        return dict(value)  # fields and extra keys
+        fields = {name: getattr(value, name) for name in type(value).model_fields}
+        return {**fields, **(value.model_extra or {})}  # not dict(value): a field may be "keys"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from .config import Config
+from .config import Settings
 from .contract import AuthContext
 from .dispatcher import Dispatcher, Unavailable
 from .registry import ToolRegistry
@@ -261,15 +261,16 @@ class SyncDispatcher:
     @classmethod
     def from_config(
         cls,
-        source: str | os.PathLike[str] | Config,
+        source: str | os.PathLike[str] | Settings,
         *,
         registry: ToolRegistry | None = None,
         backend: str = "asyncio",
         backend_options: Mapping[str, Any] | None = None,
-        **overrides: Any,
+        overrides: Mapping[str, Any] | None = None,
+        **live: Any,
     ) -> SyncDispatcher:
         """:meth:`Dispatcher.from_config <toolrelay.Dispatcher.from_config>`, wrapped."""
-        dispatcher = Dispatcher.from_config(source, registry=registry, **overrides)
+        dispatcher = Dispatcher.from_config(source, registry=registry, overrides=overrides, **live)
         return cls(dispatcher, backend=backend, backend_options=backend_options)
 
     @property

@@ -30,12 +30,22 @@ from typing import Any
 
 import anyio
 
-from toolrelay import AuthContext, BreakerConfig, Dispatcher, ToolRegistry
+from toolrelay import (
+    AuthContext,
+    Dispatcher,
+    DispatcherOptions,
+    KeyPolicy,
+    StorageOptions,
+    ToolRegistry,
+)
+from toolrelay.config import parse_config
 
 
-def linked(registry: ToolRegistry, url: str, config: BreakerConfig) -> Dispatcher:
+def linked(registry: ToolRegistry, url: str, config: KeyPolicy) -> Dispatcher:
     return Dispatcher(
-        registry, breakers={"svc": config}, breaker_storage=url, telemetry=False, audit=None
+        registry,
+        DispatcherOptions(keys={"svc": config}, telemetry=False, storage=StorageOptions(url=url)),
+        audit=None,
     )
 
 
@@ -80,13 +90,14 @@ def calls(url: str, config_json: str, seconds: str, work_s: str) -> list[dict[st
                 tg.start_soon(loop, until)
         await dispatcher.aclose()
 
-    dispatcher = linked(registry, url, BreakerConfig(**json.loads(config_json)))
+    policy = parse_config({"keys": {"svc": json.loads(config_json)}}).keys["svc"]
+    dispatcher = linked(registry, url, policy)
     anyio.run(run)
     return records
 
 
 def watch(url: str, until_period: str, timeout_s: str) -> list[dict[str, Any]]:
-    dispatcher = linked(ToolRegistry(), url, BreakerConfig())
+    dispatcher = linked(ToolRegistry(), url, KeyPolicy())
     seen: list[dict[str, Any]] = []
 
     async def run() -> None:
@@ -107,7 +118,7 @@ def watch(url: str, until_period: str, timeout_s: str) -> list[dict[str, Any]]:
 
 
 def drive(url: str, transitions: str, pause_s: str) -> list[dict[str, Any]]:
-    dispatcher = linked(ToolRegistry(), url, BreakerConfig())
+    dispatcher = linked(ToolRegistry(), url, KeyPolicy())
     done: list[dict[str, Any]] = []
 
     async def run() -> None:

@@ -82,7 +82,7 @@ def judge(run: Run) -> list[Check]:
 
 def _breaker_checks(key: str, run: Run, outage: tuple[float, float] | None) -> list[Check]:
     breakers = run.dispatcher.breakers
-    config = run.dispatcher.breaker_config(key)
+    config = run.dispatcher.policy(key).breaker
     moves = [t for t in run.record.transitions if t[1] == key]
     start, end = outage if outage is not None else (0.0, math.inf)
     opened = next((t for t in moves if t[3] == "open" and t[0] >= start), None)

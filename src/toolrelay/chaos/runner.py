@@ -70,10 +70,10 @@ async def play(
             extras.tools(registry)
         dispatcher = Dispatcher.from_config(
             config,
+            overrides={"fault_seed": seed},
             registry=registry,
             metrics_registry=metrics,
             tracer_provider=tracer_provider,
-            fault_seed=seed,
             audit=None,
         )
         record = Record(anyio.current_time(), windows=[_window(f) for f in data.get("faults", [])])

@@ -1,6 +1,6 @@
-"""Bulkhead: at most ``max_concurrent`` calls in flight per breaker key.
+"""Bulkhead: at most ``max_concurrent`` calls in flight per breaker key (:class:`BulkheadOptions`).
 
-Above that the answer is ``overloaded`` at once, or after at most ``bulkhead_wait_s``
+Above that the answer is ``overloaded`` at once, or after at most ``wait_s``
 (never past the call's deadline). Load shedding is not a service failure: the breaker
 ignores it.
 
@@ -16,41 +16,83 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
+from typing import ClassVar, Literal
 
 import anyio
+from pydantic import ValidationInfo, field_validator
+from pydantic.dataclasses import dataclass
 
 from ..adaptive import AdaptiveLimit
-from ..breakers import BreakerConfig
 from ..contract import ErrorType
 from ..events import ConcurrencyLimited, ConcurrencyLimitUpdated
 from ..outcome import Outcome, failure
+from ..settings import DATACLASS, Count, Seconds, one_line_errors
 from . import Invocation, Next
+
+__all__ = ["Bulkhead", "BulkheadOptions"]
+
+
+@one_line_errors("BulkheadOptions.{}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
+class BulkheadOptions:
+    """How many calls of a key may be in flight.
+
+    ``max_concurrent`` calls may be in flight (and as many worker threads live); ``wait_s``
+    is how long a call may wait for a place before ``overloaded``;
+    ``max_concurrent_per_tenant`` caps one tenant's share of those places.
+    ``max_concurrent = "adaptive"``: the limit follows the key's latency, between
+    ``adaptive_min`` and ``adaptive_max`` (:mod:`toolrelay.adaptive`).
+
+    Not reloadable: a key's bulkhead (and its worker threads) keep the settings of its
+    first call.
+    """
+
+    RELOADABLE: ClassVar[bool] = False
+    """Whether a hot reload may change these settings of a key already in use."""
+
+    max_concurrent: Count | Literal["adaptive"] = 32
+    max_concurrent_per_tenant: Count | None = None
+    wait_s: Seconds = 0.0
+    adaptive_min: Count = 2
+    adaptive_max: Count = 100
+
+    @property
+    def max_places(self) -> int:
+        """The most calls that may ever be in flight (and worker threads live)."""
+        return self.adaptive_max if self.max_concurrent == "adaptive" else self.max_concurrent
+
+    @field_validator("adaptive_max")
+    @classmethod
+    def _not_below_adaptive_min(cls, value: int, info: ValidationInfo) -> int:
+        if value < info.data.get("adaptive_min", 1):
+            raise ValueError(f"must be ≥ adaptive_min, not {value!r}")
+        return value
 
 
 class _Gate:
     """One key's places and its settings, looked up once per call."""
 
-    __slots__ = ("config", "places")
+    __slots__ = ("options", "places")
 
-    def __init__(self, config: BreakerConfig) -> None:
-        self.config = config
-        assert config.max_concurrent != "adaptive"
-        self.places = anyio.Semaphore(config.max_concurrent)
+    def __init__(self, options: BulkheadOptions) -> None:
+        self.options = options
+        assert options.max_concurrent != "adaptive"
+        self.places = anyio.Semaphore(options.max_concurrent)
 
     @property
     def in_flight(self) -> int:
-        assert self.config.max_concurrent != "adaptive"
-        return self.config.max_concurrent - self.places.value
+        assert self.options.max_concurrent != "adaptive"
+        return self.options.max_concurrent - self.places.value
 
 
 class _AdaptiveGate:
     """One key's adaptive limit and the calls holding its places."""
 
-    __slots__ = ("config", "freed", "in_flight", "limit")
+    __slots__ = ("freed", "in_flight", "limit", "options")
 
-    def __init__(self, config: BreakerConfig) -> None:
-        self.config = config
-        self.limit = AdaptiveLimit(config.adaptive_min, config.adaptive_max)
+    def __init__(self, options: BulkheadOptions) -> None:
+        self.options = options
+        self.limit = AdaptiveLimit(options.adaptive_min, options.adaptive_max)
         self.in_flight = 0
         self.freed: anyio.Event | None = None
         """Set (and dropped) when a place is given back, for calls waiting for one."""
@@ -63,16 +105,16 @@ class _AdaptiveGate:
 
 
 class Bulkhead:
-    __slots__ = ("_config_for", "_gates", "_held", "_tenants")
+    __slots__ = ("_gates", "_held", "_options_for", "_tenants")
 
     def __init__(
         self,
-        config_for: Callable[[str], BreakerConfig],
+        options_for: Callable[[str], BulkheadOptions],
         held: Callable[[str], int] | None = None,
     ) -> None:
         """``held(key)``: places of an adaptive key held outside the bulkhead (worker
         threads abandoned at a deadline and still running)."""
-        self._config_for = config_for
+        self._options_for = options_for
         self._held = held
         self._gates: dict[str, _Gate | _AdaptiveGate] = {}
         self._tenants: dict[tuple[str, str | None], int] = {}
@@ -104,10 +146,10 @@ class Bulkhead:
         assert key is not None and inv.tool is not None
         gate = self._gates.get(key)
         if gate is None:
-            config = self._config_for(key)
-            adaptive = config.max_concurrent == "adaptive"
-            gate = self._gates[key] = _AdaptiveGate(config) if adaptive else _Gate(config)
-        share = gate.config.max_concurrent_per_tenant
+            options = self._options_for(key)
+            adaptive = options.max_concurrent == "adaptive"
+            gate = self._gates[key] = _AdaptiveGate(options) if adaptive else _Gate(options)
+        share = gate.options.max_concurrent_per_tenant
         if share is not None:
             return self._share(call_next, inv, gate, key, share)
         if isinstance(gate, _AdaptiveGate):
@@ -151,7 +193,7 @@ class Bulkhead:
             places.acquire_nowait()
         except anyio.WouldBlock:
             entered = time.perf_counter()
-            limit = min(gate.config.bulkhead_wait_s, inv.deadline - anyio.current_time())
+            limit = min(gate.options.wait_s, inv.deadline - anyio.current_time())
             acquired = False
             if limit > 0:
                 with anyio.move_on_after(limit):
@@ -161,7 +203,7 @@ class Bulkhead:
                 return failure(
                     ErrorType.OVERLOADED,
                     f"{inv.tool.decl.name} is busy: {inv.key} already has "
-                    f"{gate.config.max_concurrent} calls in flight",
+                    f"{gate.options.max_concurrent} calls in flight",
                     inv,
                     retryable=True,
                 )
@@ -183,7 +225,7 @@ class Bulkhead:
         queued = 0.0
         if gate.in_flight + (held(key) if held else 0) >= limit.limit:
             entered = time.perf_counter()
-            wait = min(gate.config.bulkhead_wait_s, inv.deadline - anyio.current_time())
+            wait = min(gate.options.wait_s, inv.deadline - anyio.current_time())
             with anyio.move_on_after(max(0.0, wait)):
                 while gate.in_flight + (held(key) if held else 0) >= limit.limit:
                     if gate.freed is None:

@@ -3,9 +3,9 @@
 Between retry and breaker: each attempt the retry stage makes may be hedged, and each
 hedged attempt goes through the breaker, the bulkhead, faults and invoke on its own.
 
-If an attempt has not answered ``hedge_after_s`` after it started (or, with
+If an attempt has not answered ``after_s`` (:class:`HedgeOptions`) after it started (or, with
 ``"adaptive"``, the key's observed p95 of successful attempts, never below
-``hedge_after_min_s``), one more attempt starts, up to ``max_hedges`` of them, one delay
+``after_min_s``), one more attempt starts, up to ``max_hedges`` of them, one delay
 apart. The first ``ok`` answer is the call's; the others are cancelled, which the breaker
 does not count and nobody reports as an answer. When every attempt fails, the last
 failure is the answer (retrying it is the retry stage's job). A hedge is skipped, never
@@ -23,16 +23,18 @@ import dataclasses
 import math
 import time
 from collections.abc import Awaitable, Callable
+from typing import ClassVar, Literal
 
 import anyio
+from pydantic.dataclasses import dataclass
 
-from ..breakers import BreakerConfig
 from ..budget import RetryBudgets
 from ..events import HedgeEnded, RetryBudgetExhausted
 from ..outcome import Outcome
+from ..settings import DATACLASS, Count, Positive, one_line_errors
 from . import Invocation, Next
 
-__all__ = ["MIN_SAMPLES", "Hedge", "LatencyWindow"]
+__all__ = ["MIN_SAMPLES", "Hedge", "HedgeOptions", "LatencyWindow"]
 
 MIN_SAMPLES = 20
 """An adaptive delay needs this many attempt latencies of the key before hedging starts."""
@@ -40,6 +42,21 @@ WINDOW_SAMPLES = 256
 """How many recent attempt latencies an adaptive delay is computed from."""
 RECOMPUTE_EVERY = 16
 """The p95 is recomputed after this many new samples (a sort of at most 256 floats)."""
+
+
+@one_line_errors("HedgeOptions.{}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
+class HedgeOptions:
+    """Hedging of a key's idempotent tools: ``after_s`` (seconds, or ``"adaptive"``: the
+    key's observed p95, at least ``after_min_s``; ``None``, the default: never) starts up
+    to ``max_hedges`` extra attempts of a slow call. Reloadable."""
+
+    RELOADABLE: ClassVar[bool] = True
+    """Whether a hot reload may change these settings of a key already in use."""
+
+    after_s: Positive | Literal["adaptive"] | None = None
+    after_min_s: Positive = 0.01
+    max_hedges: Count = 1
 
 
 class LatencyWindow:
@@ -80,15 +97,15 @@ class LatencyWindow:
 
 
 class Hedge:
-    __slots__ = ("_budgets", "_config_for", "_has_place", "_windows")
+    __slots__ = ("_budgets", "_has_place", "_options_for", "_windows")
 
     def __init__(
         self,
-        config_for: Callable[[str], BreakerConfig],
+        options_for: Callable[[str], HedgeOptions],
         budgets: RetryBudgets,
         has_place: Callable[[str], bool],
     ) -> None:
-        self._config_for = config_for
+        self._options_for = options_for
         self._budgets = budgets
         self._has_place = has_place
         self._windows: dict[str, LatencyWindow] = {}
@@ -101,25 +118,25 @@ class Hedge:
 
     def delay(self, key: str) -> float | None:
         """How long an attempt of ``key`` may run before it is hedged (``None``: never)."""
-        config = self._config_for(key)
-        after = config.hedge_after_s
+        options = self._options_for(key)
+        after = options.after_s
         if after is None:
             return None
         if after == "adaptive":
             p95 = self.window(key).p95()
-            return None if p95 is None else max(p95, config.hedge_after_min_s)
+            return None if p95 is None else max(p95, options.after_min_s)
         return after
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         assert inv.tool is not None and inv.key is not None
-        config = self._config_for(inv.key)
-        if config.hedge_after_s is None or not inv.tool.decl.is_idempotent:
+        options = self._options_for(inv.key)
+        if options.after_s is None or not inv.tool.decl.is_idempotent:
             return call_next(inv)
         delay = self.delay(inv.key)
-        window = self.window(inv.key) if config.hedge_after_s == "adaptive" else None
+        window = self.window(inv.key) if options.after_s == "adaptive" else None
         if delay is None or anyio.current_time() + delay >= inv.deadline:
             return call_next(inv) if window is None else self._timed(call_next, inv, window)
-        return self._race(call_next, inv, config, delay, window)
+        return self._race(call_next, inv, options, delay, window)
 
     @staticmethod
     async def _timed(call_next: Next, inv: Invocation, window: LatencyWindow) -> Outcome:
@@ -146,14 +163,14 @@ class Hedge:
         self,
         call_next: Next,
         inv: Invocation,
-        config: BreakerConfig,
+        options: HedgeOptions,
         delay: float,
         window: LatencyWindow | None,
     ) -> Outcome:
         key = inv.key
         assert key is not None
         send, receive = anyio.create_memory_object_stream[tuple[int, Outcome]](
-            config.max_hedges + 1
+            options.max_hedges + 1
         )
         deciding = True  # an attempt cancelled after this is over is a loser
 
@@ -171,7 +188,7 @@ class Hedge:
 
         primary = made = inv.attempts
         hedges: list[int] = []
-        hedges_left = config.max_hedges
+        hedges_left = options.max_hedges
         running = 1
         answer: Outcome | None = None
         winner = primary

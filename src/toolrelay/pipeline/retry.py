@@ -6,31 +6,49 @@ idempotent tool enters tenacity's loop (exponential backoff with jitter, honouri
 cross it, the answer is the last real outcome — never follows a failure that opened the
 breaker or a ``circuit_open``/``overloaded`` answer, and never follows a cancellation.
 
-With a retry budget (``retry_budget`` of the key's :class:`BreakerConfig`, see
-:mod:`toolrelay.budget`) every call is counted, and a retry is made only while the key's
-retries and hedges are within the budget; when it is spent, the answer is the failure
-the call had (a ``RetryBudgetExhausted`` event notes the retry not made).
+With a retry budget (the key's :class:`~toolrelay.budget.BudgetOptions`) every call is
+counted, and a retry is made only while the key's retries and hedges are within the
+budget; when it is spent, the answer is the failure the call had (a
+``RetryBudgetExhausted`` event notes the retry not made).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
+from pydantic.dataclasses import dataclass
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base, wait_exponential, wait_random
 
-from ..breakers import BreakerConfig
 from ..budget import KeyBudget, RetryBudgets
 from ..contract import ErrorType
 from ..events import AttemptEnded, RetryBudgetExhausted, RetryScheduled
 from ..outcome import Outcome
+from ..settings import DATACLASS, Count, Seconds, one_line_errors
 from . import Invocation, Next
+
+__all__ = ["Retry", "RetryOptions"]
 
 NOT_RETRIED = frozenset({ErrorType.CIRCUIT_OPEN, ErrorType.OVERLOADED})
 FIRST_OK = AttemptEnded(1, "ok")  # events are immutable: the commonest one is built once
+
+
+@one_line_errors("RetryOptions.{}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
+class RetryOptions:
+    """Retries of a key's idempotent tools: ``max_attempts`` counts all attempts (a tool's
+    own ``max_attempts`` wins); waits between them start near ``backoff_initial_s`` and
+    double up to ``backoff_max_s``, with jitter. Reloadable."""
+
+    RELOADABLE: ClassVar[bool] = True
+    """Whether a hot reload may change these settings of a key already in use."""
+
+    max_attempts: Count = 3
+    backoff_initial_s: Seconds = 0.05
+    backoff_max_s: Seconds = 2.0
 
 
 def _worth_retrying(out: Outcome) -> bool:
@@ -40,9 +58,9 @@ def _worth_retrying(out: Outcome) -> bool:
 class _Backoff(wait_base):
     """Exponential backoff with jitter, but never shorter than the outcome's retry-after."""
 
-    def __init__(self, config: BreakerConfig) -> None:
-        base = config.backoff_initial_s
-        self.expo = wait_exponential(multiplier=base, max=config.backoff_max_s)
+    def __init__(self, options: RetryOptions) -> None:
+        base = options.backoff_initial_s
+        self.expo = wait_exponential(multiplier=base, max=options.backoff_max_s)
         self.jitter = wait_random(0, base / 2)
 
     def __call__(self, retry_state: RetryCallState) -> float:
@@ -95,20 +113,22 @@ def _announce(retry_state: RetryCallState) -> None:
 
 
 class Retry:
-    __slots__ = ("_budgets", "_config_for", "_retry_if", "_stop_deadline", "_waits")
+    __slots__ = ("_budgets", "_options_for", "_retry_if", "_stop_deadline", "_waits")
 
     def __init__(
-        self, config_for: Callable[[str], BreakerConfig], budgets: RetryBudgets | None = None
+        self, options_for: Callable[[str], RetryOptions], budgets: RetryBudgets | None = None
     ) -> None:
-        self._config_for = config_for
-        self._budgets = RetryBudgets(config_for) if budgets is None else budgets
-        self._waits: dict[BreakerConfig, _Backoff] = {}
+        """``options_for(key)``: the key's retry options; ``budgets``: the retry budgets
+        (none: retries are limited by attempts only)."""
+        self._options_for = options_for
+        self._budgets = budgets
+        self._waits: dict[RetryOptions, _Backoff] = {}
         self._retry_if = retry_if_result(_worth_retrying)
         self._stop_deadline = _PastDeadline()
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         assert inv.key is not None
-        budget = self._budgets.get(inv.key)
+        budget = None if self._budgets is None else self._budgets.get(inv.key)
         if budget is not None:
             budget.deposit()
         out = await call_next(inv)  # attempt 1 (the deadline stage's number)
@@ -118,15 +138,15 @@ class Retry:
             return out  # a timeout means the call's one deadline has passed
         assert inv.tool is not None
         decl = inv.tool.decl
-        config = self._config_for(inv.key)
-        max_attempts = decl.max_attempts or config.max_attempts
+        options = self._options_for(inv.key)
+        max_attempts = decl.max_attempts or options.max_attempts
         if max_attempts < 2 or not decl.is_idempotent:
             return out
-        if anyio.current_time() + config.backoff_initial_s >= inv.deadline:
+        if anyio.current_time() + options.backoff_initial_s >= inv.deadline:
             return out  # not even the shortest wait fits before the deadline
-        wait = self._waits.get(config)
+        wait = self._waits.get(options)
         if wait is None:
-            wait = self._waits[config] = _Backoff(config)
+            wait = self._waits[options] = _Backoff(options)
         first: list[Outcome] = [out]
         made = _made(out, 1)
 

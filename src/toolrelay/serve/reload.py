@@ -5,16 +5,16 @@ session: what can fail (reading and checking the file, resolving client tokens, 
 new upstreams, loading plugins, registering their tools) is done first, and any failure
 leaves the old config serving, with one log line. What changed is known from
 :meth:`toolrelay.config.Settings.diff` (``[serve]`` as in force: command-line overrides
-applied), by key path: ``breakers.search.fail_max``, ``serve.http.port``.
+applied), by key path: ``keys.search.breaker.fail_max``, ``serve.http.port``.
 
-Live: ``[profiles]``, ``[breakers]`` (state kept, see
+Live: ``[profiles]``, ``[keys]`` (breakers keep their state, see
 :meth:`~toolrelay.breakers.KeyBreaker.reconfigure`), ``faults`` (they replace the faults in
 force, admin-added ones included), ``[plugins]``, ``[serve.upstreams]``,
 ``[serve.http.clients]`` tokens, profiles and tenants, and ``serve.profile``,
 ``serve.watch_interval_s``, ``serve.reload_watch_s``. Everything else needs a restart and is
-refused with the keys named — as are bulkhead and retry-budget settings (``max_concurrent*``,
-``bulkhead_wait_s``, ``adaptive_*``, ``retry_budget*``) of a breaker key already in use,
-client limits, and turning client tokens on or off.
+refused with the keys named — as are the options a key keeps from its first call (those
+whose class is not ``RELOADABLE``: ``[keys.NAME.bulkhead]``, ``[keys.NAME.budget]``) of a
+breaker key already in use, client limits, and turning client tokens on or off.
 
 A call in flight finishes under the config it started with (its profile, its tool and
 plugin); a removed or replaced upstream or plugin is closed once its breaker keys have no
@@ -35,13 +35,12 @@ import anyio
 import anyio.abc
 from mcp.server.auth.provider import AccessToken
 
-from ..breakers import BreakerConfig
 from ..capabilities import Closeable
 from ..config import Settings, load_configured_plugins
 from ..dispatcher import Dispatcher
 from ..loading import PluginLoadError
 from ..registry import RegistrationError, ToolRegistry
-from ..settings import ConfigError, diff
+from ..settings import ConfigError
 from .admin_models import Reloaded
 from .auth import StaticTokenVerifier
 from .callers import Callers
@@ -63,12 +62,10 @@ __all__ = [
 log = logging.getLogger("toolrelay.serve")
 
 LIVE = (
-    *("profiles.", "breakers.", "faults", "plugins.", "serve.upstreams.", "serve.http.clients."),
+    *("profiles.", "keys.", "faults", "plugins.", "serve.upstreams.", "serve.http.clients."),
     *("serve.profile", "serve.watch_interval_s", "serve.reload_watch_s"),
 )
 """The keys (and tables: ending in ``.``) of ``toolrelay.toml`` a reload applies live."""
-_KEY_BOUND = ("max_concurrent", "bulkhead_wait_s", "adaptive_", "retry_budget")
-"""Breaker settings a key's bulkhead and retry budget keep from its first call."""
 CLOSE_GRACE_S = 1.0
 """Added to the longest deadline of a retired plugin's or upstream's tools."""
 
@@ -216,12 +213,7 @@ class Reloader:
                 service.upstreams.close(source)
             raise ReloadRefused(400, "reload_failed", str(exc)) from None
         before = service.callers.profiles()
-        breakers = service.dispatcher.reconfigure(
-            profiles=config.profiles,
-            breakers={k: v for k, v in config.breakers.items() if k != "default"},
-            default_breaker=config.default_breaker or BreakerConfig(),
-            faults=config.faults if "faults" in changed else None,
-        )
+        breakers = service.dispatcher.reconfigure(config.dispatcher_options())
         service.callers.update(settings.profile, clients)
         if verifier is not None and isinstance(service.verifier, ReloadableVerifier):
             service.verifier.verifier = verifier
@@ -245,13 +237,11 @@ class Reloader:
             for name, limit in now.items()
             if was.get(name, ClientLimit()) != limit
         ]
-        default = config.default_breaker or BreakerConfig()
+        new = config.dispatcher_options()
         dispatcher = service.dispatcher
         for key in dispatcher.breakers.keys():  # noqa: SIM118 - not a dict
-            bound = diff(dispatcher.breaker_config(key), config.breakers.get(key, default))
-            fixed += [
-                f"breakers.{key}.{k} (the key is in use)" for k in bound if k.startswith(_KEY_BOUND)
-            ]
+            bound = dispatcher.policy(key).fixed_changes(new.policy(key))
+            fixed += [f"keys.{key}.{name} (the key is in use)" for name in bound]
         if fixed:
             shown = ", ".join(fixed[:8]) + (", …" if len(fixed) > 8 else "")
             raise ReloadRefused(400, "restart_required", f"these change only at restart: {shown}")

@@ -78,15 +78,15 @@ def breaker_reading(breaker: KeyBreaker) -> Reading:
     scrape racing the event loop may see a call half-counted; the rates are clamped to 0–1.
     Like :meth:`KeyBreaker.rates`, other replicas' counts (shared storage) are included.
     """
-    config = breaker.config
+    options = breaker.options
     failure_rate = slow_rate = failure_limit = slow_limit = None
     if breaker.window is not None:
         failure_rate, slow_rate = breaker.rates()
-        failure_limit = float(config.failure_rate)
-        if config.slow_call_rate is not None:
-            slow_limit = float(config.slow_call_rate)
-    top = config.reset_timeout_max_s
-    grows = top is not None and top > config.reset_timeout_s
+        failure_limit = float(options.failure_rate)
+        if options.slow_call_rate is not None:
+            slow_limit = float(options.slow_call_rate)
+    top = options.reset_timeout_max_s
+    grows = top is not None and top > options.reset_timeout_s
     return (
         failure_rate,
         slow_rate,

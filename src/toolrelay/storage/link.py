@@ -1,30 +1,5 @@
-"""Breaker state shared through Redis (extra ``redis``), without ever waiting on Redis.
-
-Each breaker keeps its state in a local pybreaker memory storage (:class:`SharedStorage`)
-and decides at once from it; no Redis I/O happens on the dispatch path. One thread per
-:class:`RedisLink` replicates beside the event loop:
-
-- a local decision (open, half-open, close, force) becomes a compare-and-set on the key's
-  *period* (generation) in Redis, run as a Lua script; the winner publishes the new state
-  on a channel, so every replica adopts it within a round trip; the reply goes back to the
-  deciding breaker with the decision's serial, so that it can drop a reply a later decision
-  superseded and hold what it hears from Redis meanwhile (:meth:`KeyBreaker.adopt`);
-- half-open trial places are global: a replica asks Redis for one (atomically, at most
-  ``half_open_max_calls`` per period across replicas, each leased for ``lease_s`` so a
-  crashed replica cannot hold one forever) and admits a trial only with a place in hand;
-- every ``sync_interval_s`` each active replica publishes its window's counts and reads
-  the others', which its next decision adds to its own, and re-reads the state (in case a
-  message was missed); a key's retry budget (:mod:`toolrelay.budget`) rides along in the
-  same hash (field ``<replica>|budget``: calls and extras of its window), so the budget
-  holds for the fleet at no extra round trip;
-- a state a replica merely observes is adopted locally and never written back, so it
-  resets nobody's counters.
-
-While Redis is unreachable the breakers go on alone on local counts, the link logs one line
-and reports ``up = False``, and Redis is probed every ``probe_interval_s``. When it answers
-again, each key is re-read: a replica that opened alone pushes its open state, otherwise it
-adopts what Redis has.
-"""
+"""The link to Redis: one client shared by every key's storage, the threads that
+replicate them beside the event loop, and the link's health."""
 
 from __future__ import annotations
 
@@ -38,96 +13,26 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import pybreaker
+from ..budget import RetryBudgets
+from .lua import (
+    CHANNEL,
+    CLAIM,
+    TRANSITION,
+    TRIAL_DONE,
+    ms,
+    read_budget_others,
+    read_others,
+    read_remote,
+    text,
+)
+from .shared import SharedStorage
 
-from .breakers import Others, Remote, State
-
-if TYPE_CHECKING:
-    from .breakers import KeyBreaker
-    from .budget import RetryBudgets
-
-__all__ = ["RedisLink", "SharedStorage"]
+__all__ = ["RedisLink"]
 
 log = logging.getLogger("toolrelay")
-
-CHANNEL = "toolrelay:breakers"
-"""Where a replica that changed a key's state announces it."""
-
-_PRELUDE = """
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local function snap(ok, extra)
-  local s = redis.call('HMGET', KEYS[1], 'gen', 'state', 'opened_ms', 'break_ms', 'pinned')
-  return {ok, tonumber(s[1] or 0), s[2] or 'closed', tonumber(s[3] or 0),
-          tonumber(s[4] or 0), tonumber(s[5] or 0), now_ms(), extra or ''}
-end
-local function set_state(gen, state, break_ms, pinned)
-  local now = now_ms()
-  redis.call('HSET', KEYS[1], 'gen', gen, 'state', state, 'break_ms', break_ms,
-             'pinned', pinned, 'succ', 0)
-  if state == 'open' then redis.call('HSET', KEYS[1], 'opened_ms', now) end
-  redis.call('DEL', KEYS[2], KEYS[3])
-  local opened = redis.call('HGET', KEYS[1], 'opened_ms') or 0
-  redis.call('PUBLISH', ARGV[1], table.concat(
-    {gen, state, opened, break_ms, pinned, now, ARGV[2]}, '|'))
-end
-local function gen_now()
-  return tonumber(redis.call('HGET', KEYS[1], 'gen') or 0)
-end
-"""
-
-# ARGV: channel, key, expected period, state, break_ms, pinned, force
-_TRANSITION = (
-    _PRELUDE
-    + """
-local gen = gen_now()
-if ARGV[7] ~= '1' and gen ~= tonumber(ARGV[3]) then return snap(0) end
-set_state(gen + 1, ARGV[4], ARGV[5], ARGV[6])
-return snap(1)
-"""
-)
-
-# ARGV: channel, key, max trials, member, lease_ms
-_CLAIM = (
-    _PRELUDE
-    + """
-local s = redis.call('HMGET', KEYS[1], 'gen', 'state', 'opened_ms', 'break_ms', 'pinned')
-local gen, state = tonumber(s[1] or 0), s[2] or 'closed'
-local now = now_ms()
-if state == 'open' and s[5] ~= '1'
-   and now >= tonumber(s[3] or 0) + tonumber(s[4] or 0) then
-  set_state(gen + 1, 'half_open', s[4] or 0, 0)
-  state = 'half_open'
-end
-if state == 'half_open' then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  if redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[3]) then
-    redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[4])
-    return snap(1, ARGV[4])
-  end
-end
-return snap(0)
-"""
-)
-
-# ARGV: channel, key, period, member, result (1 success, 0 released), threshold, base_break_ms
-_TRIAL_DONE = (
-    _PRELUDE
-    + """
-if gen_now() ~= tonumber(ARGV[3]) then return snap(0) end
-redis.call('ZREM', KEYS[2], ARGV[4])
-if ARGV[5] == '1' then
-  local n = redis.call('HINCRBY', KEYS[1], 'succ', 1)
-  if n >= tonumber(ARGV[6]) then set_state(gen_now() + 1, 'closed', ARGV[7], 0) end
-end
-return snap(1)
-"""
-)
 
 
 def _redacted(url: str) -> str:
@@ -137,78 +42,6 @@ def _redacted(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[-1]
     user = parts.username or ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
-
-
-def _ms(seconds: float) -> int:
-    return round(seconds * 1000)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _remote(
-    reply: list[Any], *, authoritative: bool, permit: bool = False, decision: int = 0
-) -> Remote:
-    """A script's reply (``snap`` in the Lua prelude) as a :class:`Remote`."""
-    _, gen, state, opened_ms, break_ms, pinned, now_ms, extra = reply
-    state_name: State = _text(state)  # type: ignore[assignment]
-    return Remote(
-        int(gen),
-        state_name,
-        max(0.0, (int(now_ms) - int(opened_ms)) / 1000),
-        int(break_ms) / 1000,
-        bool(int(pinned)),
-        _text(extra) if permit and extra else None,
-        authoritative,
-        decision,
-    )
-
-
-class SharedStorage(pybreaker.CircuitMemoryStorage):
-    """A key's local pybreaker storage, replicated through a :class:`RedisLink`."""
-
-    replicated = True
-
-    def __init__(self, link: RedisLink, key: str) -> None:
-        super().__init__(pybreaker.STATE_CLOSED)
-        self.link = link
-        self.key = key
-        base = f"{link.prefix}{key}"
-        self.redis_keys = (base, f"{base}:trials", f"{base}:counts")
-        self.breaker: KeyBreaker | None = None
-        self.synced_records = -1
-        self.active_until = 0.0
-
-    def attach(self, breaker: KeyBreaker) -> None:
-        self.breaker = breaker
-        self.link.attach(self)
-
-    # -- what the breaker asks for (never waits) ------------------------------------------------
-    def transition(
-        self, breaker: KeyBreaker, expected: int, state: State, decision: int, *, forced: int = 0
-    ) -> bool:
-        """A local decision (serial ``decision``); False if it was dropped (Redis down)."""
-        brk, pinned = _ms(breaker.break_s), int(breaker.pinned_open)
-        op = ("transition", self, expected, state, brk, pinned, forced, decision)
-        return self.link.send(op)
-
-    def force(self, breaker: KeyBreaker, decision: int) -> bool:
-        """An operator's decision: applied whatever the period (pin, unpin)."""
-        return self.transition(breaker, breaker.period, breaker.known, decision, forced=1)
-
-    def claim(self, breaker: KeyBreaker, period: int) -> None:
-        member = f"{self.link.replica}:{next(self.link.serial)}"
-        self.link.send(("claim", self, breaker.config.half_open_max_calls, member))
-
-    def trial_done(
-        self, breaker: KeyBreaker, period: int, permit: str, success: bool | None
-    ) -> None:
-        config = breaker.config
-        result = 1 if success else 0
-        threshold = config.success_threshold
-        base = _ms(config.reset_timeout_s)
-        self.link.send(("done", self, period, permit, result, threshold, base))
 
 
 _STOP: Any = object()
@@ -248,7 +81,7 @@ class RedisLink:
         )
         self.probe_interval_s = probe_interval_s
         self.sync_interval_s = sync_interval_s
-        self.lease_ms = _ms(lease_s)
+        self.lease_ms = ms(lease_s)
         self.prefix = prefix
         self.on_change = on_change
         self.replica = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -262,9 +95,9 @@ class RedisLink:
         """The dispatcher's retry budgets, replicated with the breaker counts."""
         self._ops: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._scripts = {
-            "transition": self.client.register_script(_TRANSITION),
-            "claim": self.client.register_script(_CLAIM),
-            "done": self.client.register_script(_TRIAL_DONE),
+            "transition": self.client.register_script(TRANSITION),
+            "claim": self.client.register_script(CLAIM),
+            "done": self.client.register_script(TRIAL_DONE),
         }
         self._closed = threading.Event()
         self.listening = threading.Event()
@@ -389,12 +222,12 @@ class RedisLink:
             if kind == "transition":
                 # a refused local decision: Redis's state wins
                 authoritative = not done or op[6] == 1
-                remote = _remote(reply, authoritative=authoritative, decision=op[7])
+                remote = read_remote(reply, authoritative=authoritative, decision=op[7])
                 breaker.inbox.append(remote)
             elif kind == "claim":
-                breaker.inbox.append(_remote(reply, authoritative=False, permit=done))
+                breaker.inbox.append(read_remote(reply, authoritative=False, permit=done))
             else:
-                breaker.inbox.append(_remote(reply, authoritative=False))
+                breaker.inbox.append(read_remote(reply, authoritative=False))
 
     def _active(self) -> list[SharedStorage]:
         now = time.monotonic()
@@ -430,7 +263,7 @@ class RedisLink:
                 spent = budget.counts()
                 extra = [f"{self.replica}|budget", f"{spent[0]},{spent[1]},{wall:.3f}"]
             pipe.hset(counts_key, self.replica, mine, items=extra or None)
-            pipe.pexpire(counts_key, max(60_000, 10 * _ms(self.sync_interval_s)))
+            pipe.pexpire(counts_key, max(60_000, 10 * ms(self.sync_interval_s)))
             pipe.hmget(state_key, "gen", "state", "opened_ms", "break_ms", "pinned")
             pipe.hgetall(counts_key)
         replies = pipe.execute()
@@ -445,11 +278,11 @@ class RedisLink:
             gen, state, opened_ms, break_ms, pinned = fields
             if gen is not None:
                 reply = [1, gen, state, opened_ms or 0, break_ms or 0, pinned or 0, now_ms, ""]
-                breaker.inbox.append(_remote(reply, authoritative=False))
-            breaker.others = _others(counts, self.replica, int(gen or 0), stale)
+                breaker.inbox.append(read_remote(reply, authoritative=False))
+            breaker.others = read_others(counts, self.replica, int(gen or 0), stale)
             budget = None if self.budgets is None else self.budgets.known(storage.key)
             if budget is not None:
-                budget.share(*_budget_others(counts, self.replica, stale))
+                budget.share(*read_budget_others(counts, self.replica, stale))
 
     def _resync(self) -> None:
         """Redis is back: push a local open state Redis lacks, else adopt Redis's state."""
@@ -468,14 +301,14 @@ class RedisLink:
             breaker = storage.breaker
             assert breaker is not None
             gen, state, opened_ms, break_ms, pinned = fields
-            remote_state = _text(state) if state is not None else "closed"
+            remote_state = text(state) if state is not None else "closed"
             if breaker.known == "open" and remote_state == "closed":
                 pin = int(breaker.pinned_open)
-                brk = _ms(breaker.break_s)
+                brk = ms(breaker.break_s)
                 pushes.append(("transition", storage, int(gen or 0), "open", brk, pin, 0, 0))
             else:
                 reply = [1, gen or 0, remote_state, opened_ms or 0, break_ms or 0, pinned or 0]
-                breaker.inbox.append(_remote([*reply, now_ms, ""], authoritative=True))
+                breaker.inbox.append(read_remote([*reply, now_ms, ""], authoritative=True))
         if pushes:
             self._apply(pushes)
 
@@ -492,7 +325,7 @@ class RedisLink:
                 while not self._closed.is_set():
                     message = pubsub.get_message(timeout=0.5)
                     if message is not None:
-                        self._announced(_text(message["data"]))
+                        self._announced(text(message["data"]))
             except self.error_type:
                 self.listening.clear()
                 self._closed.wait(min(self.probe_interval_s, 1.0))
@@ -515,41 +348,4 @@ class RedisLink:
         if storage is None or storage.breaker is None:
             return
         reply = [1, gen, state, opened_ms, break_ms, pinned, now_ms, ""]
-        storage.breaker.inbox.append(_remote(reply, authoritative=False))
-
-
-def _others(counts: dict[Any, Any], replica: str, gen: int, stale: float) -> Others:
-    calls = failures = slow = consecutive = 0
-    for field, value in counts.items():
-        if _text(field) == replica:
-            continue
-        try:
-            period, c, f, s, n, at = _text(value).split(",")
-            if int(period) != gen or float(at) < stale:
-                continue
-            calls += int(c)
-            failures += int(f)
-            slow += int(s)
-            consecutive += int(n)
-        except ValueError:
-            continue
-    return Others(gen, calls, failures, slow, consecutive)
-
-
-def _budget_others(counts: dict[Any, Any], replica: str, stale: float) -> tuple[int, int]:
-    """The other replicas' fresh retry-budget counts: (calls, extras)."""
-    calls = extras = 0
-    mine = f"{replica}|budget"
-    for field, value in counts.items():
-        name = _text(field)
-        if not name.endswith("|budget") or name == mine:
-            continue
-        try:
-            c, e, at = _text(value).split(",")
-            if float(at) < stale:
-                continue
-            calls += int(c)
-            extras += int(e)
-        except ValueError:
-            continue
-    return calls, extras
+        storage.breaker.inbox.append(read_remote(reply, authoritative=False))

@@ -1,0 +1,68 @@
+"""The breaker settings of one breaker key (frozen, checked when built)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import ValidationInfo, field_validator
+from pydantic.dataclasses import dataclass
+
+from ..settings import DATACLASS, Count, Positive, Rate, Seconds, one_line_errors
+
+__all__ = ["BreakerOptions", "Window"]
+
+Window = Literal["consecutive", "count", "time"]
+
+
+@one_line_errors("BreakerOptions.{}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
+class BreakerOptions:
+    """What opens and closes the circuit breaker of one ``breaker_key``.
+
+    What opens the breaker (``window``):
+
+    - ``"consecutive"`` (default): ``fail_max`` failures in a row.
+    - ``"count"``: of the last ``window_size`` recorded calls, once at least
+      ``minimum_calls`` are in the window, a share of ``failure_rate`` or more failed, or a
+      share of ``slow_call_rate`` or more took longer than ``slow_call_s``.
+    - ``"time"``: the same over the calls recorded in the last ``window_size`` seconds.
+
+    After ``reset_timeout_s`` an open breaker lets up to ``half_open_max_calls`` trial
+    calls run at once; ``success_threshold`` successful trials close it and one failed
+    trial re-opens it. With ``reset_timeout_max_s`` each re-open after a failed trial
+    doubles the break, up to that maximum; closing resets it. ``slow_call_s`` makes a
+    slower success count as a failure in the consecutive window and in trials.
+
+    Reloadable: a hot reload applies new values and keeps the breaker's state
+    (:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`). A bad value raises
+    :class:`~toolrelay.settings.SettingsError` (a ``ValueError``).
+    """
+
+    RELOADABLE: ClassVar[bool] = True
+    """Whether a hot reload may change these settings of a key already in use."""
+
+    fail_max: Count = 5
+    reset_timeout_s: Seconds = 30.0
+    reset_timeout_max_s: Seconds | None = None
+    success_threshold: Count = 1
+    half_open_max_calls: Count = 1
+    slow_call_s: Positive | None = None
+    window: Window = "consecutive"
+    window_size: Count = 100
+    minimum_calls: Count = 10
+    failure_rate: Rate = 0.5
+    slow_call_rate: Rate | None = None
+
+    @field_validator("reset_timeout_max_s")
+    @classmethod
+    def _not_below_reset_timeout(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and value < info.data.get("reset_timeout_s", 0):
+            raise ValueError(f"must be ≥ reset_timeout_s, not {value!r}")
+        return value
+
+    @field_validator("slow_call_rate")
+    @classmethod
+    def _needs_slow_call_s(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and info.data.get("slow_call_s") is None:
+            raise ValueError("needs slow_call_s")
+        return value

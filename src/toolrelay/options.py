@@ -1,0 +1,137 @@
+"""What a dispatcher is told: one frozen model of data (what a TOML file can say).
+
+:class:`DispatcherOptions` is the dispatcher's settings; live objects (an approver, an
+audit sink, observers, metric and tracer providers) are the dispatcher's keyword arguments
+instead, as httpx's ``Client(transport=…, timeout=Timeout(…))``.
+
+A breaker key's resilience is a :class:`KeyPolicy`, composed of each strategy's own
+options: :class:`~toolrelay.breakers.BreakerOptions`,
+:class:`~toolrelay.pipeline.retry.RetryOptions`,
+:class:`~toolrelay.pipeline.hedge.HedgeOptions`,
+:class:`~toolrelay.pipeline.bulkhead.BulkheadOptions` and
+:class:`~toolrelay.budget.BudgetOptions`. Each says whether a hot reload may change it
+for a key already in use (``RELOADABLE``). Every class is frozen and every part has a
+default; a bad value raises :class:`~toolrelay.settings.SettingsError` naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, Strict
+from pydantic.dataclasses import dataclass
+
+from .breakers import BreakerOptions
+from .budget import BudgetOptions
+from .faults import Fault
+from .jsonlimits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, DEFAULT_MAX_OUTPUT_BYTES
+from .pipeline.bulkhead import BulkheadOptions
+from .pipeline.hedge import HedgeOptions
+from .pipeline.retry import RetryOptions
+from .policy import Profile
+from .settings import DATACLASS, MODEL, Count, Flag, Positive, one_line_errors
+
+__all__ = [
+    "BreakerOptions",
+    "BudgetOptions",
+    "BulkheadOptions",
+    "DispatcherOptions",
+    "HedgeOptions",
+    "KeyPolicy",
+    "Limits",
+    "RetryOptions",
+    "StorageOptions",
+]
+
+
+@one_line_errors("KeyPolicy.{}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
+class KeyPolicy:
+    """The resilience of every tool naming one ``breaker_key``: one options class per
+    strategy (TOML: ``[keys.NAME.breaker]``, ``[keys.NAME.retry]``, …)."""
+
+    breaker: BreakerOptions = BreakerOptions()
+    retry: RetryOptions = RetryOptions()
+    hedge: HedgeOptions = HedgeOptions()
+    bulkhead: BulkheadOptions = BulkheadOptions()
+    budget: BudgetOptions = BudgetOptions()
+
+    def fixed_changes(self, new: KeyPolicy) -> list[str]:
+        """The ``part.field`` settings that differ in ``new`` but cannot change on reload
+        for a key in use (its options class is not ``RELOADABLE``)."""
+        changes = []
+        for part in ("breaker", "retry", "hedge", "bulkhead", "budget"):
+            old_part, new_part = getattr(self, part), getattr(new, part)
+            if old_part == new_part or type(old_part).RELOADABLE:
+                continue
+            changes += [
+                f"{part}.{name}"
+                for name in old_part.__dataclass_fields__
+                if getattr(old_part, name) != getattr(new_part, name)
+            ]
+        return changes
+
+
+@one_line_errors("Limits.{}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
+class Limits:
+    """What a call may carry: its arguments (bytes, nesting depth) and its answer (bytes;
+    ``truncate_output`` cuts a longer one instead of refusing it)."""
+
+    max_argument_bytes: Count = DEFAULT_MAX_BYTES
+    max_argument_depth: Count = DEFAULT_MAX_DEPTH
+    max_output_bytes: Count = DEFAULT_MAX_OUTPUT_BYTES
+    truncate_output: Flag = False
+
+
+@one_line_errors("StorageOptions.{}")
+@dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
+class StorageOptions:
+    """Breaker state shared by the replicas through Redis (:mod:`toolrelay.storage`):
+    ``url``, each command's ``timeout_s``, how often an unreachable Redis is probed
+    (``probe_interval_s``) and how often counts are shared (``sync_interval_s``)."""
+
+    url: Annotated[str, Strict(), Field(pattern=r"^(redis|rediss|unix)://")]
+    timeout_s: Positive = 0.05
+    probe_interval_s: Positive = 5.0
+    sync_interval_s: Positive = 0.2
+
+
+@one_line_errors("DispatcherOptions.{}")
+class DispatcherOptions(BaseModel):
+    """Everything a :class:`~toolrelay.Dispatcher` is told that is data.
+
+    ``profiles``: caller profiles by name; ``keys``: each breaker key's
+    :class:`KeyPolicy`, ``default_key`` for the others; ``storage``: Redis shared by the
+    replicas' breakers (``None``: each process alone); ``limits``: argument and output
+    sizes; ``faults`` (and ``fault_seed`` for their dice): injected faults;
+    ``secret_patterns``: more names of secrets to redact; ``audit`` (one line per call
+    to the audit sink; ``audit_arguments`` adds the redacted arguments); ``telemetry``
+    (spans and metrics; ``capture_content`` adds arguments and results to spans).
+    Live parts on :meth:`~toolrelay.Dispatcher.reconfigure`: ``profiles``, ``keys``,
+    ``default_key`` (the reloadable options of each) and ``faults``.
+    """
+
+    model_config = MODEL
+
+    profiles: dict[str, Profile] = {}
+    keys: dict[str, KeyPolicy] = {}
+    default_key: KeyPolicy = KeyPolicy()
+    storage: StorageOptions | None = None
+    limits: Limits = Limits()
+    faults: tuple[Fault, ...] = ()
+    fault_seed: Annotated[int, Strict()] | None = None
+    secret_patterns: frozenset[str] = frozenset()
+    audit: Flag = True
+    audit_arguments: Flag = False
+    telemetry: Flag = True
+    capture_content: Flag = False
+
+    def policy(self, key: str) -> KeyPolicy:
+        """The policy of breaker key ``key`` (``default_key`` unless ``keys`` names it)."""
+        return self.keys.get(key, self.default_key)
+
+    def replace(self, **changes: Any) -> DispatcherOptions:
+        """A copy with ``changes`` (checked like the constructor's arguments)."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return DispatcherOptions(**{**fields, **changes})

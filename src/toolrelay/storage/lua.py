@@ -1,0 +1,166 @@
+"""The Redis side of shared breaker state: the Lua scripts, the announcement channel, and
+how their replies and the counts hash read back (:class:`~toolrelay.breakers.Remote`,
+:class:`~toolrelay.breakers.Others`).
+
+A key's state is a hash (``gen``, ``state``, ``opened_ms``, ``break_ms``, ``pinned``,
+``succ``); its trial places a sorted set of leases; its counts a hash with one field per
+replica (``period,calls,failures,slow,consecutive,at``) and one per replica's retry budget
+(``<replica>|budget``: ``calls,extras,at``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..breakers import Others, Remote, State
+
+__all__ = [
+    "CHANNEL",
+    "CLAIM",
+    "TRANSITION",
+    "TRIAL_DONE",
+    "read_budget_others",
+    "ms",
+    "read_others",
+    "read_remote",
+    "text",
+]
+
+CHANNEL = "toolrelay:breakers"
+"""Where a replica that changed a key's state announces it."""
+
+_PRELUDE = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function snap(ok, extra)
+  local s = redis.call('HMGET', KEYS[1], 'gen', 'state', 'opened_ms', 'break_ms', 'pinned')
+  return {ok, tonumber(s[1] or 0), s[2] or 'closed', tonumber(s[3] or 0),
+          tonumber(s[4] or 0), tonumber(s[5] or 0), now_ms(), extra or ''}
+end
+local function set_state(gen, state, break_ms, pinned)
+  local now = now_ms()
+  redis.call('HSET', KEYS[1], 'gen', gen, 'state', state, 'break_ms', break_ms,
+             'pinned', pinned, 'succ', 0)
+  if state == 'open' then redis.call('HSET', KEYS[1], 'opened_ms', now) end
+  redis.call('DEL', KEYS[2], KEYS[3])
+  local opened = redis.call('HGET', KEYS[1], 'opened_ms') or 0
+  redis.call('PUBLISH', ARGV[1], table.concat(
+    {gen, state, opened, break_ms, pinned, now, ARGV[2]}, '|'))
+end
+local function gen_now()
+  return tonumber(redis.call('HGET', KEYS[1], 'gen') or 0)
+end
+"""
+
+# ARGV: channel, key, expected period, state, break_ms, pinned, force
+TRANSITION = (
+    _PRELUDE
+    + """
+local gen = gen_now()
+if ARGV[7] ~= '1' and gen ~= tonumber(ARGV[3]) then return snap(0) end
+set_state(gen + 1, ARGV[4], ARGV[5], ARGV[6])
+return snap(1)
+"""
+)
+
+# ARGV: channel, key, max trials, member, lease_ms
+CLAIM = (
+    _PRELUDE
+    + """
+local s = redis.call('HMGET', KEYS[1], 'gen', 'state', 'opened_ms', 'break_ms', 'pinned')
+local gen, state = tonumber(s[1] or 0), s[2] or 'closed'
+local now = now_ms()
+if state == 'open' and s[5] ~= '1'
+   and now >= tonumber(s[3] or 0) + tonumber(s[4] or 0) then
+  set_state(gen + 1, 'half_open', s[4] or 0, 0)
+  state = 'half_open'
+end
+if state == 'half_open' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[3]) then
+    redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[4])
+    return snap(1, ARGV[4])
+  end
+end
+return snap(0)
+"""
+)
+
+# ARGV: channel, key, period, member, result (1 success, 0 released), threshold, base_break_ms
+TRIAL_DONE = (
+    _PRELUDE
+    + """
+if gen_now() ~= tonumber(ARGV[3]) then return snap(0) end
+redis.call('ZREM', KEYS[2], ARGV[4])
+if ARGV[5] == '1' then
+  local n = redis.call('HINCRBY', KEYS[1], 'succ', 1)
+  if n >= tonumber(ARGV[6]) then set_state(gen_now() + 1, 'closed', ARGV[7], 0) end
+end
+return snap(1)
+"""
+)
+
+
+def ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read_remote(
+    reply: list[Any], *, authoritative: bool, permit: bool = False, decision: int = 0
+) -> Remote:
+    """A script's reply (``snap`` in the Lua prelude) as a :class:`Remote`."""
+    _, gen, state, opened_ms, break_ms, pinned, now_ms, extra = reply
+    state_name: State = text(state)  # type: ignore[assignment]
+    return Remote(
+        int(gen),
+        state_name,
+        max(0.0, (int(now_ms) - int(opened_ms)) / 1000),
+        int(break_ms) / 1000,
+        bool(int(pinned)),
+        text(extra) if permit and extra else None,
+        authoritative,
+        decision,
+    )
+
+
+def read_others(counts: dict[Any, Any], replica: str, gen: int, stale: float) -> Others:
+    calls = failures = slow = consecutive = 0
+    for field, value in counts.items():
+        if text(field) == replica:
+            continue
+        try:
+            period, c, f, s, n, at = text(value).split(",")
+            if int(period) != gen or float(at) < stale:
+                continue
+            calls += int(c)
+            failures += int(f)
+            slow += int(s)
+            consecutive += int(n)
+        except ValueError:
+            continue
+    return Others(gen, calls, failures, slow, consecutive)
+
+
+def read_budget_others(counts: dict[Any, Any], replica: str, stale: float) -> tuple[int, int]:
+    """The other replicas' fresh retry-budget counts: (calls, extras)."""
+    calls = extras = 0
+    mine = f"{replica}|budget"
+    for field, value in counts.items():
+        name = text(field)
+        if not name.endswith("|budget") or name == mine:
+            continue
+        try:
+            c, e, at = text(value).split(",")
+            if float(at) < stale:
+                continue
+            calls += int(c)
+            extras += int(e)
+        except ValueError:
+            continue
+    return calls, extras
