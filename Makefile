@@ -18,6 +18,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src plugins tests bench examples fuzz
 	$(BIN)/ruff format --check src plugins tests bench examples fuzz
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo
 
 test: lint
 	bash .ci/install-servers
