@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,9 +20,17 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo
 
+# Two workers (one per core); a file's tests stay on one worker, so a module's shared server
+# starts once. The slowest 15 tests are printed at the end of every run.
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
+
 test: lint
 	bash .ci/install-servers
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
+
+# The inner loop: no real servers, no soak.
+test-fast: $(STAMP)
+	$(PYTEST) -m "not servers and not soak"
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

@@ -659,7 +659,7 @@ def test_interpreter_exit_without_close(tmp_path: Path, backend: str) -> None:
 def test_from_config(tools: Tools, tmp_path: Path, backend: str) -> None:
     config = tmp_path / "toolrelay.toml"
     config.write_text(
-        '[breakers.flaky]\nfail_max = 2\n\n[profiles.readers]\nallow = ["echo", "flaky"]\n'
+        '[keys.flaky.breaker]\nfail_max = 2\n\n[profiles.readers]\nallow = ["echo", "flaky"]\n'
     )
     with SyncDispatcher.from_config(
         config, overrides={"telemetry": False}, registry=tools.registry, backend=backend
