@@ -877,6 +877,21 @@ async def test_architecture_overloaded_is_never_retried_and_has_no_retry_after()
     assert flaky.calls == 0
 
 
+def test_architecture_layer_table_is_the_import_linter_layers() -> None:
+    """architecture.md, Layers: the table's rows are pyproject's `layers` contract, in order,
+    and the page explains each of its contracts."""
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = pyproject["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["id"] == "layers"]
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| \d+ \| (.+?) \|", section, re.M)
+    assert [row.replace("`", "").replace("\\|", "|") for row in rows] == layers
+    assert {c["id"] for c in contracts} == set(re.findall(r"^- \*\*(\w+)\*\*", section, re.M))
+
+
 @pytest.mark.parametrize(("name", "ok"), [("a" * 64, True), ("a" * 65, False), ("", False)])
 def test_architecture_tool_names_are_1_to_64_safe_characters(name: str, ok: bool) -> None:
     """architecture.md, Decisions: tool names must match ^[A-Za-z0-9_-]{1,64}$."""

@@ -1,7 +1,7 @@
 """One TOML file for what an operator tunes without code, as one :class:`Settings` model.
 
 The models (here, the dispatcher's :mod:`toolrelay.options` with each strategy's options,
-:class:`~toolrelay.policy.Profile`, :class:`~toolrelay.pipeline.faults.Fault`) are the only
+:class:`~toolrelay.policy.Profile`, :class:`~toolrelay.faults.Fault`) are the only
 statement of what a setting may be. The file's JSON Schema (``CONFIG_SCHEMA``, printed by
 ``toolrelay config schema`` for editors) is generated from them; a file is checked against
 it first, so every error names its key path and what was expected, and then built into the

@@ -3,7 +3,7 @@
 FastAPI validates requests with them and generates the OpenAPI document from them. A
 model that shows a runtime object is named for it with ``View`` (:class:`BreakerView`,
 :class:`UpstreamView`), so it is never mistaken for the object. A
-fault's fields are :class:`~toolrelay.pipeline.faults.Fault`'s own (``FaultSpec`` is made
+fault's fields are :class:`~toolrelay.faults.Fault`'s own (``FaultSpec`` is made
 from them, so the API and ``[[faults]]`` cannot drift apart), and the body is then built
 into a ``Fault``, whose rules (one target, the size of ``output``) apply.
 """
@@ -124,7 +124,7 @@ class BreakersView(BaseModel):
 
 
 class _FaultBody(BaseModel):
-    """What :data:`FaultSpec` adds to :class:`~toolrelay.pipeline.faults.Fault`'s fields:
+    """What :data:`FaultSpec` adds to :class:`~toolrelay.faults.Fault`'s fields:
     ``null`` is refused (leave a key out instead), and ``Fault``'s own rules apply."""
 
     model_config = ConfigDict(

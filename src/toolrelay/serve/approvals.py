@@ -13,7 +13,7 @@ The client is asked only when it can be: it declared the ``elicitation`` capabil
 mode), the transport can carry a request to it mid-call (not in ``json_response`` or
 ``stateless`` HTTP mode), and it speaks a 2025-era protocol (2026-era ``tools/call``
 elicits through ``InputRequiredResult`` round trips instead, not served yet). Otherwise
-the approver returns :data:`~toolrelay.pipeline.approve.UNASKED`: ``needs_approval``, as
+the approver returns :data:`~toolrelay.approval.UNASKED`: ``needs_approval``, as
 without an approver.
 
 The gateway's server middleware (:meth:`ElicitingApprover.middleware`) remembers which
