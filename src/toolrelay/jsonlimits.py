@@ -1,7 +1,9 @@
 """JSON limits and checks shared by the stages and the gateway.
 
 Arguments in: decoded from text, bytes or a mapping within a size and depth limit
-(:func:`decode_arguments`), and :func:`too_big` for any JSON-like value. Output out: the
+(:func:`decode_arguments`), and :func:`too_big` for any JSON-like value. Raw JSON from an
+upstream: how many values it holds, counted before it is decoded (:func:`json_values`,
+used by the MCP transports and the first-party plugins). Output out: the
 size cap's explicit truncation (:func:`truncated`, :data:`TRUNCATION_MARKER`). Schema
 failures summed up in one line (:func:`schema_errors`).
 """
@@ -20,6 +22,7 @@ __all__ = [
     "ENCODER",
     "TRUNCATION_MARKER",
     "decode_arguments",
+    "json_values",
     "schema_errors",
     "too_big",
     "truncated",
@@ -162,6 +165,21 @@ def decode_arguments(raw: Any, max_bytes: int, max_depth: int) -> dict[str, Any]
         if problem is not None:
             return problem
     return value
+
+
+def json_values(message: bytes, limit: int) -> int:
+    """How many values ``message`` (JSON) holds, counted as commas, brackets and braces
+    outside strings, plus one — exact enough to bound, and linear in C: the strings are only
+    cut out when the quick count (which includes them) goes over ``limit``."""
+    quick = message.count(b",") + message.count(b"[") + message.count(b"{") + 1
+    if quick <= limit:
+        return quick
+    strings = message.count(b'"') // 2
+    if strings > 4 * limit:  # every value has at most a key and itself as strings
+        return strings // 2
+    plain = message.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(plain.split(b'"')[::2])
+    return outside.count(b",") + outside.count(b"[") + outside.count(b"{") + 1
 
 
 # -- output ----------------------------------------------------------------------------
