@@ -51,7 +51,6 @@ from .settings import (
 __all__ = [
     "CONFIG_SCHEMA",
     "RENAMED",
-    "Config",
     "ConfigError",
     "DispatcherSection",
     "PluginSettings",
@@ -192,10 +191,6 @@ class Settings(BaseModel):
         ``profiles.support``) → ``(old, new)``; a table on one side only has ``None`` on the
         other; lists (``faults``) are compared whole."""
         return diff(self, other)
-
-
-Config = Settings
-"""The name :class:`Settings` had before it was a model."""
 
 
 _table = TomlTable(Settings)
