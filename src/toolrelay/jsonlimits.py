@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "ENCODER",
     "TRUNCATION_MARKER",
     "decode_arguments",
+    "failures",
     "json_values",
     "schema_errors",
     "too_big",
@@ -208,13 +209,17 @@ def truncated(text: str, size: int, cap: int) -> dict[str, object]:
 MAX_REPORTED = 3
 
 
-def schema_errors(validator: Any, instance: Any) -> str:
-    """Up to three failing paths, each with its (value-masked) reason."""
+def failures(errors: Iterable[tuple[Iterable[object], str]]) -> str:
+    """Up to three ``(path, reason)`` pairs as ``/a/b: reason`` (reasons cut at 120)."""
     parts = []
-    for index, error in enumerate(validator.iter_errors(instance)):
+    for index, (path, message) in enumerate(errors):
         if index == MAX_REPORTED:
             parts.append("…")
             break
-        path = "/" + "/".join(str(p) for p in error.instance_path)
-        parts.append(f"{path}: {error.message[:120]}")
+        parts.append(f"/{'/'.join(map(str, path))}: {message[:120]}")
     return "; ".join(parts)
+
+
+def schema_errors(validator: Any, instance: Any) -> str:
+    """Up to three failing paths, each with its (value-masked) reason."""
+    return failures((e.instance_path, e.message) for e in validator.iter_errors(instance))
