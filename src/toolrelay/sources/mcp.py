@@ -30,7 +30,7 @@ Deadlines and cancellation
 
 The raw lane (stdio)
     On stdio, ``tools/call`` does not go through the SDK's client session: the transport's
-    :class:`~toolrelay.sources.transport.RawLane` writes the request line itself (what the
+    :class:`~toolrelay.sources.rawlane.RawLane` writes the request line itself (what the
     session would write: the same ``params``, the ``_meta`` its session stamps on this
     connection, the caller's trace context injected) and hands the response line back to
     the call, parsed with one ``json.loads`` and checked as the SDK checks it
