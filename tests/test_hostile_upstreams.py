@@ -34,6 +34,7 @@ from toolrelay import (
     ToolRegistry,
 )
 from toolrelay.chaos.upstream import StandInUpstream
+from toolrelay.jsonlimits import json_values
 from toolrelay.sources.mcp import McpSource, McpSourceOptions
 from toolrelay_plugins import _http
 from toolrelay_plugins._http import HttpPlugin, clean_text
@@ -177,7 +178,7 @@ async def test_search_snippet_bombs(upstream: StandInUpstream, name: str) -> Non
     body = search_body(BOMBS[name])
     upstream.serve_static("/search", body, "application/json")
     got, _ = await call(search(upstream), "web_search", {"query": "q"})
-    if _http.json_items(body) > _http.MAX_JSON_ITEMS:  # "<![" * 30000: too many brackets to decode
+    if json_values(body, _http.MAX_JSON_ITEMS) > _http.MAX_JSON_ITEMS:  # too many to decode
         assert got == UNREADABLE
         return
     (result,) = got["data"]["results"]
@@ -239,7 +240,7 @@ async def test_geocoder_name_bombs(upstream: StandInUpstream, name: str) -> None
     body = geocoder_body(BOMBS[name])
     upstream.serve_static("/v1/search", body, "application/json")
     got, _ = await call(weather(upstream), "weather_current", {"city": "Oslo"})
-    if _http.json_items(body) > _http.MAX_JSON_ITEMS:
+    if json_values(body, _http.MAX_JSON_ITEMS) > _http.MAX_JSON_ITEMS:
         assert got == {**UNREADABLE, "message": "open-meteo sent an answer that could not be read"}
         return
     assert got["ok"] is True

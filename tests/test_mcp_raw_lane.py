@@ -1,7 +1,7 @@
 """The raw lane for ``tools/call`` on stdio upstreams (issue 19's speed work).
 
 On stdio, :class:`~toolrelay.sources.mcp.McpSource` writes ``tools/call`` itself and reads
-the answer back without the SDK's session (see ``toolrelay.sources.transport.RawLane``);
+the answer back without the SDK's session (see ``toolrelay.sources.rawlane.RawLane``);
 the session still does everything else. These tests prove, with real processes:
 
 * the request line is the one the SDK writes for the same call (ids aside), in both

@@ -22,6 +22,7 @@ import httpcore
 import httpx
 
 from toolrelay.contract import ToolDeclaration, ToolError
+from toolrelay.jsonlimits import json_values
 
 from ._failures import malformed, retry_after_seconds, status_error, too_large, transport_error
 from ._redirects import MAX_REDIRECTS, PinnedBackend, check_redirect, host_port, internal_address
@@ -40,7 +41,6 @@ __all__ = [
     "check_redirect",
     "clean_text",
     "internal_address",
-    "json_items",
     "malformed",
     "retry_after_seconds",
     "safe_url",
@@ -51,10 +51,11 @@ __all__ = [
 
 USER_AGENT = "toolrelay-plugins/0.1"
 MAX_JSON_ITEMS = 50_000
-"""At most this many JSON values (counted as ``,``, ``[`` and ``{`` bytes, so an
-over-estimate) are decoded; a larger body is refused unread. Decoding 50,000 values takes
-a few milliseconds; a 2 MiB body of ``[[],[],…]`` (700,000 lists) holds the event loop
-for over 100 ms, and a worker thread would not help: the C decoder never releases the GIL."""
+"""At most this many JSON values (``,``, ``[`` and ``{`` outside strings, counted by
+:func:`toolrelay.jsonlimits.json_values`) are decoded; a larger body is refused unread.
+Decoding 50,000 values takes a few milliseconds; a 2 MiB body of ``[[],[],…]`` (700,000
+lists) holds the event loop for over 100 ms, and a worker thread would not help: the C
+decoder never releases the GIL."""
 
 
 class Registrar(Protocol):
@@ -148,7 +149,7 @@ class ServiceClient:
     async def get_json(self, service: str, url: str, params: Params | None = None) -> Any:
         """``GET url`` decoded as JSON (NaN and Infinity refused)."""
         body, _ = await self.fetch(service, url, params)
-        if json_items(body) > MAX_JSON_ITEMS:
+        if json_values(body, MAX_JSON_ITEMS) > MAX_JSON_ITEMS:
             raise malformed(service)
         try:
             return _loads(body)
@@ -159,11 +160,6 @@ class ServiceClient:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
-
-
-def json_items(body: bytes) -> int:
-    """An upper bound on the number of values in a JSON document (linear, in C)."""
-    return body.count(b",") + body.count(b"[") + body.count(b"{") + 1
 
 
 def _loads(body: bytes) -> Any:

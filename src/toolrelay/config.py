@@ -19,7 +19,6 @@ the flat ``[breakers.NAME]`` tables (now ``[keys.NAME.breaker]``, ``.retry``, ``
 from __future__ import annotations
 
 import os
-import tomllib
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,12 +45,12 @@ from .settings import (
     Text,
     TomlTable,
     diff,
+    read_toml,
 )
 
 __all__ = [
     "CONFIG_SCHEMA",
     "RENAMED",
-    "Config",
     "ConfigError",
     "DispatcherSection",
     "PluginSettings",
@@ -194,10 +193,6 @@ class Settings(BaseModel):
         return diff(self, other)
 
 
-Config = Settings
-"""The name :class:`Settings` had before it was a model."""
-
-
 _table = TomlTable(Settings)
 """What a ``toolrelay.toml`` is read into: :class:`Settings`, or the model that
 :func:`extend` put in its place."""
@@ -298,15 +293,7 @@ def parse_config(data: Mapping[str, Any], path: Path | None = None) -> Settings:
 def load_config(path: str | os.PathLike[str]) -> Settings:
     """Read and check a ``toolrelay.toml``; raise :class:`ConfigError` with a clear line."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read ({exc.strerror or exc})") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{file}: not valid TOML: {exc}") from None
-    return parse_config(data, file)
+    return parse_config(read_toml(file), file)
 
 
 _CHECKED_NOW = ("isolation", "fallback")

@@ -1,7 +1,9 @@
 """JSON limits and checks shared by the stages and the gateway.
 
 Arguments in: decoded from text, bytes or a mapping within a size and depth limit
-(:func:`decode_arguments`), and :func:`too_big` for any JSON-like value. Output out: the
+(:func:`decode_arguments`), and :func:`too_big` for any JSON-like value. Raw JSON from an
+upstream: how many values it holds, counted before it is decoded (:func:`json_values`,
+used by the MCP transports and the first-party plugins). Output out: the
 size cap's explicit truncation (:func:`truncated`, :data:`TRUNCATION_MARKER`). Schema
 failures summed up in one line (:func:`schema_errors`).
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
@@ -20,6 +22,8 @@ __all__ = [
     "ENCODER",
     "TRUNCATION_MARKER",
     "decode_arguments",
+    "failures",
+    "json_values",
     "schema_errors",
     "too_big",
     "truncated",
@@ -164,6 +168,21 @@ def decode_arguments(raw: Any, max_bytes: int, max_depth: int) -> dict[str, Any]
     return value
 
 
+def json_values(message: bytes, limit: int) -> int:
+    """How many values ``message`` (JSON) holds, counted as commas, brackets and braces
+    outside strings, plus one — exact enough to bound, and linear in C: the strings are only
+    cut out when the quick count (which includes them) goes over ``limit``."""
+    quick = message.count(b",") + message.count(b"[") + message.count(b"{") + 1
+    if quick <= limit:
+        return quick
+    strings = message.count(b'"') // 2
+    if strings > 4 * limit:  # every value has at most a key and itself as strings
+        return strings // 2
+    plain = message.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(plain.split(b'"')[::2])
+    return outside.count(b",") + outside.count(b"[") + outside.count(b"{") + 1
+
+
 # -- output ----------------------------------------------------------------------------
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
 TRUNCATION_MARKER = "[truncated by toolrelay]"
@@ -190,13 +209,17 @@ def truncated(text: str, size: int, cap: int) -> dict[str, object]:
 MAX_REPORTED = 3
 
 
-def schema_errors(validator: Any, instance: Any) -> str:
-    """Up to three failing paths, each with its (value-masked) reason."""
+def failures(errors: Iterable[tuple[Iterable[object], str]]) -> str:
+    """Up to three ``(path, reason)`` pairs as ``/a/b: reason`` (reasons cut at 120)."""
     parts = []
-    for index, error in enumerate(validator.iter_errors(instance)):
+    for index, (path, message) in enumerate(errors):
         if index == MAX_REPORTED:
             parts.append("…")
             break
-        path = "/" + "/".join(str(p) for p in error.instance_path)
-        parts.append(f"{path}: {error.message[:120]}")
+        parts.append(f"/{'/'.join(map(str, path))}: {message[:120]}")
     return "; ".join(parts)
+
+
+def schema_errors(validator: Any, instance: Any) -> str:
+    """Up to three failing paths, each with its (value-masked) reason."""
+    return failures((e.instance_path, e.message) for e in validator.iter_errors(instance))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
+import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Generic, TypeVar
@@ -36,6 +38,8 @@ __all__ = [
     "diff",
     "explain",
     "one_line_errors",
+    "read_toml",
+    "schema_problems",
 ]
 
 DATACLASS = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -131,6 +135,15 @@ class _TomlSchema(GenerateJsonSchema):
         return False
 
 
+def schema_problems(validator: jsonschema_rs.Validator, data: Any, prefix: str = "") -> list[str]:
+    """One clause per place ``data`` fails ``validator``: its dotted key path (under
+    ``prefix``; ``(top level)`` for the whole) and the validator's message."""
+    return [
+        f"{'.'.join([prefix, *map(str, e.instance_path)]).strip('.') or '(top level)'}: {e.message}"
+        for e in validator.iter_errors(data)
+    ]
+
+
 class TomlTable(Generic[M]):
     """A TOML table read into ``model``: checked against the JSON Schema generated from the
     model first (jsonschema's messages, as an editor using :attr:`schema` shows them), then
@@ -152,11 +165,7 @@ class TomlTable(Generic[M]):
         return jsonschema_rs.Draft202012Validator(self.schema, offline=True)
 
     def __call__(self, data: Mapping[str, Any], path: Path | None = None) -> M:
-        errors = [
-            f"{'.'.join([self.prefix, *map(str, e.instance_path)]).strip('.') or '(top level)'}"
-            f": {e.message}"
-            for e in self._validator.iter_errors(dict(data))
-        ]
+        errors = schema_problems(self._validator, dict(data), self.prefix)
         if not errors:
             try:
                 return self.model.model_validate(data)
@@ -164,6 +173,17 @@ class TomlTable(Generic[M]):
                 errors = explain(exc, f"{self.prefix}.{{}}:" if self.prefix else "{}:")
         shown = "; ".join(errors[:5]) + ("; …" if len(errors) > 5 else "")
         raise ConfigError(f"{path or 'config'}: {shown}")
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A TOML file's content; :class:`ConfigError` naming the file when it cannot be read or
+    is not TOML."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
 def _entries(value: Any) -> Mapping[str, Any] | None:

@@ -13,7 +13,7 @@ import pybreaker
 from .machine import BreakerMachine, TransitionListener
 from .options import BreakerOptions
 from .replica import Clock, State
-from .window import new_window
+from .window import minimum_calls, new_window
 
 __all__ = ["Breakers", "KeyBreaker", "StorageFactory"]
 
@@ -35,11 +35,7 @@ class KeyBreaker(BreakerMachine):
         self.cb.success_threshold = options.success_threshold
         if (old.window, old.window_size) != (options.window, options.window_size):
             self.window = new_window(options)
-        self.minimum_calls = (
-            min(options.minimum_calls, options.window_size)
-            if options.window == "count"
-            else options.minimum_calls
-        )
+        self.minimum_calls = minimum_calls(options)
         grown = min(self.break_s, options.reset_timeout_max_s or options.reset_timeout_s)
         self.break_s = max(options.reset_timeout_s, grown)
 

@@ -31,7 +31,7 @@ import pybreaker
 from ..outcome import Verdict
 from .options import BreakerOptions
 from .replica import NOBODY, Clock, Remote, Replica, Replication, State
-from .window import new_window
+from .window import minimum_calls, new_window
 
 __all__ = ["REJECT", "BreakerMachine", "TransitionListener"]
 
@@ -96,12 +96,7 @@ class BreakerMachine(Replica):
         self.opened = -math.inf
         """When the breaker last opened, on :attr:`clock`."""
         self.window = new_window(options)
-        self.minimum_calls = (
-            min(options.minimum_calls, options.window_size)
-            if options.window == "count"
-            else options.minimum_calls
-        )
-        """A count window can never hold more than ``window_size`` calls (as resilience4j)."""
+        self.minimum_calls = minimum_calls(options)
         self.records = 0
         self.admitted = 0
         """Calls admitted in the closed state (cumulative)."""

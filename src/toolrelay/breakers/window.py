@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .options import BreakerOptions
 
-__all__ = ["CountWindow", "FailureWindow", "TimeWindow", "new_window"]
+__all__ = ["CountWindow", "FailureWindow", "TimeWindow", "minimum_calls", "new_window"]
 
 _FAILED, _SLOW, _SEEN = 1, 2, 4
 
@@ -106,3 +106,11 @@ def new_window(options: BreakerOptions) -> FailureWindow | None:
     if options.window == "time":
         return TimeWindow(options.window_size)
     return None
+
+
+def minimum_calls(options: BreakerOptions) -> int:
+    """``minimum_calls``, but a count window can never hold more than ``window_size`` calls
+    (as resilience4j)."""
+    if options.window == "count":
+        return min(options.minimum_calls, options.window_size)
+    return options.minimum_calls

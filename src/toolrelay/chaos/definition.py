@@ -10,7 +10,6 @@ named switch of the experiment's own — and the invariants to hold.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +17,11 @@ from typing import Any, Protocol
 
 import jsonschema_rs
 
-from ..config import ConfigError
 from ..dispatcher import Dispatcher
 from ..faults import Fault
 from ..registry import ToolRegistry
 from ..result import ToolCall, ToolResult
+from ..settings import ConfigError, read_toml, schema_problems
 from .record import Check, Run
 from .upstream_faults import UpstreamFault
 
@@ -157,23 +156,14 @@ class Experiment:
     @classmethod
     def load(cls, path: str | Path) -> Experiment:
         file = Path(path)
-        try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{file}: cannot read ({exc.strerror or exc})") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{file}: not valid TOML: {exc}") from None
-        return cls.parse(data, file)
+        return cls.parse(read_toml(file), file)
 
     @classmethod
     def parse(
         cls, data: dict[str, Any], path: Path | None = None, extras: Extras | None = None
     ) -> Experiment:
         extras = Extras() if extras is None else extras
-        errors = [
-            f"{'.'.join(str(p) for p in e.instance_path) or '(top level)'}: {e.message}"
-            for e in _VALIDATOR.iter_errors(data)
-        ]
+        errors = schema_problems(_VALIDATOR, data)
         if errors:
             raise ConfigError(f"{path or 'experiment'}: {'; '.join(errors[:5])}")
         try:

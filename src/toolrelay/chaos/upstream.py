@@ -59,6 +59,7 @@ import anyio.from_thread
 import h11
 from anyio.abc import SocketAttribute, SocketStream
 
+from ..net import is_loopback
 from . import upstream_admin as admin
 from . import upstream_wire as wire
 from ._upstream_data import REFERENCE_NOW, ROUTES
@@ -89,7 +90,7 @@ class StandInUpstream:
         keep_alive_s: float = 30.0,
         allow_remote: bool = False,
     ) -> None:
-        if not allow_remote and not admin.is_loopback(host):
+        if not allow_remote and not is_loopback(host):
             raise ValueError(
                 f"refusing to listen on {host!r}: the admin endpoint has no authentication "
                 "(use a loopback address, or allow_remote=True)"

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ..net import is_loopback
 from ._upstream_replies import Reply, json_reply
 from .upstream_faults import FaultError, FaultTable, UpstreamFault
 
-__all__ = ["answer", "is_loopback", "refusal"]
+__all__ = ["answer", "refusal"]
 
 MAX_ADMIN_BODY = 64 * 1024
 
@@ -110,12 +110,3 @@ def _json_object(body: bytes) -> dict[str, Any]:
 
 def _not_allowed(allow: str) -> Reply:
     return json_reply({"error": "method not allowed"}, 405, (("allow", allow),))
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False

@@ -41,7 +41,7 @@ from ..registry import CompiledTool
 from ..result import ToolResult
 from ..sources.mcp_mapping import upstream_result
 
-__all__ = ["Answer", "answer", "call_tool_result"]
+__all__ = ["Answer", "answer"]
 
 
 class Answer(NamedTuple):
@@ -115,8 +115,3 @@ def answer(result: ToolResult, tool: CompiledTool | None) -> Answer:
         ),
         "ok",
     )
-
-
-def call_tool_result(result: ToolResult, tool: CompiledTool | None = None) -> types.CallToolResult:
-    """The MCP result for one answered call (see :func:`answer`)."""
-    return answer(result, tool).result

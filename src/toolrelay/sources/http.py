@@ -17,7 +17,8 @@ import httpx2
 from mcp.client._transport import TransportStreams  # private SDK name (the transport protocol)
 from mcp.client.streamable_http import streamable_http_client
 
-from .limits import DEFAULT_MAX_MESSAGE_VALUES, json_values, too_large, too_many
+from ..jsonlimits import json_values
+from .limits import DEFAULT_MAX_MESSAGE_VALUES, too_large, too_many
 
 __all__ = ["MessageTooLarge", "capped_http_client", "http_transport"]
 

@@ -10,7 +10,6 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_MAX_MESSAGE_VALUES",
     "TOO_LARGE_TEXT",
-    "json_values",
     "too_large",
     "too_many",
 ]
@@ -32,18 +31,3 @@ def too_large(max_bytes: int) -> str:
 
 def too_many(max_values: int) -> str:
     return f"{TOO_LARGE_TEXT} with more than {max_values} JSON values"
-
-
-def json_values(message: bytes, limit: int) -> int:
-    """How many values ``message`` (JSON) holds, counted as commas, brackets and braces
-    outside strings, plus one — exact enough to bound, and linear in C: the strings are only
-    cut out when the quick count (which includes them) goes over ``limit``."""
-    quick = message.count(b",") + message.count(b"[") + message.count(b"{") + 1
-    if quick <= limit:
-        return quick
-    strings = message.count(b'"') // 2
-    if strings > 4 * limit:  # every value has at most a key and itself as strings
-        return strings // 2
-    plain = message.replace(b"\\\\", b"").replace(b'\\"', b"")
-    outside = b"".join(plain.split(b'"')[::2])
-    return outside.count(b",") + outside.count(b"[") + outside.count(b"{") + 1

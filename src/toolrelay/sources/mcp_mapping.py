@@ -56,6 +56,7 @@ from mcp.types import methods as mcp_methods
 
 from ..contract import RISKS, AuthContext, Risk, ToolDeclaration
 from ..registry import NAME_RE, RegistrationError, compile_tool
+from ..schemas import nodes
 from .options import McpSourceOptions
 
 log = logging.getLogger("toolrelay.sources.mcp")
@@ -91,27 +92,11 @@ def object_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _schema_depth(schema: Any, limit: int) -> int:
-    """How deeply ``schema`` nests objects and arrays, counted up to ``limit + 1`` (without
-    recursion, so no nesting is too deep to measure)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(schema, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, Mapping | list | tuple):
-            deepest = max(deepest, depth)
-            if depth > limit:
-                return deepest
-            children = node.values() if isinstance(node, Mapping) else node
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
-
-
 def _schema_problem(what: str, schema: Any) -> str | None:
     """Why ``schema`` is too big to accept, or ``None``."""
     if schema is None:
         return None
-    if _schema_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+    if any(depth > MAX_SCHEMA_DEPTH for _, depth in nodes(schema)):  # stops at the first
         return f"its {what} nests deeper than {MAX_SCHEMA_DEPTH} levels"
     try:
         size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())

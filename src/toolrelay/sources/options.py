@@ -82,9 +82,9 @@ class McpSourceOptions:
     Precedence: a tool's override, the source's override, then the higher of the floors
     and the hints."""
     max_message_bytes: Annotated[int, Strict(), Field(ge=1024)] = DEFAULT_MAX_MESSAGE_BYTES
-    """The largest message read from the server (4 MiB), bounded while it is read (see
-    :mod:`toolrelay.sources.transport`; used by the ``McpSource.stdio`` and ``.http``
-    transports). A larger answer is refused: the call gets a non-retryable
+    """The largest message read from the server (4 MiB), bounded while it is read by the
+    ``McpSource.stdio`` and ``.http`` transports (:mod:`toolrelay.sources.stdio`,
+    :mod:`~toolrelay.sources.http`). A larger answer is refused: the call gets a non-retryable
     ``invalid_output`` that the breaker does not count."""
     max_message_values: Annotated[int, Strict(), Field(ge=100)] = DEFAULT_MAX_MESSAGE_VALUES
     """The most JSON values one message may hold (50,000; commas, brackets and braces

@@ -45,8 +45,9 @@ from mcp.client.stdio import (
 )
 from mcp.shared.message import SessionMessage
 
+from ..jsonlimits import json_values
 from .errors import MESSAGE_TOO_LARGE, MESSAGE_UNREADABLE, UNREADABLE_TEXT, closed
-from .limits import DEFAULT_MAX_MESSAGE_VALUES, json_values, too_large, too_many
+from .limits import DEFAULT_MAX_MESSAGE_VALUES, too_large, too_many
 from .rawlane import HEAD_BYTES, RAW_ID_PREFIX, RawLane, answered_id
 
 __all__ = ["StdioTransport", "capped_stdio_client"]

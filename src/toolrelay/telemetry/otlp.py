@@ -15,6 +15,9 @@ class OtlpUnavailable(RuntimeError):
     """The ``otlp`` extra is not installed."""
 
 
+_NEEDS_EXTRA = "OTLP export needs the otlp extra: pip install 'toolrelay[otlp]'"
+
+
 def otlp_tracer_provider(endpoint: str, service_name: str) -> Any:
     """A ``TracerProvider`` batching spans to ``endpoint`` (e.g. ``…:4318/v1/traces``)."""
     try:
@@ -23,9 +26,7 @@ def otlp_tracer_provider(endpoint: str, service_name: str) -> Any:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
-        raise OtlpUnavailable(
-            "OTLP export needs the otlp extra: pip install 'toolrelay[otlp]'"
-        ) from None
+        raise OtlpUnavailable(_NEEDS_EXTRA) from None
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     return provider
@@ -40,9 +41,7 @@ def otlp_meter_provider(endpoint: str, service_name: str, interval_s: float = 60
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
     except ImportError:
-        raise OtlpUnavailable(
-            "OTLP export needs the otlp extra: pip install 'toolrelay[otlp]'"
-        ) from None
+        raise OtlpUnavailable(_NEEDS_EXTRA) from None
     reader = PeriodicExportingMetricReader(
         OTLPMetricExporter(endpoint=endpoint), export_interval_millis=interval_s * 1000
     )

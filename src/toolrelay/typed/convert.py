@@ -14,12 +14,12 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ..contract import AuthContext, CallContext, ErrorType, ToolError
 from ..handler import ASYNC_MARK, Handler
+from ..jsonlimits import failures
 from .signature import EMPTY, NONE, is_union, split
 
 __all__ = ["caller", "dump", "dump_foreign", "input_plan", "output_plan"]
 
 _JSON_TYPES: frozenset[type] = frozenset({dict, list, str, int, float, bool, NONE})
-MAX_REPORTED = 3
 
 
 def input_plan(tp: Any) -> tuple[bool, frozenset[type]]:
@@ -94,15 +94,10 @@ def dump_foreign(value: Any) -> Any:
 def _refusal(tool: str, name: str, exc: ValidationError) -> ToolError:
     """A value the schema admitted and pydantic refused (a custom validator, a ``format``
     jsonschema-rs does not check): ``invalid_arguments``, like the schema's own refusals."""
-    parts = []
-    for index, error in enumerate(exc.errors(include_url=False, include_input=False)):
-        if index == MAX_REPORTED:
-            parts.append("…")
-            break
-        path = "/" + "/".join(str(p) for p in (name, *error["loc"]))
-        parts.append(f"{path}: {str(error['msg'])[:120]}")
+    errors = exc.errors(include_url=False, include_input=False)
     return ToolError(
-        f"arguments do not fit {tool}'s parameter types: " + "; ".join(parts),
+        f"arguments do not fit {tool}'s parameter types: "
+        + failures(((name, *e["loc"]), str(e["msg"])) for e in errors),
         error_type=ErrorType.INVALID_ARGUMENTS,
         counts_as_failure=False,
     )
