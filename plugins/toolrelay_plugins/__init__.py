@@ -4,9 +4,9 @@ They need the ``plugins`` extra (httpx, and feedparser for feeds): ``pip install
 'toolrelay[plugins]'``. Without it, loading one fails with one line that says so.
 """
 
-import importlib.util
-
-if importlib.util.find_spec("httpx") is None:
+try:
+    import httpx  # noqa: F401 - every plugin's client
+except ModuleNotFoundError as exc:
     raise ModuleNotFoundError(
         "the first-party plugins need httpx: pip install 'toolrelay[plugins]'", name="httpx"
-    )
+    ) from exc
