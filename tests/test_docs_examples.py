@@ -110,7 +110,7 @@ class FakeChat(FakeMessagesListChatModel):
 chat_model = FakeChat(responses=[AIMessage("done")] * 10)
 """
 
-# A scripted model that asks for get_weather once, then answers.
+# A scripted model that calls delete_files (dangerous: it waits for a human's approval).
 _PYDANTIC_AI = """
 from dataclasses import dataclass
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
@@ -121,10 +121,16 @@ from toolrelay.integrations.pydantic_ai import ToolrelayToolset, deferred_approv
 class Session:
     auth: AuthContext
 
-model = TestModel()
+@registry.tool(name="delete_files", description="Delete old files.",
+               parameters={"type": "object"}, risk="dangerous")
+async def delete_files(args: dict, ctx: AuthContext) -> dict:
+    return {"deleted": 3}
+
+model = TestModel(call_tools=["delete_files"])
 session = Session(auth=ctx)
 agent = Agent(model, deps_type=Session, output_type=[str, DeferredToolRequests],
-              toolsets=[ToolrelayToolset(Dispatcher(registry), auth=lambda c: c.deps.auth)])
+              toolsets=[ToolrelayToolset(Dispatcher(registry, approver=deferred_approver()),
+                                         auth=lambda c: c.deps.auth)])
 ask_a_human = lambda call: True
 """
 
