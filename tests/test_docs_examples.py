@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import need_binary
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[a-z]*)[ \t]*$")
@@ -322,10 +324,25 @@ def _announced_admin(errlog: Path, proc: subprocess.Popen[bytes]) -> str:
     raise AssertionError(f"toolrelay serve did not announce its admin API:\n{errlog.read_text()}")
 
 
-@pytest.mark.parametrize("example", SHELL, ids=[e.id for e in SHELL])
+SERVER_BINARIES = ("promtool",)  # run by `make test` (.ci/install-servers), skipped elsewhere
+
+
+def _shell_param(example: Example) -> object:
+    needs = [name for name in SERVER_BINARIES if name in example.code]
+    marks = [pytest.mark.servers] if needs else []
+    return pytest.param(example, needs, marks=marks, id=example.id)
+
+
+@pytest.mark.parametrize(("example", "binaries"), [_shell_param(e) for e in SHELL])
 def test_shell_example(
-    example: Example, tmp_path: Path, bin_dir: Path, request: pytest.FixtureRequest
+    example: Example,
+    binaries: list[str],
+    tmp_path: Path,
+    bin_dir: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
+    for name in binaries:
+        need_binary(name)
     code = example.code
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     if ADMIN in code:
