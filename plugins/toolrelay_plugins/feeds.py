@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import anyio.to_thread
-import feedparser  # type: ignore[import-untyped]
 from pydantic import BeforeValidator, Field, Strict
 
 from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
@@ -46,6 +45,13 @@ from ._http import (
     malformed,
     safe_url,
 )
+
+try:
+    import feedparser  # type: ignore[import-untyped]
+except ModuleNotFoundError as exc:  # the ``plugins`` extra
+    raise ModuleNotFoundError(
+        "the feeds plugin needs feedparser: pip install 'toolrelay[plugins]'", name="feedparser"
+    ) from exc
 
 __all__ = ["FeedsPlugin", "FeedsSettings", "parse_feed", "register"]
 

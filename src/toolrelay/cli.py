@@ -27,7 +27,7 @@ class CliError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .chaos.upstream import add_arguments as add_upstream_arguments
+    from .chaos.upstream_args import add_arguments as add_upstream_arguments
 
     parser = argparse.ArgumentParser(
         prog="toolrelay", description="Run an agent's tool calls through a resilient pipeline."

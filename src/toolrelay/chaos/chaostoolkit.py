@@ -30,8 +30,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+try:
+    import httpx
+except ModuleNotFoundError as exc:  # the ``chaos`` extra
+    raise ModuleNotFoundError(
+        "the Chaos Toolkit activities need httpx: pip install 'toolrelay[chaos]'", name="httpx"
+    ) from exc
 
 __all__ = [
     "ToolrelayAdminError",

@@ -56,15 +56,23 @@ from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import anyio.from_thread
-import h11
 from anyio.abc import SocketAttribute, SocketStream
 
 from ..net import is_loopback
 from . import upstream_admin as admin
-from . import upstream_wire as wire
 from ._upstream_data import REFERENCE_NOW, ROUTES
 from ._upstream_replies import BadRequest, Reply, error_reply, malformed
+from .upstream_args import DESCRIPTION, add_arguments
 from .upstream_faults import FAULT_KINDS, FaultError, FaultTable, UpstreamFault
+
+try:
+    import h11
+except ModuleNotFoundError as exc:  # the ``chaos`` extra (``cli`` has it too)
+    raise ModuleNotFoundError(
+        "the stand-in upstream needs h11: pip install 'toolrelay[chaos]'", name="h11"
+    ) from exc
+
+from . import upstream_wire as wire  # h11 too
 
 __all__ = ["FAULT_KINDS", "UpstreamFault", "FaultError", "StandInUpstream", "main"]
 
@@ -305,23 +313,6 @@ class StandInUpstream:
 
 
 # -- command line --------------------------------------------------------------------------
-DESCRIPTION = (
-    "Serve stand-ins for Open-Meteo, SearXNG and feeds; misbehave on command (POST /_admin/faults)."
-)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``toolrelay chaos upstream`` (shared with the ``toolrelay`` CLI)."""
-    parser.add_argument("--host", default="127.0.0.1", help="loopback address (127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8765, help="port, 0 for any (8765)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fault dice (0)")
-    parser.add_argument(
-        "--live-clock",
-        action="store_true",
-        help="date answers by the wall clock instead of a fixed instant",
-    )
-
-
 def main(argv: list[str] | argparse.Namespace | None = None) -> int:
     """``toolrelay chaos upstream``: run the stand-in until interrupted."""
     if isinstance(argv, argparse.Namespace):
