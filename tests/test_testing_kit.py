@@ -262,3 +262,16 @@ def test_the_docs_examples_run(index: int) -> None:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
     assert len(blocks) == 2
     exec(compile(blocks[index], f"docs/testing.md example {index + 1}", "exec"), {})
+
+
+async def test_each_error_is_a_new_exception() -> None:
+    plugin = ScriptedPlugin()
+    plugin.script("t", error("down", retryable=True, retry_after_s=2))
+    raised = []
+    for _ in range(2):
+        with pytest.raises(ToolError) as info:
+            await plugin.execute("t", {}, AuthContext())
+        raised.append(info.value)
+    assert raised[0] is not raised[1]
+    assert (raised[1].message, raised[1].retryable, raised[1].retry_after_s) == ("down", True, 2)
+    assert raised[1].counts_as_failure and raised[1].error_type == ErrorType.TOOL_ERROR

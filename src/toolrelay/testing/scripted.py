@@ -34,6 +34,21 @@ class Step:
     data: Any = None
     seconds: float = 0.0
     error: ToolError | None = None
+    """What an ``error`` step raises: a new copy per call (an exception raised twice would
+    carry both tracebacks)."""
+
+    def answer(self) -> Any:
+        """The step's data, or its error raised."""
+        e = self.error
+        if e is None:
+            return self.data
+        raise ToolError(
+            e.message,
+            error_type=e.error_type,
+            retryable=e.retryable,
+            counts_as_failure=e.counts_as_failure,
+            retry_after_s=e.retry_after_s,
+        )
 
 
 def ok(data: Any = None) -> Step:
@@ -171,9 +186,7 @@ class ScriptedPlugin:
             await anyio.sleep_forever()
         if step.kind == "slow":
             await anyio.sleep(step.seconds)
-        if step.error is not None:
-            raise step.error
-        return step.data
+        return step.answer()
 
 
 class SyncScriptedPlugin(ScriptedPlugin):
@@ -191,9 +204,7 @@ class SyncScriptedPlugin(ScriptedPlugin):
             self._closed.wait()
         if step.kind == "slow":
             self._closed.wait(step.seconds)
-        if step.error is not None:
-            raise step.error
-        return step.data
+        return step.answer()
 
     async def aclose(self) -> None:
         """Let every hung or slow call's thread end."""
