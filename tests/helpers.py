@@ -47,7 +47,15 @@ def key_policy(**settings: Any) -> KeyPolicy:
     return KeyPolicy(**{part: _PARTS[part](**fields) for part, fields in parts.items()})
 
 
-LIVE = {"approver", "audit", "observers", "metrics_registry", "tracer_provider", "meter_provider"}
+LIVE = {
+    "approver",
+    "audit",
+    "observers",
+    "metrics_registry",
+    "tracer_provider",
+    "meter_provider",
+    "clock",
+}
 """The keyword arguments of ``Dispatcher`` that are live objects, not options."""
 
 

@@ -33,6 +33,7 @@ from toolrelay import (
 )
 from toolrelay.breakers import REJECT, Breakers, KeyBreaker
 from toolrelay.outcome import Verdict
+from toolrelay.testing import FrozenClock
 
 pytestmark = pytest.mark.anyio
 
@@ -367,14 +368,6 @@ async def test_count_window_does_not_record_ignored_outcomes(sync: bool) -> None
 
 
 # -- a KeyBreaker on a fake clock ----------------------------------------------------------------
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 OUTCOMES = {
     "F": (Verdict.FAILURE, 0.0),
     "S": (Verdict.SUCCESS, 0.0),
@@ -382,7 +375,7 @@ OUTCOMES = {
 }
 
 
-def key_breaker(clock: FakeClock, **settings: Any) -> KeyBreaker:
+def key_breaker(clock: FrozenClock, **settings: Any) -> KeyBreaker:
     options = BreakerOptions(reset_timeout_s=30, **settings)
     return Breakers(lambda key: options, clock=clock).get(KEY)
 
@@ -398,14 +391,14 @@ def feed(breaker: KeyBreaker, *outcomes: str) -> list[bool]:
     return opened
 
 
-def time_breaker(clock: FakeClock) -> KeyBreaker:
+def time_breaker(clock: FrozenClock) -> KeyBreaker:
     return key_breaker(clock, window="time", window_size=10, minimum_calls=5, failure_rate=0.5)
 
 
 def test_a_count_window_smaller_than_minimum_calls_still_opens() -> None:
     """``window_size=5`` with the default ``minimum_calls=10``: the window never holds 10
     calls, so the minimum is capped at the window's size (as resilience4j does)."""
-    breaker = key_breaker(FakeClock(), window="count", window_size=5)
+    breaker = key_breaker(FrozenClock(1000.0), window="count", window_size=5)
     assert feed(breaker, *"FFFF") == [False] * 4
     assert feed(breaker, "F") == [True]
     assert breaker.state == "open"
@@ -415,7 +408,7 @@ def test_a_success_that_fills_the_window_to_its_minimum_opens_it() -> None:
     """The rates are checked after every recorded call, as resilience4j does: four failures
     and then a success reach ``minimum_calls=5`` at an 80 % failure rate."""
     breaker = key_breaker(
-        FakeClock(), window="count", window_size=10, minimum_calls=5, failure_rate=0.5
+        FrozenClock(1000.0), window="count", window_size=10, minimum_calls=5, failure_rate=0.5
     )
     assert feed(breaker, *"FFFF") == [False] * 4
     assert feed(breaker, "S") == [True]
@@ -425,20 +418,20 @@ def test_a_success_that_fills_the_window_to_its_minimum_opens_it() -> None:
 # -- 4. time window -------------------------------------------------------------------------------
 @pytest.mark.parametrize(("later_s", "opens"), [(9.5, True), (10.5, False)])
 def test_time_window_forgets_failures_older_than_the_window(later_s: float, opens: bool) -> None:
-    clock = FakeClock(1000.0)
+    clock = FrozenClock(1000.0)
     breaker = time_breaker(clock)
     assert feed(breaker, *"FFFF") == [False] * 4  # below minimum_calls
-    clock.now += later_s
+    clock.advance(later_s)
     assert breaker.rates() == ((1.0, 0.0) if opens else (0.0, 0.0))
     assert feed(breaker, "F") == [opens]  # 5 of 5, or 1 call in the window
     assert breaker.state == ("open" if opens else "closed")
 
 
 def test_time_window_minimum_calls_counts_only_calls_inside_the_window() -> None:
-    clock = FakeClock(1000.0)
+    clock = FrozenClock(1000.0)
     breaker = time_breaker(clock)
     feed(breaker, *"SSS")
-    clock.now += 11
+    clock.advance(11)
     assert feed(breaker, *"FFFF") == [False] * 4  # 4 calls inside (7 with the old ones: 57 %)
     assert breaker.state == "closed"
     assert feed(breaker, "F") == [True]
@@ -446,24 +439,24 @@ def test_time_window_minimum_calls_counts_only_calls_inside_the_window() -> None
 
 @pytest.mark.parametrize("jump_s", [11.0, 25.0, 1e6])
 def test_time_window_a_clock_jump_longer_than_the_window_empties_it(jump_s: float) -> None:
-    clock = FakeClock(1000.0)
+    clock = FrozenClock(1000.0)
     breaker = time_breaker(clock)
     feed(breaker, *"SSSF")
-    clock.now += 4
+    clock.advance(4)
     assert feed(breaker, *"SFSF") == [False] * 4  # 3 of 8
-    clock.now += jump_s
+    clock.advance(jump_s)
     assert breaker.rates() == (0.0, 0.0)
     assert feed(breaker, *"FFFF") == [False] * 4  # would be 5 of 10 with the old calls
     assert feed(breaker, "F") == [True]
 
 
 def test_time_window_a_shorter_jump_keeps_the_recent_seconds() -> None:
-    clock = FakeClock(1000.0)
+    clock = FrozenClock(1000.0)
     breaker = time_breaker(clock)
     feed(breaker, *"FF")
-    clock.now += 6
+    clock.advance(6)
     assert feed(breaker, *"SSS") == [False] * 3  # 2 of 5
-    clock.now += 6  # the failures are 12 s old, the successes 6 s
+    clock.advance(6)  # the failures are 12 s old, the successes 6 s
     assert breaker.rates() == (0.0, 0.0)
     assert feed(breaker, *"FF") == [False] * 2  # 2 of 5
     assert feed(breaker, "F") == [True]  # 3 of 6
@@ -472,14 +465,14 @@ def test_time_window_a_shorter_jump_keeps_the_recent_seconds() -> None:
 def test_a_verdict_counts_only_in_the_window_of_its_period() -> None:
     """A failure admitted before the breaker opened and closed again is not put into the
     new period's window."""
-    clock = FakeClock(1000.0)
+    clock = FrozenClock(1000.0)
     for window in ("count", "time"):
         breaker = key_breaker(
             clock, window=window, window_size=10, minimum_calls=2, failure_rate=0.5
         )
         stale = breaker.admit()
         assert feed(breaker, "F", "F") == [False, True]
-        clock.now += 31
+        clock.advance(31)
         assert feed(breaker, "S") == [False]  # the trial closes it
         assert breaker.state == "closed"
         assert breaker.record(Verdict.FAILURE, stale, 0.0) is False
@@ -488,7 +481,7 @@ def test_a_verdict_counts_only_in_the_window_of_its_period() -> None:
 
 
 # -- 5. slow-call rate ----------------------------------------------------------------------------
-def slow_breaker(clock: FakeClock, slow_call_rate: float) -> KeyBreaker:
+def slow_breaker(clock: FrozenClock, slow_call_rate: float) -> KeyBreaker:
     return key_breaker(
         clock,
         window="count",
@@ -501,7 +494,7 @@ def slow_breaker(clock: FakeClock, slow_call_rate: float) -> KeyBreaker:
 
 
 def test_slow_successes_open_on_their_own_rate() -> None:
-    breaker = slow_breaker(FakeClock(), 0.5)
+    breaker = slow_breaker(FrozenClock(1000.0), 0.5)
     assert not any(feed(breaker, *["S"] * 5 + ["slow"] * 4))  # 4 of 9 slow
     assert breaker.rates() == pytest.approx((0.0, 4 / 9))
     assert breaker.snapshot()["failure_rate"] == 0.0
@@ -510,7 +503,7 @@ def test_slow_successes_open_on_their_own_rate() -> None:
 
 
 def test_slow_calls_do_not_count_toward_the_failure_rate() -> None:
-    breaker = slow_breaker(FakeClock(), 0.8)
+    breaker = slow_breaker(FrozenClock(1000.0), 0.8)
     assert not any(feed(breaker, "slow", "slow", "slow", "F", "F"))  # 2 of 5 failed, 3 slow
     assert breaker.rates() == pytest.approx((0.4, 0.6))
     assert feed(breaker, "F") == [True]  # 3 of 6 failed

@@ -27,6 +27,7 @@ from toolrelay import (
     ToolRegistry,
     ToolResult,
 )
+from toolrelay.testing import ScriptedPlugin, hang
 
 pytestmark = pytest.mark.anyio
 CTX = AuthContext(user_id="u1", tenant_id="t1", roles=frozenset({"support"}))
@@ -526,10 +527,9 @@ async def test_sync_handler_success_and_errors() -> None:
 
 async def test_slot_budget_caps_the_deadline() -> None:
     registry = ToolRegistry()
-
-    @registry.tool(name="slow", parameters=OBJ, timeout_s=30)
-    async def slow(args: dict[str, Any], ctx: AuthContext) -> None:
-        await anyio.sleep(60)
+    plugin = ScriptedPlugin()
+    plugin.script("slow", hang(), parameters=OBJ, timeout_s=30)
+    registry.register(plugin)
 
     dispatcher = Dispatcher(registry)
     slot = ModelSlot(budget_s=0.15)

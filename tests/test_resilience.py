@@ -23,8 +23,8 @@ from toolrelay import (
     ToolRegistry,
     ToolResult,
 )
-from toolrelay.events import AttemptEnded, BreakerTransition, Event, RetryScheduled
-from toolrelay.pipeline import Invocation
+from toolrelay.events import AttemptEnded, BreakerTransition, RetryScheduled
+from toolrelay.testing import EventLog, FrozenClock
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +65,12 @@ class Service:
 
 
 def setup(
-    config: KeyPolicy | None = None, *, risk: str = "read", timeout_s: float = 2.0, **kw: Any
+    config: KeyPolicy | None = None,
+    *,
+    risk: str = "read",
+    timeout_s: float = 2.0,
+    clock: FrozenClock | None = None,
+    **kw: Any,
 ) -> tuple[Dispatcher, Service]:
     registry = ToolRegistry()
     service = Service()
@@ -85,6 +90,7 @@ def setup(
             },
             profiles={},
         ),
+        **({} if clock is None else {"clock": clock}),
     )
     return dispatcher, service
 
@@ -221,11 +227,12 @@ async def test_half_open_admits_limited_trials() -> None:
         breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05, half_open_max_calls=2),
         retry=RetryOptions(max_attempts=1),
     )
-    dispatcher, service = setup(config)
+    clock = FrozenClock()
+    dispatcher, service = setup(config, clock=clock)
     service.script = ["crash"]
     await call(dispatcher)
     assert dispatcher.breakers.state("up") == "open"
-    await anyio.sleep(0.07)
+    clock.advance(0.05)
     service.gate = anyio.Event()
     results: list[ToolResult] = []
 
@@ -249,17 +256,18 @@ async def test_success_threshold_and_reopen() -> None:
         breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.05, success_threshold=2),
         retry=RetryOptions(max_attempts=1),
     )
-    dispatcher, service = setup(config)
+    clock = FrozenClock()
+    dispatcher, service = setup(config, clock=clock)
     service.script = ["crash"]
     await call(dispatcher)
-    await anyio.sleep(0.07)
+    clock.advance(0.05)
     assert (await call(dispatcher)).ok
     assert dispatcher.breakers.state("up") == "half_open"
     assert (await call(dispatcher)).ok
     assert dispatcher.breakers.state("up") == "closed"
     service.script = ["crash"]
     await call(dispatcher)
-    await anyio.sleep(0.07)
+    clock.advance(0.05)
     service.script = ["ok", "crash"]
     assert (await call(dispatcher)).ok
     failed = await call(dispatcher)
@@ -291,7 +299,8 @@ async def test_specs_follow_breaker_health() -> None:
         KeyPolicy(
             breaker=BreakerOptions(fail_max=1, reset_timeout_s=0.1),
             retry=RetryOptions(max_attempts=1),
-        )
+        ),
+        clock=(clock := FrozenClock()),
     )
     assert {s["function"]["name"] for s in dispatcher.specs()} == {"svc", "svc2"}
     service.script = ["crash"]
@@ -300,28 +309,20 @@ async def test_specs_follow_breaker_health() -> None:
     marked = dispatcher.specs(unavailable="mark")
     assert all(s["function"]["description"].startswith("[unavailable") for s in marked)
     assert len(dispatcher.specs(unavailable="show")) == 2
-    await anyio.sleep(0.12)  # reset timeout passed: offered again so a trial can close it
+    clock.advance(0.1)  # reset timeout passed: offered again so a trial can close it
     assert len(dispatcher.specs()) == 2
     assert (await call(dispatcher)).ok
     assert dispatcher.breakers.state("up") == "closed"
 
 
 # -- retries -------------------------------------------------------------------------------------
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def __call__(self, inv: Invocation, event: Event) -> None:
-        self.events.append(event)
-
-
-def retrying(max_attempts: int = 3, **kw: Any) -> tuple[Dispatcher, Service, Recorder]:
+def retrying(max_attempts: int = 3, **kw: Any) -> tuple[Dispatcher, Service, EventLog]:
     registry = ToolRegistry()
     service = Service()
     for name, risk in (("read", "read"), ("write", "write")):
         registry.tool(name=name, parameters=ANY, breaker_key="up", risk=risk)(service)  # type: ignore[arg-type]
     registry.tool(name="once", parameters=ANY, breaker_key="up", max_attempts=1)(service)  # type: ignore[arg-type]
-    recorder = Recorder()
+    recorder = EventLog()
     config = key_policy(fail_max=kw.pop("fail_max", 10), max_attempts=max_attempts, **kw)
     dispatcher = Dispatcher(
         registry,
@@ -337,10 +338,10 @@ async def test_idempotent_tools_retry_retryable_failures() -> None:
     service.script = ["retryable", "retryable", "ok"]
     result = await call(dispatcher, "read")
     assert result.ok and result.attempts == 3 and service.calls == 3
-    sleeps = [e for e in recorder.events if isinstance(e, RetryScheduled)]
+    sleeps = recorder.events(RetryScheduled)
     assert [s.attempt for s in sleeps] == [1, 2]
     assert 0.01 <= sleeps[0].delay_s <= 0.016 and 0.02 <= sleeps[1].delay_s <= 0.026
-    attempts = [e for e in recorder.events if isinstance(e, AttemptEnded)]
+    attempts = recorder.events(AttemptEnded)
     assert [(a.attempt, a.result) for a in attempts] == [
         (1, "tool_error"),
         (2, "tool_error"),
@@ -390,7 +391,7 @@ async def test_no_retry_after_the_breaker_opened() -> None:
     result = await call(dispatcher, "read")
     assert result.error_type is ErrorType.TOOL_ERROR  # the tripping failure, not circuit_open
     assert result.attempts == 2 and service.calls == 2
-    transitions = [e for e in recorder.events if isinstance(e, BreakerTransition)]
+    transitions = recorder.events(BreakerTransition)
     assert transitions == [BreakerTransition("up", "closed", "open")]
 
 
@@ -398,7 +399,7 @@ async def test_retry_after_hint_is_honoured() -> None:
     dispatcher, service, recorder = retrying(backoff_initial_s=0.01)
     service.script = ["retry_after", "ok"]
     assert (await call(dispatcher, "read")).ok
-    (sleep,) = [e for e in recorder.events if isinstance(e, RetryScheduled)]
+    (sleep,) = recorder.events(RetryScheduled)
     assert sleep.delay_s >= 0.2
 
 

@@ -81,12 +81,14 @@ class Dispatcher:
         metrics_registry: CollectorRegistry | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``options``: the settings (:class:`~toolrelay.options.DispatcherOptions`; the
         defaults when ``None``). The keyword arguments are live objects: who approves
         (``approver``), where audit lines go (``audit``; ``None``: nowhere, as
         ``options.audit = False``), who observes stage events, and the metric registry and
-        OpenTelemetry providers telemetry uses."""
+        OpenTelemetry providers telemetry uses, and the breakers' ``clock`` (seconds, as
+        ``time.monotonic``; ``toolrelay.testing.FrozenClock`` in tests)."""
         self.registry = registry
         self.options = options = DispatcherOptions() if options is None else options
         self.redact = Redactor(options.secret_patterns)
@@ -122,7 +124,7 @@ class Dispatcher:
         def places(key: str) -> int:
             return self.policy(key).bulkhead.max_places
 
-        self.breakers = Breakers(lambda key: self.policy(key).breaker, factory)
+        self.breakers = Breakers(lambda key: self.policy(key).breaker, factory, clock)
         self.workers = WorkerPools(places, None if tel is None else tel.workers_changed)
         if tel is not None:
             self.breakers.add_listener(tel.breaker_transition)
