@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast test-latest lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,7 +22,8 @@ lint: $(STAMP)
 
 # Two workers (one per core); a file's tests stay on one worker, so a module's shared server
 # starts once. The slowest 15 tests are printed at the end of every run.
-PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
+PYTEST_ARGS := -q -n 2 --dist loadfile --durations=15
+PYTEST := $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint
 	bash .ci/install-servers
@@ -32,8 +33,23 @@ test: lint
 test-fast: $(STAMP)
 	$(PYTEST) -m "not servers and not soak"
 
+# The whole suite on the newest releases our upper bounds refuse (the bounds mark the libraries
+# whose internals toolrelay._compat uses): a separate venv, pyproject's requirements with their
+# `<X` bounds removed, upgraded, then the project itself without its pinned dependencies.
+LATEST := .venv-latest
+
+test-latest:
+	$(PY) -m venv $(LATEST)
+	$(LATEST)/bin/pip install --quiet --upgrade pip
+	$(PY) .ci/unbounded-requirements dev cli > $(LATEST)/requirements.txt
+	$(LATEST)/bin/pip install --quiet --upgrade -r $(LATEST)/requirements.txt
+	$(LATEST)/bin/pip install --quiet --no-deps -e .
+	$(LATEST)/bin/pip list --format=freeze | grep -iE '^(mcp|mcp-types|httpx|httpcore|prometheus.client|starlette|uvicorn|anyio)=='
+	bash .ci/install-servers
+	$(LATEST)/bin/python -m pytest $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LATEST) .pytest_cache .mypy_cache .ruff_cache

@@ -606,12 +606,14 @@ def _imports(path: Path) -> set[str]:
 
 def test_readme_bundled_plugins_import_only_the_contract_of_toolrelay() -> None:
     """README, Plugins: "of toolrelay they import only `toolrelay.contract` and
-    `toolrelay.jsonlimits`"; HTTP through httpx (architecture.md: plugins ──▶ contract,
-    jsonlimits)."""
+    `toolrelay.jsonlimits`, and `toolrelay._compat.httpcore` to pin DNS"; HTTP through httpx."""
     plugins = sorted((ROOT / "plugins" / "toolrelay_plugins").glob("*.py"))
     used = set().union(*map(_imports, plugins))
-    toolrelay = {m for m in used if m.split(".")[0] == "toolrelay"}
-    assert toolrelay == {"toolrelay.contract", "toolrelay.jsonlimits"}
+    assert {m for m in used if m.split(".")[0] == "toolrelay"} == {
+        "toolrelay.contract",
+        "toolrelay.jsonlimits",
+        "toolrelay._compat.httpcore",
+    }
     assert "httpx" in used and not {"requests", "urllib3", "aiohttp"} & used
 
 

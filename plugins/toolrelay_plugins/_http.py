@@ -18,9 +18,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-import httpcore
 import httpx
 
+from toolrelay._compat.httpcore import wrap_network_backend
 from toolrelay.contract import ToolDeclaration, ToolError
 from toolrelay.jsonlimits import json_values
 
@@ -91,10 +91,8 @@ class ServiceClient:
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             transport = httpx.AsyncHTTPTransport(trust_env=self.settings.trust_env)
-            pool = getattr(transport, "_pool", None)
-            if isinstance(pool, httpcore.AsyncConnectionPool):
-                # httpx offers no public hook for the connect step; httpcore's pool does.
-                pool._network_backend = PinnedBackend(pool._network_backend, self._pins)
+            # httpx offers no public hook for the connect step; httpcore's pool does.
+            wrap_network_backend(transport, lambda backend: PinnedBackend(backend, self._pins))
             self._client = httpx.AsyncClient(
                 timeout=self.settings.httpx_timeout(),
                 headers={"user-agent": USER_AGENT, "accept": self._accept},

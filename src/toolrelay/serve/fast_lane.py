@@ -75,6 +75,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .._compat.mcp_server import (
+    check_content_type,
+    error_response,
+    has_event_store,
+    passes_security,
+)
 from .sessions import HeldCall, SessionManager
 from .tracing import McpServerTelemetry
 
@@ -177,7 +183,7 @@ class FastLane:
         session_id = headers.get(MCP_SESSION_ID_HEADER)
         if session_id is None or not self.enabled():
             return False
-        transport = manager._server_instances.get(session_id)
+        transport = manager.sessions.get(session_id)
         connection = self.connections.get(session_id)
         if transport is None or connection is None or transport.is_terminated:
             return False
@@ -185,18 +191,18 @@ class FastLane:
             return False
         user = scope.get("user")
         requestor = authorization_context(user) if isinstance(user, AuthenticatedUser) else None
-        if requestor != manager._session_owners.get(session_id):
+        if requestor != manager.session_owner(session_id):
             return False
         version_header = headers.get(MCP_PROTOCOL_VERSION_HEADER)
         if version_header is not None and version_header not in HANDSHAKE_PROTOCOL_VERSIONS:
             return False
-        if await transport._security.validate_request(request, is_post=True) is not None:
+        if not await passes_security(transport, request):
             return False
         sse = not manager.json_response
         has_json, has_sse = check_accept_headers(request)
-        if not has_json or (sse and not has_sse) or not transport._check_content_type(request):
+        if not has_json or (sse and not has_sse) or not check_content_type(transport, request):
             return False
-        if sse and (transport._event_store is not None or _may_be_asked(connection)):
+        if sse and (has_event_store(transport) or _may_be_asked(connection)):
             return False
         if len(body) > manager.max_request_body_size:
             return False
@@ -220,7 +226,8 @@ class FastLane:
                 headers={"Content-Type": _JSON, MCP_SESSION_ID_HEADER: session_id},
             )
         elif result is None:
-            response = transport._create_error_response(
+            response = error_response(
+                transport,
                 "Session terminated before the request completed",
                 HTTPStatus.INTERNAL_SERVER_ERROR,
                 types.INTERNAL_ERROR,

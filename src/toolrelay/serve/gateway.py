@@ -21,7 +21,6 @@ from typing import Any, cast
 
 import anyio
 import mcp.types as types
-from mcp.server._otel import OpenTelemetryMiddleware  # the SDK's, replaced by ours
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
 from mcp.server.auth.provider import TokenVerifier
@@ -42,6 +41,7 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from .._compat.mcp_server import OpenTelemetryMiddleware, connection_of
 from .._version import __version__
 from ..dispatcher import Dispatcher
 from ..net import is_loopback
@@ -95,13 +95,6 @@ def _peer_key(ctx: ServerRequestContext[Any, Any]) -> str:
     return f"http:{session_id}" if session_id else "stdio"
 
 
-def _connection_of(ctx: ServerRequestContext[Any, Any]) -> Connection | None:
-    """The request's connection. SDK 2.3 hands the low-level handlers no public way to
-    it (``ServerRequestContext`` has no ``connection`` yet), so the session's is read."""
-    connection = getattr(ctx.session, "_connection", None)
-    return connection if isinstance(connection, Connection) else None
-
-
 class _PeerTracker:
     """Server middleware: remembers each 2025-era connection once it is initialized, and
     forgets it when the connection's exit stack unwinds."""
@@ -123,7 +116,7 @@ class _PeerTracker:
             key = _peer_key(ctx)
             caller = self._callers.current()
             self._watcher.add_peer(key, ctx.session, caller.profile, caller.name)
-            connection = _connection_of(ctx)
+            connection = connection_of(ctx.session)
             if connection is not None:
                 connection.exit_stack.callback(self._watcher.remove_peer, key)
                 if key.startswith("http:"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -20,13 +19,13 @@ import anyio
 import mcp.types as types
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import SessionMessage
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
+from .._compat.mcp_server import SdkSessionManager, busy, is_busy, send_to_session
 from .metrics import GatewayMetrics, RefusalReason
 
 __all__ = ["HeldCall", "SessionManager"]
@@ -46,7 +45,7 @@ class HeldCall:
         """Whether the client cancelled it (``notifications/cancelled``)."""
 
 
-class SessionManager(StreamableHTTPSessionManager):
+class SessionManager(SdkSessionManager):
     """The SDK's session manager, with sessions shared fairly between clients.
 
     A client (its bearer token's client name, or its peer address without tokens) has at
@@ -71,7 +70,7 @@ class SessionManager(StreamableHTTPSessionManager):
         self._client_of: dict[str, str] = {}
         self._last_used: dict[str, float] = {}
         self._held: dict[str, set[HeldCall]] = {}
-        metrics.count_sessions(lambda: len(self._server_instances))
+        metrics.count_sessions(lambda: len(self.sessions))
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -100,20 +99,14 @@ class SessionManager(StreamableHTTPSessionManager):
         held = HeldCall(coerce_request_id(request_id))
         calls = self._held.setdefault(session_id, set())
         calls.add(held)
-        idle, timeout = transport.idle_scope, transport._idle_timeout
-        transport._requests_in_flight += 1
-        if idle is not None:
-            idle.deadline = math.inf
-        try:
-            with held.scope:
-                yield held
-        finally:
-            calls.discard(held)
-            if not calls:
-                self._held.pop(session_id, None)
-            transport._requests_in_flight -= 1
-            if idle is not None and timeout is not None and not transport._requests_in_flight:
-                idle.deadline = anyio.current_time() + timeout
+        with busy(transport):
+            try:
+                with held.scope:
+                    yield held
+            finally:
+                calls.discard(held)
+                if not calls:
+                    self._held.pop(session_id, None)
 
     def cancel_held(self, session_id: str, request_id: types.RequestId) -> None:
         """Cancel the fast lane's calls of ``session_id`` with ``request_id``, as the
@@ -124,16 +117,16 @@ class SessionManager(StreamableHTTPSessionManager):
                 held.by_client = True
                 held.scope.cancel()
 
-    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def handle_stateful(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = Headers(scope=scope).get(MCP_SESSION_ID_HEADER)
         if session_id is not None:
             if session_id in self._last_used:
                 self._last_used[session_id] = time.monotonic()
             if scope.get("method") != "POST":
-                await super()._handle_stateful_request(scope, receive, send)
+                await super().handle_stateful(scope, receive, send)
                 return
             watched = _WatchedPost(receive)
-            await super()._handle_stateful_request(scope, watched.receive, send)
+            await super().handle_stateful(scope, watched.receive, send)
             if watched.disconnected:
                 await self._cancel_abandoned(session_id, watched.request_ids())
             return
@@ -142,13 +135,13 @@ class SessionManager(StreamableHTTPSessionManager):
         client = _client_key(scope)
         refusal: tuple[RefusalReason, int, str] | None = None
         transport = None
-        async with self._session_creation_lock:
+        async with self.creation_lock:
             if sum(1 for c in self._client_of.values() if c == client) >= self.per_client:
                 refusal = ("client_limit", 429, "Too many open sessions for this client")
             elif not await self._make_room():
                 refusal = ("full", 503, "Too many open sessions")
             else:
-                transport = self._admit_session(requestor)
+                transport = self.admit_session(requestor)
                 if transport is None:  # pragma: no cover - room was just made
                     refusal = ("full", 503, "Too many open sessions")
                 else:
@@ -162,14 +155,13 @@ class SessionManager(StreamableHTTPSessionManager):
             await _jsonrpc_error(message, status)(scope, receive, send)
             return
         assert transport is not None
-        await self._serve_opening_request(transport, scope, receive, send)
+        await self.serve_opening_request(transport, scope, receive, send)
 
     async def _cancel_abandoned(self, session_id: str, request_ids: list[types.RequestId]) -> None:
         """Cancel the requests of a POST whose client disconnected (a request already
         answered is not in flight any more, and the server ignores its cancellation)."""
-        transport = self._server_instances.get(session_id)
-        writer = None if transport is None else transport._read_stream_writer
-        if writer is None or transport is None or transport.is_terminated:
+        transport = self.sessions.get(session_id)
+        if transport is None:
             return
         for request_id in request_ids:
             cancel = types.JSONRPCNotification(
@@ -177,9 +169,7 @@ class SessionManager(StreamableHTTPSessionManager):
                 method="notifications/cancelled",
                 params={"requestId": request_id, "reason": "the client disconnected"},
             )
-            try:
-                await writer.send(SessionMessage(cancel))
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            if not await send_to_session(transport, SessionMessage(cancel)):
                 return
         if request_ids:
             log.info("cancelled %d call(s) of a disconnected MCP client", len(request_ids))
@@ -187,29 +177,29 @@ class SessionManager(StreamableHTTPSessionManager):
     async def _make_room(self) -> bool:
         """Whether a session can be opened, closing the least recently used idle one if
         every place is taken (called under the session-creation lock)."""
-        if self.max_sessions is None or len(self._server_instances) < self.max_sessions:
+        if self.max_sessions is None or len(self.sessions) < self.max_sessions:
             return True
         idle = [
             (self._last_used.get(sid, 0.0), sid)
-            for sid, transport in self._server_instances.items()
-            if not transport._requests_in_flight and not transport.is_terminated
+            for sid, transport in self.sessions.items()
+            if not is_busy(transport) and not transport.is_terminated
         ]
         if not idle:
             return False
         _, oldest = min(idle)
         log.info("closing idle MCP session %s to admit a new one", oldest[:8])
-        await self._discard_session(oldest, self._server_instances[oldest])
+        await self.discard_session(oldest, self.sessions[oldest])
         self.metrics.reaped()
         return True
 
-    async def _discard_session(
+    async def discard_session(
         self, session_id: str, transport: StreamableHTTPServerTransport
     ) -> None:
         self._client_of.pop(session_id, None)
         self._last_used.pop(session_id, None)
         for held in self._held.get(session_id, ()):
             held.scope.cancel()
-        await super()._discard_session(session_id, transport)
+        await super().discard_session(session_id, transport)
 
 
 class _WatchedPost:

@@ -17,6 +17,7 @@ import mcp.types as mcp_types
 from mcp import Client
 from mcp.client import IncomingMessage, Transport
 
+from .._compat.mcp_client import session_stamp
 from .._version import __version__
 from .rawlane import RawLane
 
@@ -43,8 +44,8 @@ def stamped_meta(client: Client) -> dict[str, Any] | None:
     """The ``_meta`` the SDK's session puts on a ``tools/call`` of this connection (on
     2026-era connections: the protocol version, client info and capabilities; on 2025-era
     ones: nothing), read once from the session's stamp; ``None`` when the SDK has none."""
-    stamp = getattr(client.session, "_stamp", None)  # private SDK name
-    if not callable(stamp):
+    stamp = session_stamp(client.session)
+    if stamp is None:
         return None
     data: dict[str, Any] = {"method": "tools/call", "params": {"name": "", "arguments": {}}}
     stamp(data, {})

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import httpx2
-from mcp.client._transport import TransportStreams  # private SDK name (the transport protocol)
 from mcp.client.streamable_http import streamable_http_client
 
+from .._compat.mcp_client import TransportStreams
 from ..jsonlimits import json_values
 from .limits import DEFAULT_MAX_MESSAGE_VALUES, too_large, too_many
 

@@ -35,6 +35,7 @@ from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from .._compat.mcp_client import replace_tool_result_check
 from .connection import DEAD, Backoff, Connection, State, list_tools, stamped_meta, trust_result
 from .errors import McpConnectError, Unreachable, cap, innermost, is_disconnect, why
 from .options import McpSourceOptions
@@ -276,7 +277,7 @@ class Connector:
                     # regex engine (an upstream's "^(a+)+$" held the loop for seconds).
                     # toolrelay checks the same schema itself with jsonschema-rs (linear-time
                     # regex) in its shape stage, so the SDK's copy is skipped.
-                    client.session.validate_tool_result = trust_result  # type: ignore[method-assign]
+                    replace_tool_result_check(client.session, trust_result)
                     # 2026-era servers send list changes only on a subscriptions/listen
                     # stream. A pinned version is adopted without asking the server, so its
                     # capabilities are unknown: listen anyway (a refusal is only logged).

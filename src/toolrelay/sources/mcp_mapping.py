@@ -51,9 +51,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp.types as mcp_types
-from mcp.client.session import _later_revision_fields
 from mcp.types import methods as mcp_methods
 
+from .._compat.mcp_client import later_revision_fields
 from ..contract import RISKS, AuthContext, Risk, ToolDeclaration
 from ..registry import NAME_RE, RegistrationError, compile_tool
 from ..schemas import nodes
@@ -325,7 +325,7 @@ def call_result(raw: dict[str, Any], version: str | None) -> mcp_types.CallToolR
     drive). Raises pydantic's ``ValidationError`` for a result that is not a tool result."""
     version = version or "2025-11-25"  # as the SDK, before a handshake
     mcp_methods.validate_server_result("tools/call", version, raw)  # every version has it
-    foreign = _later_revision_fields("tools/call", version)
+    foreign = later_revision_fields("tools/call", version)
     if not foreign.isdisjoint(raw):
         raw = {key: value for key, value in raw.items() if key not in foreign}
     if raw.get("resultType") == "input_required":

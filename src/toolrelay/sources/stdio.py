@@ -33,18 +33,17 @@ import anyio
 import anyio.lowlevel
 import mcp.types as mcp_types
 from mcp import MCPError
-from mcp.client._transport import TransportStreams  # private SDK name (the transport protocol)
-from mcp.client.stdio import (
-    StdioServerParameters,
-    _create_platform_compatible_process,  # private SDK name
-    _drain_stdout,  # private SDK name
-    _get_executable_command,  # private SDK name
-    _parse_line,  # private SDK name
-    _stop_server_process,  # private SDK name
-    get_default_environment,
-)
+from mcp.client.stdio import StdioServerParameters, get_default_environment
 from mcp.shared.message import SessionMessage
 
+from .._compat.mcp_client import (
+    TransportStreams,
+    create_platform_compatible_process,
+    drain_stdout,
+    get_executable_command,
+    parse_line,
+    stop_server_process,
+)
 from ..jsonlimits import json_values
 from .errors import MESSAGE_TOO_LARGE, MESSAGE_UNREADABLE, UNREADABLE_TEXT, closed
 from .limits import DEFAULT_MAX_MESSAGE_VALUES, too_large, too_many
@@ -140,8 +139,8 @@ async def _stdio_streams(
     errlog: TextIO,
     lane: RawLane,
 ) -> AsyncIterator[TransportStreams]:
-    command = await _get_executable_command(server.command)
-    process = await _create_platform_compatible_process(
+    command = await get_executable_command(server.command)
+    process = await create_platform_compatible_process(
         command=command,
         args=server.args,
         env=get_default_environment() | (server.env or {}),
@@ -198,7 +197,7 @@ async def _stdio_streams(
         if raw_id is not None:
             lane.answer(raw_id, line)
             return True
-        message = _parse_line(line.decode(server.encoding, server.encoding_error_handler))
+        message = parse_line(line.decode(server.encoding, server.encoding_error_handler))
         if isinstance(message, Exception) and answered_id(line[:HEAD_BYTES]) is not None:
             # e.g. nested too deeply to parse: answer the call instead of leaving it waiting
             return await refuse(line, UNREADABLE_TEXT, MESSAGE_UNREADABLE)
@@ -223,7 +222,7 @@ async def _stdio_streams(
                                 return
                 finally:
                     lane.close()
-                    await _drain_stdout(process)
+                    await drain_stdout(process)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
             if not shutting_down:
                 log.debug("toolrelay: reading an MCP server's stdout ended", exc_info=True)
@@ -261,7 +260,7 @@ async def _stdio_streams(
         write_stream.close()
         with anyio.move_on_after(_WRITER_FLUSH_TIMEOUT):
             await writer_done.wait()
-        await _stop_server_process(process)
+        await stop_server_process(process)
         for stream in (read_stream, write_stream, read_writer, write_reader, outbox, lines_out):
             await stream.aclose()
         await anyio.lowlevel.checkpoint()

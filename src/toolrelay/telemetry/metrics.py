@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from .._compat.prometheus_client import value_inc
 from .breaker_gauges import BreakerGauges
 
 __all__ = [
@@ -54,8 +55,8 @@ def adder(child: Counter | Gauge) -> Add:
     an amount added there is what ``generate_latest`` reports in both modes, is pinned by
     ``tests/test_telemetry.py::test_adder_writes_what_prometheus_client_reports``.
     """
-    inc = getattr(getattr(child, "_value", None), "inc", None)
-    return inc if callable(inc) else child.inc
+    inc = value_inc(child)
+    return child.inc if inc is None else inc
 
 
 EXEMPLAR_INTERVAL_S = 1.0
