@@ -13,6 +13,7 @@ it (and imports this module, never the other way round).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from typing import Literal, NamedTuple, Protocol
@@ -57,7 +58,7 @@ class Others(NamedTuple):
 NOBODY = Others()
 
 
-class Replica:
+class Replica(ABC):
     """The replication side of a breaker: what the shared storage's thread reads and
     writes (:attr:`inbox`, :attr:`others`, the declared attributes), and the order in
     which news from the storage is adopted. :meth:`_adopt` (the breaker's) applies one."""
@@ -83,11 +84,11 @@ class Replica:
         """What arrived while a decision of ours was on its way (judged after its reply)."""
         self.others = NOBODY
 
-    def window_counts(self, *, others: bool = True) -> tuple[int, int, int]:
-        raise NotImplementedError
+    @abstractmethod
+    def window_counts(self, *, others: bool = True) -> tuple[int, int, int]: ...
 
-    def _adopt(self, remote: Remote) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _adopt(self, remote: Remote) -> None: ...
 
     def _sent(self, queued: bool) -> None:
         """A decision of ours went to the shared storage (unless it was dropped: Redis down)."""
