@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from helpers import OBJ, MutablePlugin
 from toolrelay import AuthContext, Dispatcher, ToolDeclaration, ToolRegistry
-from toolrelay.approval import UNASKED, Approval
+from toolrelay.approval import MAX_SHOWN_CHARS, UNASKED, Approval, Unasked
 from toolrelay.result import ToolCall
 from toolrelay.serve.settings import parse_serve_section
 from toolrelay.settings import ConfigError
@@ -70,12 +70,20 @@ class Gateway:
     """A ``toolrelay.toml`` with the test server behind the gateway, and its logs."""
 
     def __init__(
-        self, tmp: Path, transport: str, *, serve: str = "", http: str = "", upstream: str = ""
+        self,
+        tmp: Path,
+        transport: str,
+        *,
+        serve: str = "",
+        http: str = "",
+        upstream: str = "",
+        tools: tuple[str, ...] = (),
     ) -> None:
         tmp.mkdir(exist_ok=True)
         self.record = tmp / "upstream.rec"
         self.errlog = tmp / "serve.err"
         command = [sys.executable, str(SERVER), "--record", str(self.record)]
+        command += [arg for tool in tools for arg in ("--tool", tool)]  # open-schema tools
         self.config = tmp / "toolrelay.toml"
         self.config.write_text(f"""
 [serve]
@@ -96,10 +104,14 @@ prefix = "up"
 
     def upstream_calls(self) -> list[str]:
         """The tools the upstream was asked to run."""
+        return [event["tool"] for event in self.upstream_events()]
+
+    def upstream_events(self) -> list[dict[str, Any]]:
+        """The calls the upstream was asked to run (``tool``, ``arguments``, …)."""
         if not self.record.exists():
             return []
         events = [json.loads(line) for line in self.record.read_text().splitlines() if line]
-        return [event["tool"] for event in events if event["event"] == "call"]
+        return [event for event in events if event["event"] == "call"]
 
     def audit(self) -> list[dict[str, Any]]:
         """The audit lines the gateway wrote (JSON on stderr)."""
@@ -205,22 +217,86 @@ WHO = {"stdio": "elicitation", "http": "elicitation:support"}
 async def test_an_approved_call_runs_and_the_audit_line_names_the_approver(
     tmp_path: Path, transport: str
 ) -> None:
-    # ``text`` is read-only by its hints: the floor makes it a write that needs approval
-    gateway = Gateway(tmp_path, transport, upstream='tool_risk = { text = "write" }')
+    """The human is shown every argument the tool gets, sorted by name, one a line (not in the
+    model's order), invisible and bidi characters escaped; the approved call gets them all."""
+    # ``deploy`` is read-only by its hints: the floor makes it a write that needs approval
+    gateway = Gateway(
+        tmp_path, transport, upstream='tool_risk = { deploy = "write" }', tools=("deploy",)
+    )
     human = Human("accept")
+    arguments = {"z_note": "ok", "path": "/srv/\u202estaging", "a": [1, {"b": None}]}
     async with gateway.session(transport, human) as session:
-        result = await session.call_tool("up__text", {"message": f"hi password={SECRET}"})
+        result = await session.call_tool("up__deploy", arguments)
         assert result.is_error is not True, result
-        assert isinstance(result.content[0], types.TextContent)
-        assert result.content[0].text == f"echo: hi password={SECRET}"  # the tool got it all
-    assert gateway.upstream_calls() == ["text"]
+    [called] = gateway.upstream_events()
+    assert called["tool"] == "deploy" and called["arguments"] == arguments  # the tool got it all
     [asked] = human.asked
     assert isinstance(asked, types.ElicitRequestFormParams)
-    assert "'up__text'" in asked.message and "write" in asked.message
-    assert SECRET not in asked.message and '"message": "hi password=***"' in asked.message
-    line = await gateway.audit_line("up__text")
+    assert "'up__deploy'" in asked.message and "write" in asked.message
+    shown = asked.message.split("\n", 1)[1]
+    assert shown == (
+        "{\n"
+        '  "a": [\n    1,\n    {\n      "b": null\n    }\n  ],\n'
+        '  "path": "/srv/\\u202estaging",\n'
+        '  "z_note": "ok"\n'
+        "}"
+    ), shown
+    line = await gateway.audit_line("up__deploy")
     assert line["decision"] == "approved" and line["outcome"] == "ok"
     assert line["approver"] == WHO[transport]
+
+
+# -- what cannot be shown is not asked -----------------------------------------------------------
+@GATEWAY_PROCESS
+async def test_arguments_too_long_to_show_are_not_put_to_the_human(tmp_path: Path) -> None:
+    """The padding attack: the real target after enough padding to fall past a cut. The
+    human is not asked for a blind yes: ``needs_approval``, with the reason."""
+    gateway = Gateway(
+        tmp_path, "stdio", upstream='tool_risk = { deploy = "dangerous" }', tools=("deploy",)
+    )
+    human = Human("accept")
+    padded = {"comment": "x" * (MAX_SHOWN_CHARS + 10), "path": "/srv/prod/ALL"}
+    async with gateway.stdio(human) as session:
+        answer = envelope(await session.call_tool("up__deploy", padded))
+        # just within the budget: asked, and shown whole
+        fits = {"comment": "x" * (MAX_SHOWN_CHARS - 60), "path": "/srv/prod/ALL"}
+        fitted = await session.call_tool("up__deploy", fits)
+    assert answer["error_type"] == "needs_approval" and answer["retryable"] is False, answer
+    assert "characters" in answer["message"] and f"{MAX_SHOWN_CHARS:,}" in answer["message"]
+    assert fitted.is_error is not True, fitted
+    [asked] = human.asked
+    assert '"path": "/srv/prod/ALL"' in asked.message and fits["comment"] in asked.message
+    assert [event["arguments"] for event in gateway.upstream_events()] == [fits]
+    first, _ = await gateway.audit_lines("up__deploy", 2)
+    assert first["decision"] == "needs_approval" and first["outcome"] == "needs_approval"
+
+
+@GATEWAY_PROCESS
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"path": "/srv/staging", "deploy_token": "rm -rf /srv/prod"},  # a secret-named key
+        {"path": "/srv/staging", "note": f"password={SECRET}"},  # a secret-shaped value
+        {"path": "/srv/staging", "steps": [{"apiKey": 1}]},  # nested, any type
+    ],
+)
+async def test_arguments_that_would_be_masked_are_never_approvable(
+    tmp_path: Path, arguments: dict[str, Any]
+) -> None:
+    """The ``*_token`` key attack: what a mask would hide is never put to the human (it
+    would be approved blind); a tool needing a secret gets it from the host, not the model."""
+    gateway = Gateway(
+        tmp_path, "stdio", upstream='tool_risk = { deploy = "dangerous" }', tools=("deploy",)
+    )
+    human = Human("accept")
+    async with gateway.stdio(human) as session:
+        answer = envelope(await session.call_tool("up__deploy", arguments))
+    assert answer["error_type"] == "denied" and answer["retryable"] is False, answer
+    assert "secret" in answer["message"] and "AuthContext" in answer["message"], answer
+    assert SECRET not in answer["message"] and "rm -rf" not in answer["message"]
+    assert human.asked == [] and gateway.upstream_calls() == []
+    line = await gateway.audit_line("up__deploy")
+    assert line["decision"] == "denied" and line["approver"] == "gateway", line
 
 
 @GATEWAY_PROCESS
@@ -381,6 +457,7 @@ tool_risk_override = { wipe = "read" }
         (Approval(False, "bob", "too risky today"), "denied", "too risky today", "bob"),
         (Approval(False, "bob"), "denied", "was not approved", "bob"),
         (UNASKED, "needs_approval", "needs approval first", None),
+        (Unasked("nobody on call"), "needs_approval", "approval first (nobody on call)", None),
         (True, None, None, None),
         ("yes", "denied", "was not approved", None),
     ],

@@ -449,6 +449,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="HTTP answers as JSON, not SSE")
     parser.add_argument("--content", action="store_true", help="also the CONTENT tools")
     parser.add_argument("--modern-only", action="store_true", help="refuse the 2025 handshake")
+    parser.add_argument("--tool", action="append", default=[], help="also this read-only tool")
     options = parser.parse_args()
     if options.modern_only:
         SERVER.middleware.append(refuse_handshake)
@@ -456,6 +457,8 @@ def main() -> None:
     if options.content:
         for name in CONTENT:
             TOOLS[name] = types.Tool(name=name, input_schema=OBJECT, annotations=READ)
+    for name in options.tool:  # any arguments (an open schema), answered "<name> works"
+        TOOLS[name] = types.Tool(name=name, input_schema={"type": "object"}, annotations=READ)
     record(event="started", pid=os.getpid())
     if options.raw:
         serve_raw()

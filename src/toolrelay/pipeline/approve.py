@@ -8,7 +8,7 @@ from collections.abc import Awaitable
 
 import anyio
 
-from ..approval import UNASKED, Approval, Approver, Decision
+from ..approval import Approval, Approver, Decision, Unasked
 from ..contract import ErrorType, ToolDeclaration
 from ..outcome import Outcome, failure
 from ..result import ToolCall
@@ -20,8 +20,9 @@ log = logging.getLogger("toolrelay")
 
 
 class Approve:
-    """No approver (or it returns :data:`UNASKED`) → ``needs_approval``; the approver says
-    no (anything but ``True`` or an approving :class:`Approval`, or it fails) → ``denied``.
+    """No approver (or it returns :class:`~toolrelay.approval.Unasked`) → ``needs_approval``
+    (with its reason); the approver says no (anything but ``True`` or an approving
+    :class:`Approval`, or it fails) → ``denied``.
 
     The wait for a decision is bounded by the model slot's budget when a slot is held.
     """
@@ -70,8 +71,8 @@ class Approve:
                 inv,
                 retryable=True,
             )
-        if decision is UNASKED:
-            return _needs_approval(inv, decl)
+        if isinstance(decision, Unasked):
+            return _needs_approval(inv, decl, decision.reason)
         by = None
         if isinstance(decision, Approval):
             by = decision.by
@@ -89,11 +90,12 @@ class Approve:
         return await call_next(inv)
 
 
-def _needs_approval(inv: Invocation, decl: ToolDeclaration) -> Outcome:
+def _needs_approval(inv: Invocation, decl: ToolDeclaration, reason: str = "") -> Outcome:
     if inv.audit is not None:
         inv.audit(inv, "needs_approval", None)
+    why = f" ({reason})" if reason else ""
     return failure(
         ErrorType.NEEDS_APPROVAL,
-        f"tool {decl.name!r} is a {decl.risk} action and needs approval first",
+        f"tool {decl.name!r} is a {decl.risk} action and needs approval first{why}",
         inv,
     )

@@ -3,9 +3,13 @@
 A ``write``/``dangerous`` call that its profile says needs an approval is put to the client
 that made the ``tools/call``, as a form-mode ``elicitation/create`` request on that call
 (``related_request_id``: over streamable HTTP it rides the call's own response stream). The
-message names the tool, its risk and its arguments (redacted, length-capped); the form has
-no fields, so *accept* approves and *decline*, *cancel*, an error or no answer within
-``timeout_s`` (or before an enclosing deadline) deny. The audit line's ``approver`` says who
+message names the tool and its risk, and shows every argument the tool will get
+(:func:`~toolrelay.approval.shown_arguments`: keys sorted, one a line, hidden characters
+escaped); arguments that would need masking are refused (``denied``) and arguments too long
+to show are not asked about (``needs_approval``, with the reason). The form has no fields
+(an MCP form field is an input the human may edit, never a read-only display), so *accept*
+approves and *decline*, *cancel*, an error or no answer within ``timeout_s`` (or before an
+enclosing deadline) deny. The audit line's ``approver`` says who
 decided: ``elicitation:<client>`` (the client's name from its bearer token), or
 ``elicitation`` without tokens.
 
@@ -23,7 +27,6 @@ same task.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from contextvars import ContextVar
@@ -35,7 +38,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from ..approval import UNASKED, Approval, Decision
+from ..approval import UNASKED, Approval, Decision, shown_arguments
 from ..contract import AuthContext, ToolDeclaration
 from ..redact import Redactor
 from ..result import ToolCall
@@ -44,9 +47,6 @@ from .settings import DEFAULT_APPROVAL_TIMEOUT_S
 __all__ = ["ElicitingApprover"]
 
 log = logging.getLogger("toolrelay.serve")
-
-MAX_ARGUMENTS_CHARS: Final = 1000
-"""The arguments shown to the human are cut to this many characters."""
 
 _FORM: Final[dict[str, Any]] = {"type": "object", "properties": {}}
 _REQUEST: ContextVar[ServerRequestContext[Any, Any] | None] = ContextVar(
@@ -88,13 +88,18 @@ class ElicitingApprover:
         request = _REQUEST.get()
         if request is None or not _can_elicit(request):
             return UNASKED
+        shown = shown_arguments(call.arguments, self.redact)
+        if not isinstance(shown, str):
+            return shown
         by = "elicitation" if auth.user_id is None else f"elicitation:{auth.user_id}"
         left = anyio.current_effective_deadline() - anyio.current_time()
         limit = max(0.0, min(self.timeout_s, left))
         with anyio.move_on_after(limit) as scope:
             try:
                 result = await request.session.elicit_form(
-                    self._message(call, decl), _FORM, related_request_id=request.request_id
+                    f"Allow the {decl.risk} action {decl.name!r} with these arguments?\n{shown}",
+                    _FORM,
+                    related_request_id=request.request_id,
                 )
             except (MCPError, ValidationError) as exc:
                 log.warning(
@@ -108,12 +113,6 @@ class ElicitingApprover:
         if result.action == "accept":
             return Approval(True, by)
         return Approval(False, by, "declined" if result.action == "decline" else "cancelled")
-
-    def _message(self, call: ToolCall, decl: ToolDeclaration) -> str:
-        shown = json.dumps(self.redact.value(call.arguments), ensure_ascii=False, default=str)
-        if len(shown) > MAX_ARGUMENTS_CHARS:
-            shown = shown[:MAX_ARGUMENTS_CHARS] + "…"
-        return f"Allow the {decl.risk} action {decl.name!r} with arguments {shown}?"
 
 
 def _can_elicit(request: ServerRequestContext[Any, Any]) -> bool:
