@@ -47,6 +47,7 @@ SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
 TOKEN = "support-token-for-approvals-0123456789"
 ENV = {**os.environ, "SUPPORT_TOKEN": TOKEN}
 MCP_URL = re.compile(r"MCP on (http://[0-9.:]+/mcp)")
+ADMIN_URL = re.compile(r"admin API on (http://[0-9.:]+)")
 SECRET = "hunter2-0123456789"
 
 
@@ -78,6 +79,7 @@ class Gateway:
         http: str = "",
         upstream: str = "",
         tools: tuple[str, ...] = (),
+        admin: bool = False,
     ) -> None:
         tmp.mkdir(exist_ok=True)
         self.record = tmp / "upstream.rec"
@@ -85,7 +87,8 @@ class Gateway:
         command = [sys.executable, str(SERVER), "--record", str(self.record)]
         command += [arg for tool in tools for arg in ("--tool", tool)]  # open-schema tools
         self.config = tmp / "toolrelay.toml"
-        self.config.write_text(f"""
+        self.config.write_text(
+            f"""
 [serve]
 transport = "{transport}"
 {serve}
@@ -99,8 +102,22 @@ command = {json.dumps(command)}
 breaker_key = "mcp-test"
 prefix = "up"
 {upstream}
-""")
+"""
+            + ('[serve.admin]\nport = 0\ntoken_env = "SUPPORT_TOKEN"\n' if admin else "")
+        )
         self.command = [sys.executable, "-m", "toolrelay", "serve", "--config", str(self.config)]
+
+    async def metric(self, name: str) -> float:
+        """One of the upstream's metrics, from the admin API (``admin=True``)."""
+        found = ADMIN_URL.search(self.errlog.read_text())
+        assert found is not None, self.errlog.read_text()
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=10) as http:
+            text = (await http.get(found.group(1) + "/metrics")).text
+        [value] = [
+            line for line in text.splitlines() if line.startswith(name + '{upstream="test"}')
+        ]
+        return float(value.rsplit(" ", 1)[1])
 
     def upstream_calls(self) -> list[str]:
         """The tools the upstream was asked to run."""
@@ -423,6 +440,7 @@ async def test_overrides_beat_floors_and_hints_floors_beat_hints(tmp_path: Path)
 risk_override = "read"
 tool_risk = { text = "dangerous" }
 tool_risk_override = { wipe = "read" }
+new_tool_risk = "read"  # tools no rule names (careful) may be "read" too
 """,
     )
     floors = Gateway(tmp_path / "floors", "stdio", upstream='tool_risk = { text = "write" }')
@@ -447,6 +465,50 @@ tool_risk_override = { wipe = "read" }
     assert envelope(got["wipe floored"])["error_type"] == "needs_approval"
     assert floors.upstream_calls() == []
     assert (await floors.audit_line("up__wipe"))["risk"] == "dangerous"
+
+
+@GATEWAY_PROCESS
+async def test_risk_rules_follow_a_renamed_tool(tmp_path: Path) -> None:
+    """Issue 28, item 6. The rules name ``delete_repo``; the server offers it renamed.
+    ``remove_repo`` (read-only by its hints) is named by no rule: ``dangerous``
+    (``new_tool_risk``'s default), logged once and counted, and so is a tool added later.
+    ``Delete-Repo`` is ``delete_repo`` with its case and separator changed: its floor holds
+    even with ``new_tool_risk = "read"``, which lets an unnamed read tool run."""
+    rules = 'tool_risk = { delete_repo = "dangerous" }'
+    strict = Gateway(
+        tmp_path / "strict", "stdio", upstream=rules, tools=("remove_repo",), admin=True
+    )
+    relaxed = Gateway(
+        tmp_path / "relaxed",
+        "stdio",
+        upstream=rules + '\nnew_tool_risk = "read"',
+        tools=("Delete-Repo",),
+    )
+    human = Human("decline")
+    async with strict.stdio(human) as session:
+        removed = envelope(await session.call_tool("up__remove_repo", {}))
+        new = await strict.metric("toolrelay_mcp_upstream_new_tools_total")
+        human.action = "accept"
+        added = await session.call_tool("up__add_tool", {"name": "purge"})  # new: dangerous
+        assert added.is_error is not True, added
+        with anyio.fail_after(10):  # the server announces its new list; the gateway reads it
+            while await strict.metric("toolrelay_mcp_upstream_new_tools_total") != new + 1:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+    assert removed["error_type"] == "denied", removed  # asked, and the human said no
+    assert (await strict.audit_line("up__remove_repo"))["risk"] == "dangerous"
+    hints = listed["up__purge"].annotations
+    assert hints is not None and hints.destructive_hint is True
+    assert strict.upstream_calls() == ["add_tool"]
+    warned = strict.errlog.read_text().count("rule names tool 'remove_repo'")
+    assert warned == 1, strict.errlog.read_text()  # once, though the list was read twice
+
+    async with relaxed.stdio(None) as session:
+        renamed = envelope(await session.call_tool("up__Delete-Repo", {}))
+        text = await session.call_tool("up__text", {"message": "hi"})
+    assert renamed["error_type"] == "needs_approval", renamed
+    assert text.is_error is not True, text
+    assert relaxed.upstream_calls() == ["text"]
 
 
 # -- what any approver may answer (the library, no gateway) ------------------------------------

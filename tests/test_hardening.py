@@ -100,6 +100,45 @@ def test_risk_floors_per_upstream_and_per_tool() -> None:
         source(tool_risk={"x": "none"})  # type: ignore[dict-item]
 
 
+def test_per_tool_rules_follow_renamed_tools(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 28, item 6: a floor matches its tool renamed in case or separators; an override
+    (which may lower the risk) only the exact name; a tool no rule names is ``dangerous``
+    (``new_tool_risk``'s default with per-tool rules), logged once and counted."""
+    read = hints(read_only_hint=True)
+    src = source(tool_risk={"delete_repo": "dangerous"}, tool_risk_override={"wipe": "read"})
+    offered = [
+        tool("Delete.Repo", annotations=read),
+        tool("WIPE", annotations=read),
+        tool("wipe", annotations=hints(destructive_hint=True)),
+        tool("get", annotations=read),
+    ]
+    with caplog.at_level(logging.WARNING, "toolrelay.sources.mcp"):
+        src._install(offered)
+        src._install(offered)  # listed again: logged once
+    assert {d.name: d.risk for d in src.describe()} == {
+        "Delete_Repo": "dangerous",  # the floor, by its normalised name
+        "WIPE": "dangerous",  # not the override's tool: a new one
+        "wipe": "read",  # the override
+        "get": "dangerous",  # a new one
+    }
+    assert src.new_tools == {"WIPE", "get"}
+    logged = [r.getMessage() for r in caplog.records if "new_tool_risk" in r.getMessage()]
+    assert len(logged) == 2 and "'get'" in " ".join(logged), logged
+
+    relaxed = source(tool_risk={"delete_repo": "dangerous"}, new_tool_risk="write")
+    relaxed._install(offered)
+    risks = {d.name: d.risk for d in relaxed.describe()}
+    assert risks["get"] == "write" and risks["Delete_Repo"] == "dangerous"
+    assert relaxed.new_tools == {"WIPE", "wipe", "get"}
+    overridden = source(risk_override="read", tool_risk_override={"wipe": "dangerous"})
+    overridden._install(offered)  # risk_override does not lower a new tool's floor
+    assert {d.name: d.risk for d in overridden.describe()}["get"] == "dangerous"
+    no_rules = source()
+    no_rules._install(offered)
+    assert {d.name: d.risk for d in no_rules.describe()}["get"] == "read"
+    assert no_rules.new_tools == frozenset()
+
+
 def test_risk_floors_in_serve_settings() -> None:
     settings = parse_serve_section(
         {

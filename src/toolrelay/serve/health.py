@@ -19,7 +19,8 @@ The gateway is ready (``/readyz``) when every upstream that is not ``optional`` 
 connected. Metrics, read at scrape time: ``toolrelay_mcp_upstream_up{upstream}`` (1 when
 connected) and ``toolrelay_mcp_upstream_connection_failures_total{upstream}`` (connection
 attempts that failed and connections lost, counted by the source where they happen: in a
-client's call, a ping, or the connection itself).
+client's call, a ping, or the connection itself) and ``toolrelay_mcp_upstream_new_tools_total``
+(tools no per-tool risk rule names: :attr:`McpSource.new_tools`).
 """
 
 from __future__ import annotations
@@ -157,8 +158,17 @@ class _UpstreamCollector(Collector):
             "lost (failed pings included).",
             labels=("upstream",),
         )
-        for status in self._health.statuses():
-            up.add_metric((status.name,), 1.0 if status.state == "connected" else 0.0)
-            failures.add_metric((status.name,), float(status.failures))
+        new = CounterMetricFamily(
+            "toolrelay_mcp_upstream_new_tools",
+            "Tools of the upstream MCP server that no tool_risk or tool_risk_override rule "
+            "names (renamed or new since the rules were written; each counted once).",
+            labels=("upstream",),
+        )
+        for name, entry in sorted(self._health._entries.items()):
+            status = self._health._status(entry)
+            up.add_metric((name,), 1.0 if status.state == "connected" else 0.0)
+            failures.add_metric((name,), float(status.failures))
+            new.add_metric((name,), 0.0 if entry.source is None else len(entry.source.new_tools))
         yield up
         yield failures
+        yield new

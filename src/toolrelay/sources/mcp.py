@@ -129,6 +129,12 @@ class McpSource:
         return self.options.connect_timeout_s
 
     @property
+    def new_tools(self) -> frozenset[str]:
+        """The server's names of the tools that no ``tool_risk`` or ``tool_risk_override``
+        rule names (renamed or added since: they get ``new_tool_risk``), so far."""
+        return frozenset(self._tools.new)
+
+    @property
     def connects(self) -> int:
         """How many connections were established (the first included)."""
         return self._link.connects

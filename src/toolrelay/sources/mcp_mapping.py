@@ -11,7 +11,9 @@ How tools are mapped
     ``readOnlyHint`` → ``read``, anything else (no hints at all included) → ``write``;
     the source's ``risk`` and ``tool_risk`` floors then raise it (never lower it); an
     operator's override (``tool_risk_override`` for the tool, else ``risk_override``) replaces
-    all of that, lowering included;
+    all of that, lowering included; a tool no per-tool rule names is then raised to
+    ``new_tool_risk`` (by default ``dangerous`` when there are per-tool rules), logged once
+    and counted (``ToolMap.new``);
     ``idempotentHint`` → ``idempotent`` (absent: toolrelay's default, ``risk == "read"``).
     (The spec's own default for an absent ``destructiveHint`` is ``true``; toolrelay asks for
     approval of ``write`` tools by default too. Hints come from the server: trust them only
@@ -126,6 +128,11 @@ def _risk(annotations: mcp_types.ToolAnnotations | None) -> tuple[Risk, bool | N
     return "write", idempotent
 
 
+def _normal(name: str) -> str:
+    """A name as per-tool floors match it: case and ``-``, ``.``, space vs ``_`` ignored."""
+    return name.casefold().replace("-", "_").replace(".", "_").replace(" ", "_")
+
+
 def _riskier(a: Risk, b: Risk | None) -> Risk:
     """The higher of two risks (``read`` < ``write`` < ``dangerous``)."""
     if b is None:
@@ -153,6 +160,14 @@ class ToolMap:
         self.entries: dict[str, Entry] = {}
         self.decls: tuple[ToolDeclaration, ...] = ()
         self._skips_logged: set[tuple[str, str]] = set()
+        self._floors: dict[str, Risk] = {}  # tool_risk by normalised name
+        for key, floor in options.tool_risk.items():
+            key = _normal(key)
+            self._floors[key] = _riskier(floor, self._floors.get(key))
+        ruled = bool(options.tool_risk or options.tool_risk_override)
+        self._new_risk = options.new_tool_risk or ("dangerous" if ruled else None)
+        self.new: set[str] = set()
+        """The server's names of the tools no per-tool rule names (renamed or new)."""
 
     def install(self, tools: Sequence[mcp_types.Tool]) -> int:
         """Declare ``tools`` (one odd tool is skipped, never stops the others); how many."""
@@ -209,15 +224,18 @@ class ToolMap:
             self._skip(tool.name, "its input schema is not an object schema")
             return None
         risk, idempotent = _risk(tool.annotations)
-        risk = _riskier(
-            risk, self.options.risk
-        )  # the operator's floors: hints cannot go below them
-        risk = _riskier(risk, self.options.tool_risk.get(tool.name))
-        if name != tool.name:
-            risk = _riskier(risk, self.options.tool_risk.get(name))
+        risk = _riskier(risk, self.options.risk)  # the operator's floors: hints cannot go below
+        names = {_normal(tool.name), _normal(name)}
+        floors = [self._floors[key] for key in names if key in self._floors]
+        for floor in floors:
+            risk = _riskier(risk, floor)
         overrides = self.options.tool_risk_override  # the operator's word: above all of that
-        override = overrides.get(tool.name) or overrides.get(name) or self.options.risk_override
+        override = overrides.get(tool.name) or overrides.get(name)
+        new = not floors and override is None and self._new_risk is not None
+        override = override or self.options.risk_override
         risk = risk if override is None else override
+        if new:  # named by no rule: renamed or added since the rules were written
+            risk = _riskier(risk, self._new_risk)
         annotation_title = tool.annotations.title if tool.annotations is not None else None
         decl = ToolDeclaration(
             name=name,
@@ -243,6 +261,15 @@ class ToolMap:
                 self.name,
                 tool.name,
                 name,
+            )
+        if new and tool.name not in self.new:
+            self.new.add(tool.name)
+            log.warning(
+                "toolrelay: MCP server %s: no tool_risk or tool_risk_override rule names tool "
+                "%r (renamed or new?): its risk is %s (new_tool_risk)",
+                self.name,
+                tool.name[:80],
+                risk,
             )
         return Entry(tool.name, decl)
 

@@ -72,15 +72,22 @@ class McpSourceOptions:
     say and this (``read`` < ``write`` < ``dangerous``)."""
     tool_risk: dict[str, Risk] = field(default_factory=dict)
     """Floors per tool, by its MCP name or its toolrelay name, e.g.
-    ``{"delete_repo": "dangerous"}``; combined with ``risk``."""
+    ``{"delete_repo": "dangerous"}``, matched ignoring case and with ``-``, ``.`` and spaces
+    read as ``_`` (``Delete-Repo`` is ``delete_repo``); combined with ``risk``. A ``"read"``
+    floor raises nothing but names a tool as known (see ``new_tool_risk``)."""
     risk_override: Risk | None = None
     """The risk of every tool, whatever its hints and the floors say: the operator's word,
     which may also lower it (e.g. ``"read"`` for a server whose read-only tools carry no
     annotations)."""
     tool_risk_override: dict[str, Risk] = field(default_factory=dict)
-    """Overrides per tool (MCP or toolrelay name); they win over ``risk_override``.
-    Precedence: a tool's override, the source's override, then the higher of the floors
-    and the hints."""
+    """Overrides per tool (its exact MCP or toolrelay name: an override may lower the risk,
+    so a look-alike name never gets it); they win over ``risk_override``. Precedence: a
+    tool's override, the source's override, then the higher of the floors and the hints."""
+    new_tool_risk: Risk | None = None
+    """The lowest risk of a tool no per-tool rule (``tool_risk``, ``tool_risk_override``)
+    names: one the server renamed or added after the rules were written. Nothing lowers it,
+    ``risk_override`` included. ``None`` (default): ``"dangerous"`` when any per-tool rule
+    is set, else none. Each such tool is logged once and counted (``new_tools``)."""
     max_message_bytes: Annotated[int, Strict(), Field(ge=1024)] = DEFAULT_MAX_MESSAGE_BYTES
     """The largest message read from the server (4 MiB), bounded while it is read by the
     ``McpSource.stdio`` and ``.http`` transports (:mod:`toolrelay.sources.stdio`,
