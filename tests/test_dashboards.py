@@ -117,6 +117,7 @@ GATEWAY_CONTRACT: dict[str, Metric] = {
     "toolrelay_mcp_client_inflight": Metric("gauge", ("client",)),
     "toolrelay_mcp_upstream_up": Metric("gauge", ("upstream",)),
     "toolrelay_mcp_upstream_connection_failures_total": Metric("counter", ("upstream",)),
+    "toolrelay_mcp_upstream_new_tools_total": Metric("counter", ("upstream",)),
 }
 
 # Label values a selector may name, where the contract fixes them.
