@@ -295,6 +295,7 @@ async def test_arguments_too_long_to_show_are_not_put_to_the_human(tmp_path: Pat
         {"path": "/srv/staging", "deploy_token": "rm -rf /srv/prod"},  # a secret-named key
         {"path": "/srv/staging", "note": f"password={SECRET}"},  # a secret-shaped value
         {"path": "/srv/staging", "steps": [{"apiKey": 1}]},  # nested, any type
+        {"path": "/srv/staging", "ticket": "corp-123456"},  # the operator's secret_patterns
     ],
 )
 async def test_arguments_that_would_be_masked_are_never_approvable(
@@ -302,9 +303,10 @@ async def test_arguments_that_would_be_masked_are_never_approvable(
 ) -> None:
     """The ``*_token`` key attack: what a mask would hide is never put to the human (it
     would be approved blind); a tool needing a secret gets it from the host, not the model."""
-    gateway = Gateway(
-        tmp_path, "stdio", upstream='tool_risk = { deploy = "dangerous" }', tools=("deploy",)
+    rules = (
+        'tool_risk = { deploy = "dangerous" }\n[dispatcher]\nsecret_patterns = ["corp-[0-9]{6}"]'
     )
+    gateway = Gateway(tmp_path, "stdio", upstream=rules, tools=("deploy",))
     human = Human("accept")
     async with gateway.stdio(human) as session:
         answer = envelope(await session.call_tool("up__deploy", arguments))
