@@ -315,7 +315,7 @@ async def test_arguments_that_would_be_masked_are_never_approvable(
     assert SECRET not in answer["message"] and "rm -rf" not in answer["message"]
     assert human.asked == [] and gateway.upstream_calls() == []
     line = await gateway.audit_line("up__deploy")
-    assert line["decision"] == "denied" and line["approver"] == "gateway", line
+    assert line["decision"] == "denied" and line["approver"] == "toolrelay", line
 
 
 @GATEWAY_PROCESS

@@ -29,7 +29,7 @@ __all__ = [
 
 MAX_SHOWN_CHARS: Final = 2000
 """The most characters of arguments an approval shows; a call needing more is not asked."""
-SECRET_REFUSAL: Final = (
+_SECRET: Final = (
     "an argument looks like a secret, which an approver would be shown masked: "
     "a tool gets secrets from the host (AuthContext, config), never from the model"
 )
@@ -69,12 +69,12 @@ def shown_arguments(
     The text is JSON with keys sorted, one to a line (the order is not the model's), and
     every character that could hide or reorder text (controls, bidi and zero-width marks,
     unusual spaces) escaped as ``\\u202e``. Arguments a :class:`Redactor` would mask (a
-    secret-named key, a secret-shaped value) are refused (``Approval(False, "gateway",
+    secret-named key, a secret-shaped value) are refused (``Approval(False, "toolrelay",
     …)``): a masked value cannot be approved knowingly. Text over ``limit`` characters is
     not cut: :class:`Unasked` with the reason, never a blind yes.
     """
     if redact.value(arguments) != arguments:
-        return Approval(False, "gateway", SECRET_REFUSAL)
+        return Approval(False, "toolrelay", _SECRET)
     text = json.dumps(arguments, ensure_ascii=False, indent=2, sort_keys=True, default=str)
     text = _ODD.sub(lambda odd: odd[0] if odd[0].isprintable() else ascii(odd[0])[1:-1], text)
     if len(text) > limit:
