@@ -286,6 +286,37 @@ async def test_a_model_bound_per_step_stops_seeing_a_tool_whose_breaker_opened()
     assert marked.description.startswith("[unavailable for about ")
 
 
+async def test_by_default_a_tool_paused_mid_run_stays_callable_and_the_run_completes() -> None:
+    d, _ = build()
+    calls = iter(["f-1", "f-2", "f-3"])
+
+    def script(messages: list[BaseMessage], tools: list[str]) -> AIMessage:
+        call_id = next(calls, None)
+        return (
+            AIMessage("done")
+            if call_id is None
+            else AIMessage("", tool_calls=[call("flaky", call_id)])
+        )
+
+    model = ScriptedChatModel(script=script)
+    out = await create_react_agent(model, langchain_tools(d)).ainvoke(
+        {"messages": [HumanMessage("go")]}
+    )
+    told = answers(out["messages"])
+    assert told["f-1"]["error_type"] == "tool_error"
+    for call_id in ("f-2", "f-3"):
+        assert told[call_id]["error_type"] == "circuit_open" and told[call_id]["retry_after_s"] > 0
+    assert out["messages"][-1].content == "done"
+    assert all("flaky" in names for names in model.bound)
+
+
+@pytest.mark.parametrize("value", ["hdie", "Show", None])
+def test_an_unknown_unavailable_value_is_refused_by_name(value: Any) -> None:
+    d, _ = build()
+    with pytest.raises(ValueError, match=r"unavailable must be 'hide', 'mark' or 'show'"):
+        langchain_tools(d, unavailable=value)
+
+
 # -- profile, schema, identity, call id, span ---------------------------------------------
 async def test_the_tools_are_the_profiles_with_the_declared_schemas() -> None:
     d, _ = build()

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from .contract import ToolDeclaration
 
 __all__ = [
     "FORMATS",
+    "Unavailable",
+    "checked_unavailable",
     "formatter",
     "to_anthropic",
     "to_mcp",
     "to_openai",
     "to_openai_responses",
 ]
+
+
+Unavailable = Literal["hide", "mark", "show"]
+"""What a listing does with a tool whose breaker is open: leave it out (``"hide"``), say so in
+its description (``"mark"``) or list it as it is (``"show"``). Every adapter and
+``Dispatcher.specs`` take these three values."""
+
+
+def checked_unavailable(value: object) -> Unavailable:
+    """``value`` if it is one of :data:`Unavailable`'s values; ``ValueError`` otherwise."""
+    if value not in get_args(Unavailable):
+        raise ValueError(f"unavailable must be 'hide', 'mark' or 'show', not {value!r}")
+    return cast(Unavailable, value)
 
 
 def to_openai(decl: ToolDeclaration, description: str) -> dict[str, Any]:

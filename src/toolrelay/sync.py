@@ -26,7 +26,8 @@ from anyio.from_thread import BlockingPortal
 
 from .config import Settings
 from .contract import AuthContext
-from .dispatcher import Dispatcher, Unavailable
+from .dispatcher import Dispatcher
+from .formats import Unavailable
 from .registry import ToolRegistry
 from .result import ToolCall, ToolResult
 from .slot import ModelSlot, SlotLease

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any
 
 from anyio.from_thread import BlockingPortal
 from pydantic import SkipValidation
@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..contract import AuthContext
 from ..dispatcher import Dispatcher
+from ..formats import Unavailable
 from ..result import ToolResult
 from ._common import envelope_text
 
@@ -40,8 +41,6 @@ __all__ = ["AuthSource", "RelayTool", "answer_artifact", "langchain_tools"]
 AuthSource = Callable[[RunnableConfig], AuthContext | None]
 """Turns the run's ``RunnableConfig`` (e.g. ``config["configurable"]``) into the caller's
 identity; ``None`` means anonymous."""
-
-Unavailable = Literal["hide", "mark", "show"]
 
 _CALL_ID: ContextVar[str | None] = ContextVar("toolrelay_langchain_call_id", default=None)
 """The tool call id of the call running in this context: ``BaseTool`` hands it to
