@@ -48,6 +48,7 @@ from toolrelay import (
     ToolResult,
 )
 from toolrelay.integrations.langchain import RelayTool, langchain_tools
+from toolrelay.sync import SyncDispatcher
 
 pytestmark = [
     pytest.mark.anyio,
@@ -395,9 +396,34 @@ def test_a_sync_graph_calls_through_a_portal_and_keeps_deadlines() -> None:
     assert span.parent is not None
     assert span.parent.span_id == host.get_span_context().span_id
 
-    # without a portal a sync run fails loudly (the model is not told about a host's bug)
-    with pytest.raises(RuntimeError, match="without a portal"):
+    # without a portal a sync run fails loudly (the model is not told about a host's bug),
+    # and says how to get one that works
+    with pytest.raises(RuntimeError, match="without a portal") as raised:
         tool_graph(langchain_tools(d)).invoke({"messages": [message]})
+    assert "portal=relay.portal" in str(raised.value)
+    assert "with anyio.from_thread.start_blocking_portal() as portal:" in str(raised.value)
+
+
+def test_a_sync_graph_shares_a_sync_dispatchers_breakers_through_its_portal() -> None:
+    d, _ = build()
+    with SyncDispatcher(d) as relay:
+        graph = tool_graph(langchain_tools(relay.dispatcher, portal=relay.portal))
+        out = graph.invoke({"messages": [AIMessage("", tool_calls=[call("flaky", "f-1")])]})
+        assert answers(out["messages"])["f-1"]["error_type"] == "tool_error"
+        # the graph's failure opened the breaker the host's own calls go through
+        assert relay.dispatch("flaky").error_type == "circuit_open"
+        out = graph.invoke(
+            {"messages": [AIMessage("", tool_calls=[call("get_weather", "w", city="X")])]}
+        )
+        assert answers(out["messages"])["w"]["ok"] is True
+
+
+def test_a_portal_that_is_not_a_blocking_portal_is_refused_at_once() -> None:
+    d, _ = build()
+    with pytest.raises(
+        TypeError, match=r"portal must be an anyio BlockingPortal .* not _GeneratorContextManager"
+    ):
+        langchain_tools(d, portal=start_blocking_portal())  # type: ignore[arg-type]
 
 
 # -- cancellation ----------------------------------------------------------------------------

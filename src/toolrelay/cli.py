@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="an agent that keeps answering while services fail")
-    demo.add_argument("--duration", type=float, default=30.0, help="seconds (default 30, at least 10)")
+    demo.add_argument("--duration", type=float, default=30.0, help="seconds (30; at least 10)")
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--metrics-port", type=int, default=9464, help="0 disables /metrics")
     demo.add_argument("--otlp-endpoint", help="send spans to this OTLP/HTTP endpoint")

@@ -198,8 +198,10 @@ class Dispatcher:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close what the dispatcher holds: plugins' ``aclose()``, the storage link, and
-        the worker processes of ``isolation="process"`` tools (killed, and gone)."""
+        """Close what the dispatcher holds: plugins' ``aclose()``, the storage link, the
+        worker processes of ``isolation="process"`` tools (killed, and gone) and the worker
+        threads of sync tools (idle ones end now, busy ones when their handler returns)."""
+        self.workers.close()
         await self.processes.aclose()
         for plugin in self.registry.plugins():
             if isinstance(plugin, Closeable):

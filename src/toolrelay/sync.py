@@ -278,6 +278,15 @@ class SyncDispatcher:
     def closed(self) -> bool:
         return self._loop.closed
 
+    @property
+    def portal(self) -> BlockingPortal:
+        """The ``BlockingPortal`` of the dispatcher's loop, for what runs its async calls from
+        threads — ``langchain_tools(relay.dispatcher, portal=relay.portal)`` — so a sync host
+        shares this dispatcher (its breakers, bulkheads, worker threads) with its own calls.
+        ``close()`` stops it: calls through it in flight are cancelled, later ones raise
+        ``RuntimeError``."""
+        return self._loop.portal
+
     def dispatch(
         self,
         name: str,

@@ -67,7 +67,7 @@ class RelayTool(BaseTool):
     dispatcher: SkipValidation[Dispatcher]
     profile: str | None = None
     auth: SkipValidation[AuthSource | None] = None
-    portal: SkipValidation[BlockingPortal | None] = None
+    portal: BlockingPortal | None = None
     """Where a sync ``invoke`` runs the call; ``None``: only ``ainvoke`` works."""
 
     # -- the id LangChain knows but does not hand to _arun/_run ------------------------
@@ -105,8 +105,9 @@ class RelayTool(BaseTool):
         if self.portal is None:
             raise RuntimeError(
                 f"toolrelay tool {self.name!r} was invoked synchronously without a portal: "
-                "run the graph with ainvoke/astream, or build the tools with "
-                "langchain_tools(..., portal=anyio.from_thread.start_blocking_portal(...))"
+                "run the graph with ainvoke/astream, or build the tools with a portal: "
+                "langchain_tools(relay.dispatcher, portal=relay.portal) for a SyncDispatcher "
+                "relay, or inside `with anyio.from_thread.start_blocking_portal() as portal:`"
             )
         call_id = _CALL_ID.get()
         dispatch = functools.partial(
@@ -154,8 +155,15 @@ def langchain_tools(
 
     ``auth(config)`` gives the :class:`AuthContext` of each call from the run's
     ``RunnableConfig``. ``portal`` (an anyio ``BlockingPortal`` running the dispatcher's
-    event loop) lets sync hosts call ``invoke``; without one only ``ainvoke`` works.
+    event loop: a ``SyncDispatcher``'s ``portal``, or the one ``with
+    start_blocking_portal() as portal:`` gives) lets sync hosts call ``invoke``; without
+    one only ``ainvoke`` works. Anything else raises ``TypeError``.
     """
+    if not isinstance(portal, BlockingPortal | None):
+        raise TypeError(
+            "portal must be an anyio BlockingPortal (a SyncDispatcher's .portal, or `portal` "
+            f"in `with start_blocking_portal() as portal:`), not {type(portal).__name__}"
+        )
     tools = []
     for spec in dispatcher.specs(profile, "openai", unavailable=unavailable):
         function = spec["function"]
