@@ -11,13 +11,15 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from anyio.from_thread import start_blocking_portal
+from langchain.agents import create_agent
+from langchain.agents.middleware import ModelRequest, ModelResponse, wrap_model_call
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -255,7 +257,7 @@ async def test_an_agent_reads_a_timeout_and_an_open_breaker_and_carries_on() -> 
         return AIMessage("read: " + ",".join(kinds))
 
     model = ScriptedChatModel(script=script)
-    agent = create_react_agent(model, langchain_tools(d))
+    agent = create_agent(model, langchain_tools(d))
     out = await agent.ainvoke({"messages": [HumanMessage("go")]})
 
     assert out["messages"][-1].content == "read: circuit_open,timeout"
@@ -273,10 +275,15 @@ async def test_a_model_bound_per_step_stops_seeing_a_tool_whose_breaker_opened()
 
     model = ScriptedChatModel(script=script)
 
-    def bind(state: Any, runtime: Any) -> Runnable[LanguageModelInput, BaseMessage]:
-        return model.bind_tools(langchain_tools(d, unavailable="hide"))
+    @wrap_model_call
+    async def healthy_tools_only(
+        request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
+    ) -> ModelResponse:
+        shown = {tool.name for tool in langchain_tools(d, unavailable="hide")}
+        tools = [t for t in request.tools if isinstance(t, dict) or t.name in shown]
+        return await handler(request.override(tools=tools))
 
-    agent = create_react_agent(bind, ToolNode(langchain_tools(d)))
+    agent = create_agent(model, langchain_tools(d), middleware=[healthy_tools_only])
     out = await agent.ainvoke({"messages": [HumanMessage("go")]})
 
     assert answers(out["messages"])["f-1"]["error_type"] == "tool_error"
@@ -300,9 +307,7 @@ async def test_by_default_a_tool_paused_mid_run_stays_callable_and_the_run_compl
         )
 
     model = ScriptedChatModel(script=script)
-    out = await create_react_agent(model, langchain_tools(d)).ainvoke(
-        {"messages": [HumanMessage("go")]}
-    )
+    out = await create_agent(model, langchain_tools(d)).ainvoke({"messages": [HumanMessage("go")]})
     told = answers(out["messages"])
     assert told["f-1"]["error_type"] == "tool_error"
     for call_id in ("f-2", "f-3"):
