@@ -974,3 +974,21 @@ def test_architecture_only_main_imports_the_cli() -> None:
     assert importers == {"__main__.py"}
     for path in (ROOT / "plugins" / "toolrelay_plugins").glob("*.py"):
         assert not any("dispatcher" in m for m in _imports(path)), path
+
+
+async def test_typed_tools_schema_first_then_lax_conversion() -> None:
+    """docs/typed-tools.md, Defaults: the schema refuses "3" for an int before conversion
+    could turn it into 3; the 3.0 the schema counts as an integer is converted to 3."""
+    registry = ToolRegistry()
+
+    @registry.tool()
+    def add(a: int, b: int = 1) -> int:
+        """Add two integers."""
+        return a + b
+
+    d = Dispatcher(registry, audit=None)
+    refused = await d.dispatch("add", '{"a": "3"}')
+    assert refused.error_type == "validation_error"
+    assert refused.message.endswith('/a: <value> is not of type "integer"')
+    converted = await d.dispatch("add", '{"a": 3.0}')
+    assert converted.ok and converted.data == 4 and type(converted.data) is int
