@@ -426,7 +426,7 @@ def test_a_sync_graph_shares_a_sync_dispatchers_breakers_through_its_portal() ->
 def test_a_portal_that_is_not_a_blocking_portal_is_refused_at_once() -> None:
     d, _ = build()
     with pytest.raises(
-        TypeError, match=r"portal must be an anyio BlockingPortal .* not _GeneratorContextManager"
+        ValueError, match=r"portal\n  Input should be an instance of BlockingPortal"
     ):
         langchain_tools(d, portal=start_blocking_portal())  # type: ignore[arg-type]
 

@@ -35,10 +35,8 @@ from .result import ToolCall, ToolResult
 __all__ = ["DEMO", "MIN_DURATION_S", "DemoOptions", "DemoReport", "run_demo"]
 
 MIN_DURATION_S = 10.0
-"""The shortest run ``toolrelay demo`` accepts. The fault schedule scales with the run, the
-services' deadlines (1 s) and breaks (1.5 s) do not: the search outage must last long enough
-for two timeouts to open its breaker, and the run must last past the break for the breaker to
-close after the outage. At 5 s it did not close (seed 1); 8 and 10 s pass (seeds 1, 2, 3)."""
+"""The shortest run ``toolrelay demo`` accepts: the schedule scales, the 1 s deadlines and 1.5 s
+breaks do not (at 5 s the search breaker could not close after its outage)."""
 SLOT_BUDGET_S = 3.0
 FALLBACK = "web_search_backup"
 TIMEOUT_SLACK_S = 0.05

@@ -20,9 +20,8 @@ __all__ = [
 
 
 Unavailable = Literal["hide", "mark", "show"]
-"""What a listing does with a tool whose breaker is open: leave it out (``"hide"``), say so in
-its description (``"mark"``) or list it as it is (``"show"``). Every adapter and
-``Dispatcher.specs`` take these three values."""
+"""What a listing (``Dispatcher.specs``, every adapter) does with a tool whose breaker is open:
+leave it out, say so in its description, or list it as it is."""
 
 
 def checked_unavailable(value: object) -> Unavailable:

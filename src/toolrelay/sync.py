@@ -280,11 +280,8 @@ class SyncDispatcher:
 
     @property
     def portal(self) -> BlockingPortal:
-        """The ``BlockingPortal`` of the dispatcher's loop, for what runs its async calls from
-        threads — ``langchain_tools(relay.dispatcher, portal=relay.portal)`` — so a sync host
-        shares this dispatcher (its breakers, bulkheads, worker threads) with its own calls.
-        ``close()`` stops it: calls through it in flight are cancelled, later ones raise
-        ``RuntimeError``."""
+        """The loop's ``BlockingPortal``, so a sync host's framework shares this dispatcher:
+        ``langchain_tools(relay.dispatcher, portal=relay.portal)``. ``close()`` stops it."""
         return self._loop.portal
 
     def dispatch(

@@ -155,15 +155,9 @@ def langchain_tools(
 
     ``auth(config)`` gives the :class:`AuthContext` of each call from the run's
     ``RunnableConfig``. ``portal`` (an anyio ``BlockingPortal`` running the dispatcher's
-    event loop: a ``SyncDispatcher``'s ``portal``, or the one ``with
-    start_blocking_portal() as portal:`` gives) lets sync hosts call ``invoke``; without
-    one only ``ainvoke`` works. Anything else raises ``TypeError``.
+    event loop, e.g. a ``SyncDispatcher``'s ``portal``) lets sync hosts call ``invoke``;
+    without one only ``ainvoke`` works.
     """
-    if not isinstance(portal, BlockingPortal | None):
-        raise TypeError(
-            "portal must be an anyio BlockingPortal (a SyncDispatcher's .portal, or `portal` "
-            f"in `with start_blocking_portal() as portal:`), not {type(portal).__name__}"
-        )
     tools = []
     for spec in dispatcher.specs(profile, "openai", unavailable=unavailable):
         function = spec["function"]

@@ -61,13 +61,10 @@ def function_tools(
     """The tools a caller with ``profile`` may call, as ``FunctionTool`` s for ``Agent(tools=…)``.
 
     ``auth`` turns the run context into the caller's ``AuthContext`` for each call (default:
-    :func:`context_auth`). ``unavailable`` is what the model is shown of a tool whose breaker
-    fails fast, decided once per turn: ``"show"`` (the default) lists it as it is, ``"mark"``
-    lists it with "[unavailable for about N s]" before its description; either way a call is
-    answered ``circuit_open`` with ``retry_after_s``. ``"hide"`` leaves it out
-    (``FunctionTool.is_enabled``), and the SDK fails the run (``ModelBehaviorError``) when the
-    model calls it anyway from the conversation — unless the host runs with
-    ``RunConfig(tool_not_found_behavior="return_error_to_model")``. ``strict``: ``None``
+    :func:`context_auth`). A tool whose breaker fails fast is listed (``"show"``), listed
+    with a marked description (``"mark"``) — a call is answered ``circuit_open`` — or left
+    out (``"hide"``: a call to it from the conversation fails the run, unless the host runs
+    with ``RunConfig(tool_not_found_behavior="return_error_to_model")``). ``strict``: ``None``
     marks a tool strict only when its schema is strict already (every object closed, every
     property required), so the Agents SDK's conversion would change nothing; ``True`` asks
     for the conversion (the SDK raises ``UserError`` for a schema it cannot convert);
@@ -142,9 +139,9 @@ class _Health:
     """``is_enabled`` of the tools: hides (``"hide"``) or marks (``"mark"``) a tool while its
     breaker fails fast.
 
-    The SDK may ask more than once a turn (when it lists the tools, and before it runs the
-    calls the model made, where a tool that turned disabled in between fails the whole run:
-    ``ModelBehaviorError``). So each run decides once per turn and tool, the first time it is
+    The SDK asks twice a turn: when it lists the tools, and before it runs the calls the
+    model made, where a tool that turned disabled in between fails the whole run
+    (``ModelBehaviorError``). So each run decides once per turn and tool, the first time it is
     asked: a breaker that opens while the model thinks is answered ``circuit_open`` in this
     turn and hidden or marked from the next one.
     """

@@ -117,14 +117,11 @@ class ToolrelayToolset(AbstractToolset[AgentDepsT]):
     """The dispatcher's tools for ``profile``, as a Pydantic AI toolset.
 
     - ``get_tools`` (every step): ``dispatcher.specs(profile, unavailable=...)``, so a tool
-      whose breaker is open is listed (``"show"``, the default) or described as unavailable
-      (``"mark"``), and a call to it is answered ``circuit_open`` with ``retry_after_s``; or
-      it is hidden (``"hide"``), and a model that calls it anyway from the conversation gets
-      Pydantic AI's "Unknown tool name" retry prompt, which ends the run
-      (``UnexpectedModelBehavior``) once the tool's retries are spent. With
-      ``defer_approval`` a tool the profile requires approval for is ``kind="unapproved"``:
-      Pydantic AI defers its calls to the host (``DeferredToolRequests``), and runs them
-      once approved.
+      whose breaker is open is listed (``"show"``), described as unavailable (``"mark"``) or
+      hidden (``"hide"``: a call to it from the conversation then ends the run once its
+      retries are spent). With ``defer_approval`` a tool the profile requires approval for
+      is ``kind="unapproved"``: Pydantic AI defers its calls to the host
+      (``DeferredToolRequests``), and runs them once approved.
     - ``call_tool``: ``dispatch(name, args, auth(ctx), profile=profile,
       call_id=ctx.tool_call_id)``; the envelope is the tool's return value. Every failure
       is an answer; the host's cancellation propagates.
