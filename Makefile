@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-latest lint bench clean
+.PHONY: demo test test-fast test-latest lint bench dist clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,7 +31,7 @@ test: lint
 
 # The inner loop: no real servers, no soak, two workers (timing bounds may be loose here).
 test-fast: $(STAMP)
-	$(PYTEST) -n 2 --dist loadfile -m "not servers and not soak"
+	$(PYTEST) -n 2 --dist loadfile -m "not servers and not soak and not slow"
 
 # The whole suite on the newest releases our upper bounds refuse (the bounds mark the libraries
 # whose internals toolrelay._compat uses): a separate venv, pyproject's requirements with their
@@ -48,8 +48,14 @@ test-latest:
 	bash .ci/install-servers
 	$(LATEST)/bin/python -m pytest $(PYTEST_ARGS)
 
+# The wheel and the sdist in dist/, built offline by hatchling (a dev dependency), for
+# `pip install 'dist/toolrelay-<version>-py3-none-any.whl[langchain]'` elsewhere.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m hatchling build -d dist
+
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
 clean:
-	rm -rf $(VENV) $(LATEST) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LATEST) dist .pytest_cache .mypy_cache .ruff_cache

@@ -15,18 +15,17 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 import json
-import warnings
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
+from langchain.agents import create_agent
+from langchain.agents.middleware import ModelRequest, ModelResponse, wrap_model_call
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from langgraph.prebuilt import ToolNode, create_react_agent
-from langgraph.warnings import LangGraphDeprecatedSinceV10
 
 from toolrelay import (
     AuthContext,
@@ -38,9 +37,6 @@ from toolrelay import (
     ToolRegistry,
 )
 from toolrelay.integrations.langchain import langchain_tools
-
-# create_react_agent lives on as langchain.agents.create_agent (the `langchain` package)
-warnings.filterwarnings("ignore", category=LangGraphDeprecatedSinceV10)
 
 registry = ToolRegistry()
 
@@ -141,11 +137,17 @@ async def main() -> None:
     dispatcher.breakers.add_listener(lambda key, old, new: print(f"  breaker {key}: {old} → {new}"))
     model = ScriptedModel()
 
-    def bind_healthy(state: Any, runtime: Any) -> Runnable[LanguageModelInput, BaseMessage]:
-        # each step offers only the tools whose breaker lets calls through
-        return model.bind_tools(langchain_tools(dispatcher, unavailable="hide"))
+    @wrap_model_call
+    async def healthy_tools_only(
+        request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
+    ) -> ModelResponse:
+        # each step offers the model only the tools whose breaker lets calls through; the
+        # agent's tool node keeps them all, so a call to a paused one is answered circuit_open
+        shown = {tool.name for tool in langchain_tools(dispatcher, unavailable="hide")}
+        tools = [t for t in request.tools if isinstance(t, dict) or t.name in shown]
+        return await handler(request.override(tools=tools))
 
-    agent = create_react_agent(bind_healthy, ToolNode(langchain_tools(dispatcher)))
+    agent = create_agent(model, langchain_tools(dispatcher), middleware=[healthy_tools_only])
     question = "What's the weather in Oslo, and any news?"
     print(f"user: {question}")
     async for update in agent.astream(

@@ -132,7 +132,9 @@ async def main() -> None:
     agent = Agent(
         name="assistant",
         model=ScriptedModel(),
-        tools=function_tools(dispatcher),
+        # "hide": the model is not shown the paused search (it never calls a tool it is not
+        # shown; with the default "show" it would be answered circuit_open).
+        tools=function_tools(dispatcher, unavailable="hide"),
         hooks=PrintToolOutputs(),
     )
     result = await Runner.run(agent, "What's on in Oslo today?", context=AuthContext(user_id="u1"))

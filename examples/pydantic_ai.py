@@ -120,7 +120,9 @@ def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 
 
 async def main() -> None:
-    agent = Agent(FunctionModel(model), toolsets=[ToolrelayToolset(dispatcher)])
+    # "hide": the paused search is left out of what the model sees (the default, "show",
+    # lists it and answers a call circuit_open).
+    agent = Agent(FunctionModel(model), toolsets=[ToolrelayToolset(dispatcher, unavailable="hide")])
     result = await agent.run("What's on in Oslo, and how cold is it?")
     print(f"run finished: {result.output!r}")
 

@@ -194,13 +194,20 @@ def test_readme_call_and_specs_read_toolrelay_toml_in_the_working_directory(
     assert json.loads(toolrelay("specs", "--profile", "p", cwd=tmp_path).stdout) == []
 
 
-def test_readme_demo_exits_1_when_an_invariant_fails() -> None:
-    """README, The demo: the exit status is 1 if an invariant fails (in 1 s the search
-    breaker cannot close after its outage: its break alone is 1.5 s)."""
-    result = toolrelay("demo", "--duration", "1", "--metrics-port", "0", "--plain")
-    assert result.returncode == 1, result.stdout[-2000:] + result.stderr
-    assert "FAIL  the search breaker opened" in result.stdout
-    assert result.stdout.rstrip().endswith("an invariant failed")
+def test_readme_demo_exits_1_when_an_invariant_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README, The demo: the exit status is 1 if an invariant fails. The command refuses a
+    run shorter than the scenario needs; with that floor lowered, in 1 s the search breaker
+    cannot close after its outage (its break alone is 1.5 s)."""
+    from toolrelay import demo
+    from toolrelay.cli import main
+
+    monkeypatch.setattr(demo, "MIN_DURATION_S", 1.0)
+    assert main(["demo", "--duration", "1", "--metrics-port", "0", "--plain"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  the search breaker opened" in out
+    assert out.rstrip().endswith("an invariant failed")
 
 
 def test_readme_demo_prints_plain_lines_when_stdout_is_not_a_terminal() -> None:
@@ -967,3 +974,21 @@ def test_architecture_only_main_imports_the_cli() -> None:
     assert importers == {"__main__.py"}
     for path in (ROOT / "plugins" / "toolrelay_plugins").glob("*.py"):
         assert not any("dispatcher" in m for m in _imports(path)), path
+
+
+async def test_typed_tools_schema_first_then_lax_conversion() -> None:
+    """docs/typed-tools.md, Defaults: the schema refuses "3" for an int before conversion
+    could turn it into 3; the 3.0 the schema counts as an integer is converted to 3."""
+    registry = ToolRegistry()
+
+    @registry.tool()
+    def add(a: int, b: int = 1) -> int:
+        """Add two integers."""
+        return a + b
+
+    d = Dispatcher(registry, audit=None)
+    refused = await d.dispatch("add", '{"a": "3"}')
+    assert refused.error_type == "validation_error"
+    assert refused.message.endswith('/a: <value> is not of type "integer"')
+    converted = await d.dispatch("add", '{"a": 3.0}')
+    assert converted.ok and converted.data == 4 and type(converted.data) is int

@@ -102,7 +102,7 @@ current_user = types.SimpleNamespace(id="u1")
 _LANGCHAIN = """
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage
-from langgraph.prebuilt import ToolNode, create_react_agent
+from langchain.agents import create_agent
 from toolrelay.integrations.langchain import langchain_tools
 
 class FakeChat(FakeMessagesListChatModel):

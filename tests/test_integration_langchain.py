@@ -11,13 +11,15 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from anyio.from_thread import start_blocking_portal
+from langchain.agents import create_agent
+from langchain.agents.middleware import ModelRequest, ModelResponse, wrap_model_call
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -48,6 +50,7 @@ from toolrelay import (
     ToolResult,
 )
 from toolrelay.integrations.langchain import RelayTool, langchain_tools
+from toolrelay.sync import SyncDispatcher
 
 pytestmark = [
     pytest.mark.anyio,
@@ -254,7 +257,7 @@ async def test_an_agent_reads_a_timeout_and_an_open_breaker_and_carries_on() -> 
         return AIMessage("read: " + ",".join(kinds))
 
     model = ScriptedChatModel(script=script)
-    agent = create_react_agent(model, langchain_tools(d))
+    agent = create_agent(model, langchain_tools(d))
     out = await agent.ainvoke({"messages": [HumanMessage("go")]})
 
     assert out["messages"][-1].content == "read: circuit_open,timeout"
@@ -272,10 +275,15 @@ async def test_a_model_bound_per_step_stops_seeing_a_tool_whose_breaker_opened()
 
     model = ScriptedChatModel(script=script)
 
-    def bind(state: Any, runtime: Any) -> Runnable[LanguageModelInput, BaseMessage]:
-        return model.bind_tools(langchain_tools(d, unavailable="hide"))
+    @wrap_model_call
+    async def healthy_tools_only(
+        request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
+    ) -> ModelResponse:
+        shown = {tool.name for tool in langchain_tools(d, unavailable="hide")}
+        tools = [t for t in request.tools if isinstance(t, dict) or t.name in shown]
+        return await handler(request.override(tools=tools))
 
-    agent = create_react_agent(bind, ToolNode(langchain_tools(d)))
+    agent = create_agent(model, langchain_tools(d), middleware=[healthy_tools_only])
     out = await agent.ainvoke({"messages": [HumanMessage("go")]})
 
     assert answers(out["messages"])["f-1"]["error_type"] == "tool_error"
@@ -284,6 +292,35 @@ async def test_a_model_bound_per_step_stops_seeing_a_tool_whose_breaker_opened()
     assert model.bound[1] == [name for name in model.bound[0] if name != "flaky"]
     (marked,) = [t for t in langchain_tools(d, unavailable="mark") if t.name == "flaky"]
     assert marked.description.startswith("[unavailable for about ")
+
+
+async def test_by_default_a_tool_paused_mid_run_stays_callable_and_the_run_completes() -> None:
+    d, _ = build()
+    calls = iter(["f-1", "f-2", "f-3"])
+
+    def script(messages: list[BaseMessage], tools: list[str]) -> AIMessage:
+        call_id = next(calls, None)
+        return (
+            AIMessage("done")
+            if call_id is None
+            else AIMessage("", tool_calls=[call("flaky", call_id)])
+        )
+
+    model = ScriptedChatModel(script=script)
+    out = await create_agent(model, langchain_tools(d)).ainvoke({"messages": [HumanMessage("go")]})
+    told = answers(out["messages"])
+    assert told["f-1"]["error_type"] == "tool_error"
+    for call_id in ("f-2", "f-3"):
+        assert told[call_id]["error_type"] == "circuit_open" and told[call_id]["retry_after_s"] > 0
+    assert out["messages"][-1].content == "done"
+    assert all("flaky" in names for names in model.bound)
+
+
+@pytest.mark.parametrize("value", ["hdie", "Show", None])
+def test_an_unknown_unavailable_value_is_refused_by_name(value: Any) -> None:
+    d, _ = build()
+    with pytest.raises(ValueError, match=r"unavailable must be 'hide', 'mark' or 'show'"):
+        langchain_tools(d, unavailable=value)
 
 
 # -- profile, schema, identity, call id, span ---------------------------------------------
@@ -364,9 +401,34 @@ def test_a_sync_graph_calls_through_a_portal_and_keeps_deadlines() -> None:
     assert span.parent is not None
     assert span.parent.span_id == host.get_span_context().span_id
 
-    # without a portal a sync run fails loudly (the model is not told about a host's bug)
-    with pytest.raises(RuntimeError, match="without a portal"):
+    # without a portal a sync run fails loudly (the model is not told about a host's bug),
+    # and says how to get one that works
+    with pytest.raises(RuntimeError, match="without a portal") as raised:
         tool_graph(langchain_tools(d)).invoke({"messages": [message]})
+    assert "portal=relay.portal" in str(raised.value)
+    assert "with anyio.from_thread.start_blocking_portal() as portal:" in str(raised.value)
+
+
+def test_a_sync_graph_shares_a_sync_dispatchers_breakers_through_its_portal() -> None:
+    d, _ = build()
+    with SyncDispatcher(d) as relay:
+        graph = tool_graph(langchain_tools(relay.dispatcher, portal=relay.portal))
+        out = graph.invoke({"messages": [AIMessage("", tool_calls=[call("flaky", "f-1")])]})
+        assert answers(out["messages"])["f-1"]["error_type"] == "tool_error"
+        # the graph's failure opened the breaker the host's own calls go through
+        assert relay.dispatch("flaky").error_type == "circuit_open"
+        out = graph.invoke(
+            {"messages": [AIMessage("", tool_calls=[call("get_weather", "w", city="X")])]}
+        )
+        assert answers(out["messages"])["w"]["ok"] is True
+
+
+def test_a_portal_that_is_not_a_blocking_portal_is_refused_at_once() -> None:
+    d, _ = build()
+    with pytest.raises(
+        ValueError, match=r"portal\n  Input should be an instance of BlockingPortal"
+    ):
+        langchain_tools(d, portal=start_blocking_portal())  # type: ignore[arg-type]
 
 
 # -- cancellation ----------------------------------------------------------------------------

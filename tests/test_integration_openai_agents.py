@@ -52,6 +52,7 @@ from toolrelay import (  # noqa: E402
     KeyPolicy,
     Profile,
     RetryOptions,
+    ToolError,
     ToolRegistry,
 )
 from toolrelay.integrations.openai_agents import function_tools  # noqa: E402
@@ -273,7 +274,7 @@ async def test_an_open_breaker_hides_its_tools_and_a_closed_one_shows_them_again
         return [function_call("ping", {}, call_id="p1")]
 
     brain = Brain(close_then_ping, call("weather", "w1", {"city": "Oslo"}), finish)
-    await run(d, brain)
+    await run(d, brain, unavailable="hide")
     assert [s.tools for s in brain.seen] == [["ping"], ["weather", "ping"], ["weather", "ping"]]
     assert brain.seen[2].outputs["w1"]["ok"] is True
 
@@ -290,7 +291,7 @@ async def test_a_breaker_opening_while_the_model_thinks_is_answered_then_hidden(
         return [function_call("weather", {"city": "Oslo"}, call_id="w1")]
 
     brain = Brain(open_then_call, finish)
-    await run(d, brain)
+    await run(d, brain, unavailable="hide")
     assert brain.seen[1].outputs["w1"]["error_type"] == "circuit_open"
     assert [s.tools for s in brain.seen] == [["weather", "ping"], ["ping"]]
 
@@ -302,6 +303,62 @@ async def test_unavailable_show_keeps_a_paused_tool_listed() -> None:
     await run(d, brain, unavailable="show")
     assert brain.seen[0].tools == ["weather"]
     assert brain.seen[1].outputs["w1"]["error_type"] == "circuit_open"
+
+
+async def test_by_default_a_tool_paused_mid_run_stays_callable_and_the_run_completes() -> None:
+    """The breaker opens on the first call; the model calls the paused tool twice more (it
+    is in the conversation). With the old default ("hide") the SDK failed the run:
+    ModelBehaviorError "Tool search not found in agent host"."""
+    registry = ToolRegistry()
+
+    @registry.tool(name="search", breaker_key="searxng")
+    async def search(args: dict[str, Any], ctx: AuthContext) -> Any:
+        raise ToolError("upstream said 503", retryable=True)
+
+    one_strike = KeyPolicy(breaker=BreakerOptions(fail_max=1), retry=RetryOptions(max_attempts=1))
+    d = new_dispatcher(registry, keys={"searxng": one_strike})
+    brain = Brain(call("search", "c1"), call("search", "c2"), call("search", "c3"), finish)
+    result = await run(d, brain)
+    assert brain.seen[1].outputs["c1"]["error_type"] == "tool_error"
+    for seen, call_id in ((brain.seen[2], "c2"), (brain.seen[3], "c3")):
+        assert seen.tools == ["search"]
+        assert seen.outputs[call_id]["error_type"] == "circuit_open"
+        assert seen.outputs[call_id]["retry_after_s"] > 0
+    assert set(json.loads(result.final_output)) == {"c1", "c2", "c3"}  # the run completed
+
+
+async def test_unavailable_mark_keeps_a_paused_tool_listed_with_a_marked_description() -> None:
+    d = new_dispatcher(echo_registry())
+    tools = function_tools(d, unavailable="mark")
+    described: list[str] = []
+
+    def look(seen: Seen) -> list[Any]:
+        described.append(tools[0].description)
+        return [function_call("weather", {"city": "Oslo"}, call_id=f"w{len(described)}")]
+
+    def look_then_close(seen: Seen) -> list[Any]:
+        output = look(seen)
+        d.breakers.force_close("meteo")  # the service is back while the model thinks
+        return output
+
+    d.breakers.force_open("meteo")
+    brain = Brain(look, look_then_close, look, finish)
+    await Runner.run(Agent(name="host", model=brain, tools=tools), "go")
+    plain = d.registry.resolve("weather").decl.description  # type: ignore[union-attr]
+    assert described[:2] == [f"[unavailable: paused by an operator] {plain}"] * 2
+    assert brain.seen[1].tools == ["weather"]
+    assert brain.seen[1].outputs["w1"]["error_type"] == "circuit_open"
+    assert brain.seen[2].outputs["w2"]["ok"] is True  # closed by the time it ran
+    assert described[2] == plain  # the next turn: unmarked
+
+
+@pytest.mark.parametrize("value", ["hdie", "HIDE", None, ""])
+def test_an_unknown_unavailable_value_is_refused_by_name(value: Any) -> None:
+    d = new_dispatcher(echo_registry())
+    with pytest.raises(ValueError, match=r"unavailable must be 'hide', 'mark' or 'show'"):
+        function_tools(d, unavailable=value)
+    with pytest.raises(ValueError, match=r"unavailable must be"):
+        d.specs(unavailable=value)
 
 
 def test_strict_only_when_the_schema_is_strict_already() -> None:

@@ -276,9 +276,39 @@ async def test_breaker_health_hides_and_shows_the_tool_step_by_step() -> None:
             return response
 
     script = Waiting([call("flaky")], [call("steady")], "flaky is back")
-    await Agent(FunctionModel(script.wait), toolsets=[ToolrelayToolset(d)]).run("go")
+    toolset = ToolrelayToolset(d, unavailable="hide")
+    await Agent(FunctionModel(script.wait), toolsets=[toolset]).run("go")
     assert ["flaky" in tools for tools in script.shown] == [True, False, True]
     assert script.shown[1] == {"steady": "function"}
+
+
+async def test_by_default_a_tool_paused_mid_run_stays_callable_and_the_run_completes() -> None:
+    """The breaker opens on the first call; the model calls the paused tool twice more. With
+    the old default ("hide") the run ended: UnexpectedModelBehavior, max retries exceeded."""
+    registry = ToolRegistry()
+
+    @registry.tool(name="flaky", parameters=EMPTY, breaker_key="svc")
+    async def flaky(args: dict[str, Any], ctx: AuthContext) -> str:
+        raise ToolError("upstream said 503", retryable=True)
+
+    one_strike = KeyPolicy(breaker=BreakerOptions(fail_max=1), retry=RetryOptions(max_attempts=1))
+    d = dispatcher(registry, keys={"svc": one_strike})
+    script = Script(*([call("flaky", call_id=f"c{n}")] for n in (1, 2, 3)), "done")
+    result = await agent(script, ToolrelayToolset(d)).run("go")
+    told = answers(result.all_messages())
+    assert told["c1"]["error_type"] == "tool_error"
+    for call_id in ("c2", "c3"):
+        assert told[call_id]["error_type"] == "circuit_open"
+        assert told[call_id]["retry_after_s"] > 0
+    assert result.output == "done"
+    assert all("flaky" in shown for shown in script.shown)
+
+
+@pytest.mark.parametrize("value", ["hdie", "Mark", None])
+def test_an_unknown_unavailable_value_is_refused_by_name(value: Any) -> None:
+    d = dispatcher(ToolRegistry())
+    with pytest.raises(ValueError, match=r"unavailable must be 'hide', 'mark' or 'show'"):
+        ToolrelayToolset(d, unavailable=value)
 
 
 # -- approvals --------------------------------------------------------------------------

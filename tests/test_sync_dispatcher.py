@@ -604,6 +604,58 @@ def test_calls_from_the_loop_itself_are_refused(tools: Tools, relay: SyncDispatc
     assert relay.dispatch("nested_sync").data == {"n": 5, "user": None}
 
 
+def test_close_stops_idle_worker_threads(backend: str) -> None:
+    """Nine sync calls at once leave nine idle worker threads; close() stops them (they
+    stayed for their 30 s idle timeout)."""
+    registry = ToolRegistry()
+    together = threading.Barrier(9)
+
+    @registry.tool(name="gate", parameters=OBJ, breaker_key="gate")
+    def gate(args: dict[str, Any], ctx: AuthContext) -> str:
+        together.wait(JOIN_S)  # nine calls in nine threads at once
+        return "ok"
+
+    def workers() -> int:
+        return sum(t.name == "toolrelay-worker[gate]" for t in threading.enumerate())
+
+    sd = SyncDispatcher(Dispatcher(registry, DispatcherOptions(telemetry=False)), backend=backend)
+    assert all(r.ok for r in in_threads(9, lambda i: sd.dispatch("gate")))
+    assert workers() == 9
+    sd.close()
+    deadline = time.monotonic() + 1.0
+    while workers():
+        assert time.monotonic() < deadline, f"{workers()} worker threads left 1 s after close()"
+        time.sleep(0.01)
+
+
+def test_a_worker_thread_busy_at_close_ends_when_its_handler_returns(
+    tools: Tools, relay: SyncDispatcher
+) -> None:
+    def workers() -> int:
+        return sum(t.name == "toolrelay-worker[hang-sync]" for t in threading.enumerate())
+
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            relay.dispatch("hang_sync")
+        except CallCancelled as exc:
+            raised.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    tools.wait_entered(1)
+    relay.close()
+    caller.join(JOIN_S)
+    assert len(raised) == 1
+    assert workers() == 1  # still in its handler: a thread cannot be stopped from outside
+    tools.release.set()
+    deadline = time.monotonic() + 1.0
+    while workers():
+        assert time.monotonic() < deadline, "the busy worker thread outlived its handler"
+        time.sleep(0.01)
+
+
 def test_garbage_collection_closes_it(tools: Tools, backend: str) -> None:
     sd = SyncDispatcher(
         Dispatcher(tools.registry, DispatcherOptions(telemetry=False)), backend=backend

@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="an agent that keeps answering while services fail")
-    demo.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    demo.add_argument("--duration", type=float, default=30.0, help="seconds (30; at least 10)")
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--metrics-port", type=int, default=9464, help="0 disables /metrics")
     demo.add_argument("--otlp-endpoint", help="send spans to this OTLP/HTTP endpoint")
@@ -147,12 +147,15 @@ def _config(args: argparse.Namespace) -> int:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from .demo import DemoOptions, run_demo
+    from . import demo
     from .demo_view import pick_view, print_summary
 
-    if args.duration <= 0:
-        raise CliError("--duration must be positive")
-    options = DemoOptions(
+    if not args.duration >= demo.MIN_DURATION_S:
+        raise CliError(
+            f"--duration must be at least {demo.MIN_DURATION_S:g} s (the search outage, its "
+            f"breaker's break and the recovery after it must fit in the run), not {args.duration:g}"
+        )
+    options = demo.DemoOptions(
         duration_s=args.duration,
         seed=args.seed,
         metrics_port=args.metrics_port,
@@ -162,7 +165,7 @@ async def _demo(args: argparse.Namespace) -> int:
         live=args.live,
     )
     view = pick_view(options.live, options.duration_s)
-    report = await run_demo(options, view=view)
+    report = await demo.run_demo(options, view=view)
     print_summary(report)
     return 0 if report.ok else 1
 

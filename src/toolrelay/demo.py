@@ -32,8 +32,11 @@ from .dispatcher import Dispatcher
 from .registry import ToolRegistry
 from .result import ToolCall, ToolResult
 
-__all__ = ["DEMO", "DemoOptions", "DemoReport", "run_demo"]
+__all__ = ["DEMO", "MIN_DURATION_S", "DemoOptions", "DemoReport", "run_demo"]
 
+MIN_DURATION_S = 10.0
+"""The shortest run ``toolrelay demo`` accepts: the schedule scales, the 1 s deadlines and 1.5 s
+breaks do not (at 5 s the search breaker could not close after its outage)."""
 SLOT_BUDGET_S = 3.0
 FALLBACK = "web_search_backup"
 TIMEOUT_SLACK_S = 0.05

@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from opentelemetry.metrics import MeterProvider
@@ -20,7 +20,7 @@ from .budget import RetryBudgets
 from .capabilities import Closeable
 from .config import Settings, load_config, load_configured_plugins
 from .contract import AuthContext, ErrorType, ToolDeclaration
-from .formats import formatter
+from .formats import Unavailable, checked_unavailable, formatter
 from .isolation import ProcessPools
 from .options import DispatcherOptions, KeyPolicy
 from .outcome import failure
@@ -54,7 +54,6 @@ __all__ = ["Dispatcher"]
 log = logging.getLogger("toolrelay")
 
 ANONYMOUS = AuthContext()
-Unavailable = Literal["hide", "mark", "show"]
 
 
 class Dispatcher:
@@ -199,8 +198,10 @@ class Dispatcher:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close what the dispatcher holds: plugins' ``aclose()``, the storage link, and
-        the worker processes of ``isolation="process"`` tools (killed, and gone)."""
+        """Close what the dispatcher holds: plugins' ``aclose()``, the storage link, the
+        worker processes of ``isolation="process"`` tools (killed, and gone) and the worker
+        threads of sync tools (idle ones end now, busy ones when their handler returns)."""
+        self.workers.close()
         await self.processes.aclose()
         for plugin in self.registry.plugins():
             if isinstance(plugin, Closeable):
@@ -362,25 +363,26 @@ class Dispatcher:
         ``hide_fallbacks`` leaves out every tool another listed tool names as a fallback.
         """
         render = formatter(format)
+        checked_unavailable(unavailable)
         chosen = self.profile(profile)
         decls = [tool.decl for tool in self.registry.tools() if chosen.permits(tool.decl)]
         hidden = {name for decl in decls for name in decl.fallback} if hide_fallbacks else set()
-        out = []
-        for decl in decls:
-            if decl.name in hidden:
-                continue
-            description = decl.description
-            if unavailable != "show":
-                wait = self.breakers.blocked_for(decl.key)
-                if wait is not None and not self._stands_in(decl, chosen):
-                    if unavailable == "hide":
-                        continue
-                    if self.breakers.get(decl.key).pinned_open:  # no trial is due
-                        description = f"[unavailable: paused by an operator] {description}"
-                    else:
-                        description = f"[unavailable for about {wait:.0f} s] {description}"
-            out.append(render(decl, description))
-        return out
+        described = (
+            (d, self.describe(d, chosen, unavailable)) for d in decls if d.name not in hidden
+        )
+        return [render(decl, text) for decl, text in described if text is not None]
+
+    def describe(self, decl: ToolDeclaration, chosen: Profile, unavailable: str) -> str | None:
+        """The description :meth:`specs` lists ``decl`` with now for the caller with profile
+        ``chosen`` (``None``: left out)."""
+        wait = None if unavailable == "show" else self.breakers.blocked_for(decl.key)
+        if wait is None or self._stands_in(decl, chosen):
+            return decl.description
+        if unavailable == "hide":
+            return None
+        if self.breakers.get(decl.key).pinned_open:  # no trial is due
+            return f"[unavailable: paused by an operator] {decl.description}"
+        return f"[unavailable for about {wait:.0f} s] {decl.description}"
 
     def _stands_in(self, decl: ToolDeclaration, profile: Profile) -> bool:
         """Can a fallback of ``decl`` answer for it now (known, allowed, breaker not open)?"""

@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from .contract import ToolDeclaration
 
 __all__ = [
     "FORMATS",
+    "Unavailable",
+    "checked_unavailable",
     "formatter",
     "to_anthropic",
     "to_mcp",
     "to_openai",
     "to_openai_responses",
 ]
+
+
+Unavailable = Literal["hide", "mark", "show"]
+"""What a listing (``Dispatcher.specs``, every adapter) does with a tool whose breaker is open:
+leave it out, say so in its description, or list it as it is."""
+
+
+def checked_unavailable(value: object) -> Unavailable:
+    """``value`` if it is one of :data:`Unavailable`'s values; ``ValueError`` otherwise."""
+    if value not in get_args(Unavailable):
+        raise ValueError(f"unavailable must be 'hide', 'mark' or 'show', not {value!r}")
+    return cast(Unavailable, value)
 
 
 def to_openai(decl: ToolDeclaration, description: str) -> dict[str, Any]:

@@ -26,7 +26,8 @@ from anyio.from_thread import BlockingPortal
 
 from .config import Settings
 from .contract import AuthContext
-from .dispatcher import Dispatcher, Unavailable
+from .dispatcher import Dispatcher
+from .formats import Unavailable
 from .registry import ToolRegistry
 from .result import ToolCall, ToolResult
 from .slot import ModelSlot, SlotLease
@@ -276,6 +277,12 @@ class SyncDispatcher:
     @property
     def closed(self) -> bool:
         return self._loop.closed
+
+    @property
+    def portal(self) -> BlockingPortal:
+        """The loop's ``BlockingPortal``, so a sync host's framework shares this dispatcher:
+        ``langchain_tools(relay.dispatcher, portal=relay.portal)``. ``close()`` stops it."""
+        return self._loop.portal
 
     def dispatch(
         self,

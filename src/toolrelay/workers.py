@@ -10,7 +10,8 @@ waits for it to run, which costs the loop up to a millisecond per thread — eno
 every deadline of a flood of new sync calls late by the time it takes to start them all.
 The spawner takes the keys in turn, so one key's backlog of thread starts never holds up
 another key's.
-Idle threads are kept for reuse and end after ``IDLE_S`` without work.
+Idle threads are kept for reuse and end after ``IDLE_S`` without work, or when the
+dispatcher is closed (``WorkerPools.close``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class _Job:
 
 def _nothing(*args: Any) -> None:
     return None
+
+
+_STOP = _Job()
+"""Queued once per thread by :meth:`KeyWorkers.close`: the thread that takes it ends."""
 
 
 class Spawnable(Protocol):
@@ -161,6 +166,10 @@ class KeyWorkers:
                         self.threads -= 1
                         return
                 continue
+            if job is _STOP:
+                with self._lock:
+                    self.threads -= 1
+                return
             with self._lock:
                 job.started = not job.skip
             if job.started:
@@ -186,6 +195,12 @@ class KeyWorkers:
                 anyio.from_thread.run_sync(event.set, token=job.token)
         elif abandoned and self.notify is not None:
             self.notify(self.key, count)
+
+    def close(self) -> None:
+        """End this key's threads: idle ones at once, busy ones when their handler returns."""
+        with self._lock:
+            for _ in range(self.threads):
+                self._jobs.put(_STOP)
 
     def abandon(self, job: _Job) -> bool:
         """Mark the job abandoned; False if its thread had already ended or the job never
@@ -239,6 +254,11 @@ class WorkerPools:
             pool = KeyWorkers(key, self._max_threads_for(key), self.on_change)
             self._pools[key] = pool
         return pool
+
+    def close(self) -> None:
+        """End every key's threads (:meth:`KeyWorkers.close`)."""
+        for pool in self._pools.values():
+            pool.close()
 
     def abandoned(self) -> dict[str, int]:
         return {key: pool.abandoned for key, pool in self._pools.items()}

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any
 
 from anyio.from_thread import BlockingPortal
 from pydantic import SkipValidation
@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..contract import AuthContext
 from ..dispatcher import Dispatcher
+from ..formats import Unavailable
 from ..result import ToolResult
 from ._common import envelope_text
 
@@ -40,8 +41,6 @@ __all__ = ["AuthSource", "RelayTool", "answer_artifact", "langchain_tools"]
 AuthSource = Callable[[RunnableConfig], AuthContext | None]
 """Turns the run's ``RunnableConfig`` (e.g. ``config["configurable"]``) into the caller's
 identity; ``None`` means anonymous."""
-
-Unavailable = Literal["hide", "mark", "show"]
 
 _CALL_ID: ContextVar[str | None] = ContextVar("toolrelay_langchain_call_id", default=None)
 """The tool call id of the call running in this context: ``BaseTool`` hands it to
@@ -68,7 +67,7 @@ class RelayTool(BaseTool):
     dispatcher: SkipValidation[Dispatcher]
     profile: str | None = None
     auth: SkipValidation[AuthSource | None] = None
-    portal: SkipValidation[BlockingPortal | None] = None
+    portal: BlockingPortal | None = None
     """Where a sync ``invoke`` runs the call; ``None``: only ``ainvoke`` works."""
 
     # -- the id LangChain knows but does not hand to _arun/_run ------------------------
@@ -106,8 +105,9 @@ class RelayTool(BaseTool):
         if self.portal is None:
             raise RuntimeError(
                 f"toolrelay tool {self.name!r} was invoked synchronously without a portal: "
-                "run the graph with ainvoke/astream, or build the tools with "
-                "langchain_tools(..., portal=anyio.from_thread.start_blocking_portal(...))"
+                "run the graph with ainvoke/astream, or build the tools with a portal: "
+                "langchain_tools(relay.dispatcher, portal=relay.portal) for a SyncDispatcher "
+                "relay, or inside `with anyio.from_thread.start_blocking_portal() as portal:`"
             )
         call_id = _CALL_ID.get()
         dispatch = functools.partial(
@@ -155,7 +155,8 @@ def langchain_tools(
 
     ``auth(config)`` gives the :class:`AuthContext` of each call from the run's
     ``RunnableConfig``. ``portal`` (an anyio ``BlockingPortal`` running the dispatcher's
-    event loop) lets sync hosts call ``invoke``; without one only ``ainvoke`` works.
+    event loop, e.g. a ``SyncDispatcher``'s ``portal``) lets sync hosts call ``invoke``;
+    without one only ``ainvoke`` works.
     """
     tools = []
     for spec in dispatcher.specs(profile, "openai", unavailable=unavailable):

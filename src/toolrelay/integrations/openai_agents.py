@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 try:
     from agents import FunctionTool, RunContextWrapper
@@ -33,6 +33,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..contract import AuthContext, ToolDeclaration
 from ..dispatcher import Dispatcher
+from ..formats import Unavailable, checked_unavailable
+from ..policy import Profile
 from ._common import envelope_text
 
 __all__ = ["AuthFromContext", "context_auth", "function_tools"]
@@ -53,15 +55,16 @@ def function_tools(
     *,
     profile: str | None = None,
     auth: AuthFromContext | None = None,
-    unavailable: Literal["hide", "show"] = "hide",
+    unavailable: Unavailable = "show",
     strict: bool | None = None,
 ) -> list[FunctionTool]:
     """The tools a caller with ``profile`` may call, as ``FunctionTool`` s for ``Agent(tools=…)``.
 
     ``auth`` turns the run context into the caller's ``AuthContext`` for each call (default:
-    :func:`context_auth`). With ``unavailable="hide"`` a tool whose breaker fails fast is left
-    out of what the model is shown, decided once per turn (``FunctionTool.is_enabled``); with
-    ``"show"`` it stays listed and a call is answered ``circuit_open``. ``strict``: ``None``
+    :func:`context_auth`). A tool whose breaker fails fast is listed (``"show"``), listed
+    with a marked description (``"mark"``) — a call is answered ``circuit_open`` — or left
+    out (``"hide"``: a call to it from the conversation fails the run, unless the host runs
+    with ``RunConfig(tool_not_found_behavior="return_error_to_model")``). ``strict``: ``None``
     marks a tool strict only when its schema is strict already (every object closed, every
     property required), so the Agents SDK's conversion would change nothing; ``True`` asks
     for the conversion (the SDK raises ``UserError`` for a schema it cannot convert);
@@ -71,7 +74,8 @@ def function_tools(
     tools a plugin added or removed.
     """
     chosen = dispatcher.profile(profile)
-    health = None if unavailable == "show" else _Health(dispatcher)
+    unavailable = checked_unavailable(unavailable)
+    health = None if unavailable == "show" else _Health(dispatcher, chosen, unavailable)
     out = []
     for compiled in dispatcher.registry.tools():
         decl = compiled.decl
@@ -85,8 +89,9 @@ def function_tools(
             params_json_schema=schema,
             on_invoke_tool=invoker,
             strict_json_schema=_is_strict(schema) if strict is None else strict,
-            is_enabled=True if health is None else health.checker(decl),
         )
+        if health is not None:
+            tool.is_enabled = health.checker(tool, decl)
         # No formatter: a cancelled call must propagate, never become text for the model
         # (by default the SDK turns a tool task's CancelledError into an error message).
         out.append(set_function_tool_failure_error_function(tool, None))
@@ -131,31 +136,36 @@ class _Invoker:
 
 
 class _Health:
-    """``is_enabled`` of the tools: false while the tool's breaker fails fast.
+    """``is_enabled`` of the tools: hides (``"hide"``) or marks (``"mark"``) a tool while its
+    breaker fails fast.
 
-    The SDK asks twice a turn: when it lists the tools for the model, and again before it
-    runs the calls the model made, where a tool that turned disabled in between fails the
-    whole run (``ModelBehaviorError``). So each run decides once per turn and breaker key,
-    the first time it is asked: a breaker that opens while the model thinks is answered
-    ``circuit_open`` in this turn and hides the tool from the next one.
+    The SDK asks twice a turn: when it lists the tools, and before it runs the calls the
+    model made, where a tool that turned disabled in between fails the whole run
+    (``ModelBehaviorError``). So each run decides once per turn and tool, the first time it is
+    asked: a breaker that opens while the model thinks is answered ``circuit_open`` in this
+    turn and hidden or marked from the next one.
     """
 
-    __slots__ = ("dispatcher", "runs")
+    __slots__ = ("chosen", "dispatcher", "runs", "unavailable")
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, chosen: Profile, unavailable: Unavailable) -> None:
         self.dispatcher = dispatcher
-        # id(run context) → (that turn's input list, {breaker key: enabled})
+        self.chosen = chosen
+        self.unavailable = unavailable
+        # id(run context) → (that turn's input list, {tool name: enabled})
         self.runs: dict[int, tuple[object, dict[str, bool]]] = {}
 
-    def checker(self, decl: ToolDeclaration) -> Callable[[RunContextWrapper[Any], Any], bool]:
-        key = decl.key
-
+    def checker(
+        self, tool: FunctionTool, decl: ToolDeclaration
+    ) -> Callable[[RunContextWrapper[Any], Any], bool]:
         def is_enabled(run_context: RunContextWrapper[Any], agent: Any) -> bool:
-            return self.enabled(run_context, key)
+            return self.enabled(run_context, tool, decl)
 
         return is_enabled
 
-    def enabled(self, run_context: RunContextWrapper[Any], key: str) -> bool:
+    def enabled(
+        self, run_context: RunContextWrapper[Any], tool: FunctionTool, decl: ToolDeclaration
+    ) -> bool:
         turn = run_context.turn_input  # a new list object every turn
         run = self.runs.get(id(run_context))
         if run is None:
@@ -163,7 +173,10 @@ class _Health:
         if run is None or run[0] is not turn:
             run = self.runs[id(run_context)] = (turn, {})
         verdicts = run[1]
-        verdict = verdicts.get(key)
+        verdict = verdicts.get(decl.name)
         if verdict is None:
-            verdict = verdicts[key] = self.dispatcher.breakers.blocked_for(key) is None
+            description = self.dispatcher.describe(decl, self.chosen, self.unavailable)
+            if description is not None:  # marked or not: the breaker's state now
+                tool.description = description
+            verdict = verdicts[decl.name] = description is not None
         return verdict

@@ -28,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..contract import AuthContext, ErrorType, ToolDeclaration
 from ..dispatcher import Dispatcher
+from ..formats import Unavailable, checked_unavailable
 from ..result import ToolCall
 
 __all__ = ["ToolrelayToolset", "deferred_approver"]
@@ -116,8 +117,9 @@ class ToolrelayToolset(AbstractToolset[AgentDepsT]):
     """The dispatcher's tools for ``profile``, as a Pydantic AI toolset.
 
     - ``get_tools`` (every step): ``dispatcher.specs(profile, unavailable=...)``, so a tool
-      whose breaker is open is hidden (``"hide"``), described as unavailable (``"mark"``) or
-      listed (``"show"``). With ``defer_approval`` a tool the profile requires approval for
+      whose breaker is open is listed (``"show"``), described as unavailable (``"mark"``) or
+      hidden (``"hide"``: a call to it from the conversation then ends the run once its
+      retries are spent). With ``defer_approval`` a tool the profile requires approval for
       is ``kind="unapproved"``: Pydantic AI defers its calls to the host
       (``DeferredToolRequests``), and runs them once approved.
     - ``call_tool``: ``dispatch(name, args, auth(ctx), profile=profile,
@@ -134,14 +136,14 @@ class ToolrelayToolset(AbstractToolset[AgentDepsT]):
         *,
         profile: str | None = None,
         auth: AuthFrom | None = None,
-        unavailable: Literal["hide", "mark", "show"] = "hide",
+        unavailable: Unavailable = "show",
         defer_approval: bool = True,
         id: str | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.profile = profile
         self.auth = auth
-        self.unavailable: Literal["hide", "mark", "show"] = unavailable
+        self.unavailable = checked_unavailable(unavailable)
         self.defer_approval = defer_approval
         self._id = id
         self._warned = False
