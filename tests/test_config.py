@@ -26,6 +26,7 @@ from toolrelay import (
 )
 from toolrelay.config import ConfigError, load_config, parse_config
 from toolrelay.loading import PluginLoadError
+from toolrelay.settings import MAX_FILE_BYTES
 
 pytestmark = pytest.mark.anyio
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "toolrelay.toml"
@@ -88,6 +89,24 @@ def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
     bad.write_text("[breakers\nfail_max = 1")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+    bad.write_bytes(b"x = '\xff'")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(bad)
+
+
+def test_a_fifo_a_directory_or_a_huge_file_is_refused_unread(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # nobody writes to it: opening it to read would wait forever
+    with pytest.raises(ConfigError, match=r"fifo\.toml: not a regular file"):
+        load_config(fifo)
+    with pytest.raises(ConfigError, match=r"not a regular file|cannot read"):
+        load_config(tmp_path)
+    huge = tmp_path / "huge.toml"
+    huge.write_text("#" * MAX_FILE_BYTES + "\n")
+    with pytest.raises(ConfigError, match="larger than 1048576 bytes"):
+        load_config(huge)
+    huge.write_text("#" * (MAX_FILE_BYTES - 1) + "\n")
+    assert load_config(huge).plugins == {}
 
 
 def test_values_checked_beyond_types() -> None:

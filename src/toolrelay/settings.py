@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ __all__ = [
     "ConfigError",
     "Count",
     "Flag",
+    "MAX_FILE_BYTES",
     "Name",
     "Port",
     "Positive",
@@ -38,6 +40,7 @@ __all__ = [
     "diff",
     "explain",
     "one_line_errors",
+    "read_bytes",
     "read_toml",
     "schema_problems",
 ]
@@ -46,6 +49,8 @@ DATACLASS = ConfigDict(extra="forbid", allow_inf_nan=False)
 """The pydantic config of every settings dataclass (declared ``frozen=True, slots=True``)."""
 MODEL = ConfigDict(**DATACLASS, frozen=True, defer_build=True)
 """The pydantic config of every settings model (built on first use: imports stay fast)."""
+MAX_FILE_BYTES = 1 << 20
+"""The largest config file read (1 MiB): a bigger one is refused, not read."""
 
 # Values: numbers are finite; ``True`` is no number and ``2.0`` no count; ints pass as floats.
 Count = Annotated[int, Strict(), Field(ge=1)]
@@ -175,13 +180,29 @@ class TomlTable(Generic[M]):
         raise ConfigError(f"{path or 'config'}: {shown}")
 
 
-def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A TOML file's content; :class:`ConfigError` naming the file when it cannot be read or
-    is not TOML."""
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """A config file's bytes: a regular file of at most :data:`MAX_FILE_BYTES`, or a
+    :class:`ConfigError` naming the file. Opened without waiting (a FIFO, which would block
+    the reader until someone writes to it, is refused like any file that is not regular)."""
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ConfigError(f"{path}: not a regular file")
+            data = file.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+    return data
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A TOML file's content (read by :func:`read_bytes`); :class:`ConfigError` naming the
+    file when it cannot be read or is not TOML."""
+    try:
+        return tomllib.loads(read_bytes(path).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
