@@ -192,7 +192,7 @@ async def test_profiles_breakers_and_faults_change_live(
         server.proc.send_signal(signal.SIGHUP)
         await changed(notes)  # (or a late one of the breaker's two: wait for the list)
         with anyio.fail_after(10):
-            while names(await support.list_tools()) != WEATHER:
+            while names(await support.list_tools()) != WEATHER:  # noqa: ASYNC110 - polls
                 await anyio.sleep(0.05)
         assert (await admin.call("GET", "/faults"))["faults"] == []
         assert await works(support, "weather_forecast", {"city": "Oslo"})

@@ -2,6 +2,10 @@
 errors, diffs. Settings are frozen pydantic models or dataclasses that refuse unknown keys;
 a class built by hand (``BreakerOptions(fail_max=0)``) raises :class:`SettingsError`, a
 ``ValueError`` of one line naming the setting, never pydantic's multi-line report.
+
+No error quotes the value it refuses (a token, a header, an env value or a URL with a
+password may be what was malformed): it names the key path, says what was expected and,
+for a value of the wrong type, what type it was (``must be a valid string, not an array``).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ __all__ = [
     "schema_problems",
 ]
 
-DATACLASS = ConfigDict(extra="forbid", allow_inf_nan=False)
+DATACLASS = ConfigDict(extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
 """The pydantic config of every settings dataclass (declared ``frozen=True, slots=True``)."""
 MODEL = ConfigDict(**DATACLASS, frozen=True, defer_build=True)
 """The pydantic config of every settings model (built on first use: imports stay fast)."""
@@ -75,21 +79,61 @@ class ConfigError(SettingsError):
     """A config file that cannot be used; the message names the key path."""
 
 
+def _kind(value: Any) -> str:
+    """What a value is, in TOML's words: said instead of the value, which may be a secret."""
+    name = type(value).__name__
+    return _KINDS.get(name, f"a {name}")
+
+
+_KINDS = {"bool": "a boolean", "int": "an integer", "float": "a number", "str": "a string"}
+_KINDS.update(dict="a table", list="an array", tuple="an array", NoneType="null")
+
+_SCHEMA_PHRASES = {
+    "pattern": "must match {pattern!r}",
+    "minimum": "must be ≥ {limit}",
+    "maximum": "must be ≤ {limit}",
+    "exclusiveMinimum": "must be > {limit}",
+    "exclusiveMaximum": "must be < {limit}",
+    "minLength": "must have a length ≥ {limit}",
+    "maxLength": "must have a length ≤ {limit}",
+    "minItems": "must have a length ≥ {limit}",
+    "maxItems": "must have a length ≤ {limit}",
+    "minProperties": "must have ≥ {limit} key(s)",
+    "const": "must be {expected_value!r}",
+}
+"""What a JSON Schema keyword's error says, from the keyword alone: jsonschema's own
+messages begin with the refused value."""
+
+
 def _phrase(error: ErrorDetails) -> str:
+    """A pydantic error's clause, which never quotes its input."""
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
     if kind in ("literal_error", "enum"):
-        phrase = f"must be one of {ctx['expected']}"
-    elif kind == "greater_than_equal":
-        phrase = f"must be ≥ {ctx['ge']}"
-    elif kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        return f"must be one of {ctx['expected']}"
+    if kind == "greater_than_equal":
+        return f"must be ≥ {ctx['ge']}"
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
         return "is not a setting"
-    elif error["msg"].startswith("Input should"):
-        phrase = "must" + error["msg"].removeprefix("Input should")
-    else:
+    if not error["msg"].startswith("Input should"):
         return error["msg"][:1].lower() + error["msg"][1:]
-    return f"{phrase}, not {error['input']!r}"
+    phrase = "must" + error["msg"].removeprefix("Input should")
+    return f"{phrase}, not {_kind(error['input'])}" if kind.endswith("_type") else phrase
+
+
+def _schema_phrase(error: jsonschema_rs.ValidationError) -> str:
+    """A JSON Schema error's clause, which never quotes the value it refuses."""
+    name, ctx = error.kind.name, error.kind.as_dict()
+    if name == "type":
+        types = " or ".join(map(repr, ctx["types"]))
+        return f"must be of type {types}, not {_kind(error.instance)}"
+    if name == "enum":
+        return f"must be one of {', '.join(map(repr, ctx['options']))}"
+    if name in ("required", "additionalProperties"):
+        return error.message  # names keys, not values
+    phrase = _SCHEMA_PHRASES.get(name)
+    return f"is not valid ({name})" if phrase is None else phrase.format(**ctx)
 
 
 def explain(exc: ValidationError, where: str = "{}") -> list[str]:
@@ -142,9 +186,10 @@ class _TomlSchema(GenerateJsonSchema):
 
 def schema_problems(validator: jsonschema_rs.Validator, data: Any, prefix: str = "") -> list[str]:
     """One clause per place ``data`` fails ``validator``: its dotted key path (under
-    ``prefix``; ``(top level)`` for the whole) and the validator's message."""
+    ``prefix``; ``(top level)`` for the whole) and what was expected (never the value)."""
     return [
-        f"{'.'.join([prefix, *map(str, e.instance_path)]).strip('.') or '(top level)'}: {e.message}"
+        f"{'.'.join([prefix, *map(str, e.instance_path)]).strip('.') or '(top level)'}: "
+        + _schema_phrase(e)
         for e in validator.iter_errors(data)
     ]
 
