@@ -66,6 +66,10 @@ async def test_the_annotated_example_builds_a_dispatcher() -> None:
         ),
         ("[keys.x.breaker]\nfailmax = 3", "keys.x.breaker: Additional properties are not allowed"),
         ("[keys.x.retry]\nmax_attempts = 0", "keys.x.retry.max_attempts: must be ≥ 1"),
+        (
+            "[keys.x.hedge]\nafter_s = 'fast'",
+            "after_s: must be of type 'number', not a string or must be 'adaptive'",
+        ),
         ("[profiles.p]\nmax_risk = 'extreme'", "profiles.p.max_risk:"),
         ("[[faults]]\nkind = 'hang'", "faults.0:"),
         ("[[faults]]\nkind = 'hang'\ntool = 'a'\nbreaker_key = 'b'", "faults.0:"),

@@ -132,6 +132,9 @@ def _schema_phrase(error: jsonschema_rs.ValidationError) -> str:
         return f"must be one of {', '.join(map(repr, ctx['options']))}"
     if name in ("required", "additionalProperties"):
         return error.message  # names keys, not values
+    forms = [_schema_phrase(form[0]) for form in ctx.get("context") or () if form]
+    if name in ("anyOf", "oneOf") and forms:  # each allowed form's first complaint
+        return " or ".join(forms)
     phrase = _SCHEMA_PHRASES.get(name)
     return f"is not valid ({name})" if phrase is None else phrase.format(**ctx)
 
