@@ -331,8 +331,9 @@ class Reloader:
 
 
 def _digest(path: Path | None) -> str | None:
-    """The content hash of the config file, read off the event loop by a thread (``None``:
-    no file now; a file that cannot be used, such as a FIFO, is its refusal's text)."""
+    """The content hash of the config file (``None``: no file now; a file that cannot be
+    used, such as a FIFO, is its refusal's text). It never waits on the file; a reload still
+    calls it in a thread (a slow file system)."""
     if path is None or not path.exists():
         return None
     try:
