@@ -94,10 +94,8 @@ _SCHEMA_PHRASES = {
     "maximum": "must be ≤ {limit}",
     "exclusiveMinimum": "must be > {limit}",
     "exclusiveMaximum": "must be < {limit}",
-    "minLength": "must have a length ≥ {limit}",
-    "maxLength": "must have a length ≤ {limit}",
-    "minItems": "must have a length ≥ {limit}",
-    "maxItems": "must have a length ≤ {limit}",
+    **dict.fromkeys(("minLength", "minItems"), "must have a length ≥ {limit}"),
+    **dict.fromkeys(("maxLength", "maxItems"), "must have a length ≤ {limit}"),
     "minProperties": "must have ≥ {limit} key(s)",
     "const": "must be {expected_value!r}",
 }
