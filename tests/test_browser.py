@@ -311,3 +311,103 @@ def test_status_page_needs_the_token_and_shows_a_breaker_opening(
     expect(page.locator("#status")).to_be_hidden()
     assert page.evaluate("sessionStorage.length") == 0
     assert watched.errors == []
+
+
+# Tool names an upstream may offer that are also names of every JavaScript object's members,
+# and (through the routes below, as no registry accepts them) markup and a 10 KB name.
+HOSTILE = {"__proto__": 2, "constructor": 3, "toString": 4, "hasOwnProperty": 5}
+UNREGISTRABLE = {
+    "<script>window.pwned = 1</script>": 6,
+    '<img src=x onerror="window.pwned = 1">': 7,
+    "n" * 10_240: 8,
+}
+
+
+@pytest.fixture
+def hostile_admin() -> Iterator[LiveAdmin]:
+    """The admin API over tools with hostile names, each called a known number of times."""
+    registry = ToolRegistry()
+    for name in ["crm_lookup", *HOSTILE]:
+        registry.tool(
+            name=name,
+            description="A tool.",
+            parameters={"type": "object"},
+            breaker_key=name,
+        )(_answer)
+    metrics = CollectorRegistry()
+    dispatcher = Dispatcher(registry, metrics_registry=metrics, audit=None)
+    state = AdminState(dispatcher, metrics, TOKEN, ready=True)
+
+    async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
+        for name, times in {"crm_lookup": 1, **HOSTILE}.items():
+            for _ in range(times):
+                assert (await dispatcher.dispatch(name, "{}")).ok
+        service = HttpService(admin_app(state), "127.0.0.1", 0)
+        try:
+            async with anyio.create_task_group() as tg:
+                await service.start(tg)
+                task_status.started(service.url)
+                await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await service.aclose()
+                await dispatcher.aclose()
+
+    with start_blocking_portal("asyncio") as portal:
+        future, url = portal.start_task(serve)
+        yield LiveAdmin(url, state)
+        portal.call(lambda: future.cancel())
+
+
+async def _answer(args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
+    return {}
+
+
+def _with_unregistrable(route: Any) -> None:
+    """The real answer of ``/tools`` or ``/metrics``, with the unregistrable names added."""
+    response = route.fetch()
+    if route.request.url.endswith("/tools"):
+        body = response.json()
+        body["tools"] += [
+            {**body["tools"][0], "name": name, "breaker_key": name} for name in UNREGISTRABLE
+        ]
+        route.fulfill(response=response, json=body)
+        return
+    quoted = {
+        name.replace("\\", "\\\\").replace('"', '\\"'): n for name, n in UNREGISTRABLE.items()
+    }
+    lines = [
+        f'toolrelay_tool_calls_total{{tool="{name}",outcome="ok"}} {times}.0'
+        for name, times in quoted.items()  # escaped as Prometheus does
+    ]
+    route.fulfill(response=response, body=response.text() + "\n".join(lines) + "\n")
+
+
+def test_status_page_shows_every_tool_whatever_its_name(
+    watched: Watched, hostile_admin: LiveAdmin
+) -> None:
+    from playwright.sync_api import expect
+
+    page = watched.page
+    page.route(re.compile(r".*/(tools|metrics)$"), _with_unregistrable)
+    page.goto(f"{hostile_admin.url}/ui/")
+    page.fill("#token", TOKEN)
+    page.click("#login button[type=submit]")
+    expected = {"crm_lookup": 1, **HOSTILE, **UNREGISTRABLE}
+    rows = page.locator("#tools tbody tr")
+    expect(rows).to_have_count(len(expected))
+    shown = page.evaluate(
+        """() => [...document.querySelectorAll("#tools tbody tr")].map(
+             (row) => [row.dataset.tool, row.cells[0].textContent,
+                       row.querySelector(".calls").textContent])"""
+    )
+    assert {name: int(calls) for name, _, calls in shown} == expected
+    assert all(name == text for name, text, _ in shown)  # the name shown as text
+    expect(page.locator("#breakers tbody tr")).to_have_count(1 + len(HOSTILE))
+    assert page.evaluate("window.pwned") is None  # no markup ran
+    assert page.locator("#tools script, #tools img").count() == 0
+    # Nothing was written onto the objects every other object inherits from.
+    assert page.evaluate("Object.keys(Object.prototype).concat(Object.keys(Object))") == []
+    page.screenshot(path=str(ARTIFACTS / "status-hostile-names.png"), full_page=True)
+    page.unroute_all(behavior="ignoreErrors")  # a refresh may be on its way as the page closes
+    assert watched.errors == []

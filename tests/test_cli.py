@@ -101,7 +101,7 @@ def test_check(tmp_path: Path) -> None:
     bad.write_text("[keys.x.breaker]\nfail_max = -1\n")
     result = toolrelay("check", str(bad))
     assert result.returncode == 2
-    assert "keys.x.breaker.fail_max: -1 is less than the minimum of 1" in one_clear_line(result)
+    assert "keys.x.breaker.fail_max: must be ≥ 1" in one_clear_line(result)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from toolrelay import (
 )
 from toolrelay.config import ConfigError, load_config, parse_config
 from toolrelay.loading import PluginLoadError
+from toolrelay.settings import MAX_FILE_BYTES
 
 pytestmark = pytest.mark.anyio
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "toolrelay.toml"
@@ -57,11 +58,18 @@ async def test_the_annotated_example_builds_a_dispatcher() -> None:
         ("colour = 'red'", "(top level): Additional properties are not allowed ('colour'"),
         (
             "[keys.x.breaker]\nfail_max = 0",
-            "keys.x.breaker.fail_max: 0 is less than the minimum of 1",
+            "keys.x.breaker.fail_max: must be ≥ 1",
         ),
-        ("[keys.x.breaker]\nfail_max = 'many'", 'keys.x.breaker.fail_max: "many" is not of type'),
+        (
+            "[keys.x.breaker]\nfail_max = 'many'",
+            "fail_max: must be of type 'integer', not a string",
+        ),
         ("[keys.x.breaker]\nfailmax = 3", "keys.x.breaker: Additional properties are not allowed"),
-        ("[keys.x.retry]\nmax_attempts = 0", "keys.x.retry.max_attempts: 0 is less than"),
+        ("[keys.x.retry]\nmax_attempts = 0", "keys.x.retry.max_attempts: must be ≥ 1"),
+        (
+            "[keys.x.hedge]\nafter_s = 'fast'",
+            "after_s: must be of type 'number', not a string or must be 'adaptive'",
+        ),
         ("[profiles.p]\nmax_risk = 'extreme'", "profiles.p.max_risk:"),
         ("[[faults]]\nkind = 'hang'", "faults.0:"),
         ("[[faults]]\nkind = 'hang'\ntool = 'a'\nbreaker_key = 'b'", "faults.0:"),
@@ -88,10 +96,30 @@ def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
     bad.write_text("[breakers\nfail_max = 1")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+    bad.write_bytes(b"x = '\xff'")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(bad)
+
+
+def test_a_fifo_a_directory_or_a_huge_file_is_refused_unread(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # nobody writes to it: opening it to read would wait forever
+    with pytest.raises(ConfigError, match=r"fifo\.toml: not a regular file"):
+        load_config(fifo)
+    with pytest.raises(ConfigError, match=r"not a regular file|cannot read"):
+        load_config(tmp_path)
+    huge = tmp_path / "huge.toml"
+    huge.write_text("#" * MAX_FILE_BYTES + "\n")
+    with pytest.raises(ConfigError, match="larger than 1048576 bytes"):
+        load_config(huge)
+    huge.write_text("#" * (MAX_FILE_BYTES - 1) + "\n")
+    assert load_config(huge).plugins == {}
 
 
 def test_values_checked_beyond_types() -> None:
-    with pytest.raises(ConfigError, match=r"faults\.0\.error_type: \"oops\" is not one of"):
+    with pytest.raises(
+        ConfigError, match=r"faults\.0\.error_type: must be one of 'invalid_arguments'"
+    ):
         parse_config({"faults": [{"kind": "error", "tool": "t", "error_type": "oops"}]})
 
 
@@ -192,7 +220,7 @@ async def test_a_refused_isolation_override_is_a_config_error(
 def test_isolation_must_be_thread_or_process(tmp_path: Path) -> None:
     path = tmp_path / "toolrelay.toml"
     path.write_text('[tools.describe]\nisolation = "fork"\n')
-    with pytest.raises(ConfigError, match=r"tools\.describe\.isolation: \"fork\" is not one of"):
+    with pytest.raises(ConfigError, match=r"tools\.describe\.isolation: must be one of "):
         load_config(path)
 
 

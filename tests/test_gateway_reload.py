@@ -190,8 +190,10 @@ async def test_profiles_breakers_and_faults_change_live(
         narrowed(config, False)
         config.write_text(config.read_text().split("\n[[faults]]")[0])
         server.proc.send_signal(signal.SIGHUP)
-        await changed(notes)
-        assert names(await support.list_tools()) == WEATHER
+        await changed(notes)  # (or a late one of the breaker's two: wait for the list)
+        with anyio.fail_after(10):
+            while names(await support.list_tools()) != WEATHER:  # noqa: ASYNC110 - polls
+                await anyio.sleep(0.05)
         assert (await admin.call("GET", "/faults"))["faults"] == []
         assert await works(support, "weather_forecast", {"city": "Oslo"})
     assert "reloaded" in server.errlog.read_text()
@@ -372,3 +374,38 @@ async def test_stdio_reloads_on_sighup_and_on_a_changed_file(
         await changed(notes)
         assert names(await session.list_tools()) == WEATHER
         assert (await admin.call("GET", "/breakers"))["breakers"]
+
+
+@pytest.mark.anyio
+async def test_a_fifo_or_a_huge_file_at_the_config_path_freezes_nothing(
+    upstream: StandInUpstream, tmp_path: Path
+) -> None:
+    server = start_http_server(tmp_path, upstream.url, SUPPORT, "reload_watch_s = 0.1\n")
+    config = tmp_path / "toolrelay.toml"
+    good = config.read_text()
+    try:
+        config.unlink()
+        os.mkfifo(config)  # nobody ever writes to it: reading it would wait forever
+        await anyio.sleep(0.5)  # the file watch has looked at it a few times
+        async with httpx.AsyncClient(timeout=5) as http:
+            assert (await http.get(server.admin.url + "/healthz")).status_code == 200
+            answer = await http.post(
+                server.admin.url + "/reload", headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            assert answer.status_code == 422, answer.text
+            assert "not a regular file" in answer.json()["message"]
+
+            config.unlink()
+            config.write_text(good + "#" * (1 << 20) + "\n")  # valid TOML, over 1 MiB
+            answer = await http.post(
+                server.admin.url + "/reload", headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            assert answer.status_code == 422, answer.text
+            assert "larger than 1048576 bytes" in answer.json()["message"]
+
+        config.write_text(good)
+        assert (await reload(server))["changed"] == []
+    finally:
+        stop_http_server(server)
+    refusals = [line for line in server.errlog.read_text().splitlines() if "refused" in line]
+    assert any("not a regular file" in line for line in refusals)  # the watch said so too

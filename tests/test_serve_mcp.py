@@ -496,7 +496,7 @@ timeout_s = 5
         ("[serve]\nport = 1\n", [], "serve: Additional properties are not allowed ('port'"),
         ('[serve.upstreams.x]\nbreaker_key = "x"\n', [], "serve.upstreams.x:"),
         ('[serve.upstreams.x]\nbreaker_key = "x"\ncommand = ["x"]\nmax_message_bytes = 10\n',
-         [], "serve.upstreams.x.max_message_bytes: 10 is less than the minimum of 1024"),
+         [], "serve.upstreams.x.max_message_bytes: must be ≥ 1024"),
         ('[serve.http.clients.a]\ntoken_env = "NO_SUCH_TOKEN_VAR"\n', ["--transport", "http"],
          "MCP client 'a' needs a bearer token"),
         ("", ["--port", "70000"], "--port must be between 0 and 65535"),

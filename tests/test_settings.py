@@ -38,7 +38,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "toolrelay.toml"
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: BreakerOptions(fail_max=0), "BreakerOptions.fail_max must be ≥ 1, not 0"),
+        (lambda: BreakerOptions(fail_max=0), "BreakerOptions.fail_max must be ≥ 1"),
         (lambda: BreakerOptions(fail_max=True), "BreakerOptions.fail_max must be a valid integer"),
         (
             lambda: BreakerOptions(slow_call_rate=1),
@@ -46,14 +46,14 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "toolrelay.toml"
         ),
         (
             lambda: BreakerOptions(reset_timeout_s=2, reset_timeout_max_s=1),
-            "BreakerOptions.reset_timeout_max_s must be ≥ reset_timeout_s, not 1",
+            "BreakerOptions.reset_timeout_max_s must be ≥ reset_timeout_s",
         ),
         (lambda: RetryOptions(backoff_max_s=math.inf), "RetryOptions.backoff_max_s must be a "),
         (lambda: BreakerOptions(colour="red"), "BreakerOptions.colour is not a setting"),
         (lambda: Fault(kind="hang"), "a fault targets exactly one of tool= or breaker_key="),
         (lambda: Fault(kind="hang", tool="t", rate=2), "fault rate must be less than or equal to"),
         (lambda: Fault(kind="boom", tool="t"), "fault kind must be one of 'latency', 'error'"),
-        (lambda: Profile(allow="web_search"), "allow must be a valid frozenset, not 'web_search'"),
+        (lambda: Profile(allow="web_search"), "allow must be a valid frozenset, not a string"),
         (lambda: Profile(max_risk="extreme"), "max_risk must be one of 'read', 'write' or"),  # type: ignore[arg-type]
     ],
 )  # fmt: skip
@@ -87,7 +87,7 @@ def test_settings_are_frozen_hashable_values() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.fail_max = 4  # type: ignore[misc]
     assert dataclasses.replace(config, fail_max=4).fail_max == 4
-    with pytest.raises(SettingsError, match=r"^BreakerOptions\.fail_max must be ≥ 1, not 0$"):
+    with pytest.raises(SettingsError, match=r"^BreakerOptions\.fail_max must be ≥ 1$"):
         dataclasses.replace(config, fail_max=0)  # replace() checks like the constructor
     profile = Profile(allow=["a", "b"], deny_tags=(tag for tag in ("x",)))
     assert profile == Profile(allow={"b", "a"}, deny_tags=["x"])
@@ -110,7 +110,7 @@ def test_settings_are_frozen_hashable_values() -> None:
         ),
         (
             {"keys": {"x": {"bulkhead": {"adaptive_min": 5, "adaptive_max": 4}}}},
-            "config: keys.x.bulkhead.adaptive_max: must be ≥ adaptive_min, not 4",
+            "config: keys.x.bulkhead.adaptive_max: must be ≥ adaptive_min",
         ),
         (
             {"faults": [{"kind": "hang", "tool": "t"}, {"kind": "hang"}]},

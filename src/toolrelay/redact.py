@@ -31,8 +31,13 @@ _KEY_NAMES = (
     r"|token|passw(?:or)?d|secret"
 )
 # ``key`` + optional closing quote (JSON, Python repr, JSON escaped inside JSON or in a
-# repr: up to three backslashes) + ``:`` or ``=``.
-_KEYED = rf"""(?:{_KEY_NAMES})\\{{0,3}}["']?\s*[:=]\s*"""
+# repr: up to three backslashes) + ``:`` or ``=`` (or their URL encodings, ``%3A``, ``%3D``).
+_SEPARATOR = r"""\\{0,3}["']?\s*(?:[:=]|%3[AaDd])\s*"""
+_KEYED = rf"(?:{_KEY_NAMES}){_SEPARATOR}"
+# An ``Authorization`` header of any scheme (``Token``, ``ApiKey``, …; Bearer and Basic have
+# their own pattern), or none, and its opening quote: the credentials follow.
+_AUTHORIZATION = rf"""\bauthorization{_SEPARATOR}\\{{0,3}}["']?(?:[A-Za-z][\w-]*[ \t]+)?"""
+_COOKIE = rf"""\b(?:set-)?cookie{_SEPARATOR}\\{{0,3}}["']?"""
 
 _DEFAULTS: tuple[tuple[tuple[str, ...], str], ...] = (
     # (hints: lower-case text one of which a match must contain, pattern)
@@ -40,6 +45,9 @@ _DEFAULTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("://",), r"://[^/\s:@]+:[^/\s@]+(?=@)"),
     # Authorization credentials, after any whitespace (or its JSON escape); the scheme is kept
     (("bearer", "basic"), r"(?i:\b(?:bearer|basic)(?:\s|\\[tnr])+[A-Za-z0-9._~+/=-]{6,})"),
+    # other Authorization schemes (``Token <hex>``), and every cookie of a Cookie header
+    (("authorization",), rf"""(?i:{_AUTHORIZATION}(?!bearer|basic)[^\s"'\\,;&]+)"""),
+    (("cookie",), rf"""(?i:{_COOKIE}[^\r\n"'\\]+)"""),
     # key=value, key: value, "key": "value", 'key': 'value', {\"key\": \"value\"}: the key
     # and the separator are kept, the value is masked (a quoted one up to its closing quote,
     # an unquoted one with its Authorization scheme: ``token: Bearer x``)
@@ -65,7 +73,8 @@ _COMPILED_DEFAULTS = tuple((hints, re.compile(pattern)) for hints, pattern in _D
 # What a match keeps of itself: a URL's "://", an Authorization scheme and its whitespace,
 # a secret key with its separator and opening quote. Applied to matched text only.
 _KEEP = re.compile(
-    rf"""://|(?i:(?:bearer|basic)(?:\s|\\[tnr])+|{_KEYED}(?:\\{{0,3}}["'])?"""
+    rf"""://|(?i:(?:bearer|basic)(?:\s|\\[tnr])+|{_AUTHORIZATION}|{_COOKIE}"""
+    rf"""|{_KEYED}(?:\\{{0,3}}["'])?"""
     r"|-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----)"
 )
 # A key of a structured value that holds a secret: it ends with one of the names

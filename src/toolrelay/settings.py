@@ -2,6 +2,10 @@
 errors, diffs. Settings are frozen pydantic models or dataclasses that refuse unknown keys;
 a class built by hand (``BreakerOptions(fail_max=0)``) raises :class:`SettingsError`, a
 ``ValueError`` of one line naming the setting, never pydantic's multi-line report.
+
+No error quotes the value it refuses (a token, a header, an env value or a URL with a
+password may be what was malformed): it names the key path, says what was expected and,
+for a value of the wrong type, what type it was (``must be a valid string, not an array``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +31,7 @@ __all__ = [
     "ConfigError",
     "Count",
     "Flag",
+    "MAX_FILE_BYTES",
     "Name",
     "Port",
     "Positive",
@@ -38,14 +44,17 @@ __all__ = [
     "diff",
     "explain",
     "one_line_errors",
+    "read_bytes",
     "read_toml",
     "schema_problems",
 ]
 
-DATACLASS = ConfigDict(extra="forbid", allow_inf_nan=False)
+DATACLASS = ConfigDict(extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
 """The pydantic config of every settings dataclass (declared ``frozen=True, slots=True``)."""
 MODEL = ConfigDict(**DATACLASS, frozen=True, defer_build=True)
 """The pydantic config of every settings model (built on first use: imports stay fast)."""
+MAX_FILE_BYTES = 1 << 20
+"""The largest config file read (1 MiB): a bigger one is refused, not read."""
 
 # Values: numbers are finite; ``True`` is no number and ``2.0`` no count; ints pass as floats.
 Count = Annotated[int, Strict(), Field(ge=1)]
@@ -70,21 +79,62 @@ class ConfigError(SettingsError):
     """A config file that cannot be used; the message names the key path."""
 
 
+def _kind(value: Any) -> str:
+    """What a value is, in TOML's words: said instead of the value, which may be a secret."""
+    name = type(value).__name__
+    return _KINDS.get(name, f"a {name}")
+
+
+_KINDS = {"bool": "a boolean", "int": "an integer", "float": "a number", "str": "a string"}
+_KINDS.update(dict="a table", list="an array", tuple="an array", NoneType="null")
+
+_SCHEMA_PHRASES = {
+    "pattern": "must match {pattern!r}",
+    "minimum": "must be ≥ {limit}",
+    "maximum": "must be ≤ {limit}",
+    "exclusiveMinimum": "must be > {limit}",
+    "exclusiveMaximum": "must be < {limit}",
+    **dict.fromkeys(("minLength", "minItems"), "must have a length ≥ {limit}"),
+    **dict.fromkeys(("maxLength", "maxItems"), "must have a length ≤ {limit}"),
+    "minProperties": "must have ≥ {limit} key(s)",
+    "const": "must be {expected_value!r}",
+}
+"""What a JSON Schema keyword's error says, from the keyword alone: jsonschema's own
+messages begin with the refused value."""
+
+
 def _phrase(error: ErrorDetails) -> str:
+    """A pydantic error's clause, which never quotes its input."""
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
     if kind in ("literal_error", "enum"):
-        phrase = f"must be one of {ctx['expected']}"
-    elif kind == "greater_than_equal":
-        phrase = f"must be ≥ {ctx['ge']}"
-    elif kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        return f"must be one of {ctx['expected']}"
+    if kind == "greater_than_equal":
+        return f"must be ≥ {ctx['ge']}"
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
         return "is not a setting"
-    elif error["msg"].startswith("Input should"):
-        phrase = "must" + error["msg"].removeprefix("Input should")
-    else:
+    if not error["msg"].startswith("Input should"):
         return error["msg"][:1].lower() + error["msg"][1:]
-    return f"{phrase}, not {error['input']!r}"
+    phrase = "must" + error["msg"].removeprefix("Input should")
+    return f"{phrase}, not {_kind(error['input'])}" if kind.endswith("_type") else phrase
+
+
+def _schema_phrase(error: jsonschema_rs.ValidationError) -> str:
+    """A JSON Schema error's clause, which never quotes the value it refuses."""
+    name, ctx = error.kind.name, error.kind.as_dict()
+    if name == "type":
+        types = " or ".join(map(repr, ctx["types"]))
+        return f"must be of type {types}, not {_kind(error.instance)}"
+    if name == "enum":
+        return f"must be one of {', '.join(map(repr, ctx['options']))}"
+    if name in ("required", "additionalProperties"):
+        return error.message  # names keys, not values
+    forms = [_schema_phrase(form[0]) for form in ctx.get("context") or () if form]
+    if name in ("anyOf", "oneOf") and forms:  # each allowed form's first complaint
+        return " or ".join(forms)
+    phrase = _SCHEMA_PHRASES.get(name)
+    return f"is not valid ({name})" if phrase is None else phrase.format(**ctx)
 
 
 def explain(exc: ValidationError, where: str = "{}") -> list[str]:
@@ -137,9 +187,10 @@ class _TomlSchema(GenerateJsonSchema):
 
 def schema_problems(validator: jsonschema_rs.Validator, data: Any, prefix: str = "") -> list[str]:
     """One clause per place ``data`` fails ``validator``: its dotted key path (under
-    ``prefix``; ``(top level)`` for the whole) and the validator's message."""
+    ``prefix``; ``(top level)`` for the whole) and what was expected (never the value)."""
     return [
-        f"{'.'.join([prefix, *map(str, e.instance_path)]).strip('.') or '(top level)'}: {e.message}"
+        f"{'.'.join([prefix, *map(str, e.instance_path)]).strip('.') or '(top level)'}: "
+        + _schema_phrase(e)
         for e in validator.iter_errors(data)
     ]
 
@@ -175,13 +226,29 @@ class TomlTable(Generic[M]):
         raise ConfigError(f"{path or 'config'}: {shown}")
 
 
-def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A TOML file's content; :class:`ConfigError` naming the file when it cannot be read or
-    is not TOML."""
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """A config file's bytes: a regular file of at most :data:`MAX_FILE_BYTES`, or a
+    :class:`ConfigError` naming the file. Opened without waiting (a FIFO, which would block
+    the reader until someone writes to it, is refused like any file that is not regular)."""
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ConfigError(f"{path}: not a regular file")
+            data = file.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+    return data
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A TOML file's content (read by :func:`read_bytes`); :class:`ConfigError` naming the
+    file when it cannot be read or is not TOML."""
+    try:
+        return tomllib.loads(read_bytes(path).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 

@@ -57,7 +57,7 @@ class BreakerOptions:
     @classmethod
     def _not_below_reset_timeout(cls, value: float | None, info: ValidationInfo) -> float | None:
         if value is not None and value < info.data.get("reset_timeout_s", 0):
-            raise ValueError(f"must be ≥ reset_timeout_s, not {value!r}")
+            raise ValueError("must be ≥ reset_timeout_s")
         return value
 
     @field_validator("slow_call_rate")

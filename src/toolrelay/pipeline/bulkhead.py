@@ -65,7 +65,7 @@ class BulkheadOptions:
     @classmethod
     def _not_below_adaptive_min(cls, value: int, info: ValidationInfo) -> int:
         if value < info.data.get("adaptive_min", 1):
-            raise ValueError(f"must be ≥ adaptive_min, not {value!r}")
+            raise ValueError("must be ≥ adaptive_min")
         return value
 
 

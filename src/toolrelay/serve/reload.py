@@ -40,7 +40,7 @@ from ..config import Settings, load_configured_plugins
 from ..dispatcher import Dispatcher
 from ..loading import PluginLoadError
 from ..registry import RegistrationError, ToolRegistry
-from ..settings import ConfigError
+from ..settings import ConfigError, read_bytes
 from .admin_models import Reloaded
 from .auth import StaticTokenVerifier
 from .callers import Callers
@@ -174,7 +174,7 @@ class Reloader:
             await anyio.sleep(1.0 if interval is None else interval)
             if interval is None:
                 continue
-            digest = _digest(self.service.config.path)
+            digest = await anyio.to_thread.run_sync(_digest, self.service.config.path)
             if digest is None or digest in (self._loaded, self._refused):
                 continue
             try:
@@ -188,9 +188,9 @@ class Reloader:
         path = service.config.path
         if path is None:
             raise ReloadRefused(409, "no_config_file", "this gateway has no config file to reload")
-        digest = _digest(path)
-        try:
-            config, settings = load(path, **self.overrides)
+        digest = await anyio.to_thread.run_sync(_digest, path)
+        try:  # in a thread too: nothing a file does (being a FIFO, say) blocks the loop
+            config, settings = await anyio.to_thread.run_sync(partial(load, path, **self.overrides))
             settings.check(config)
         except ConfigError as exc:
             raise ReloadRefused(422, "invalid_config", str(exc)) from None
@@ -331,10 +331,12 @@ class Reloader:
 
 
 def _digest(path: Path | None) -> str | None:
-    """The content hash of the config file (``None``: no file, or unreadable now)."""
-    if path is None:
+    """The content hash of the config file (``None``: no file now; a file that cannot be
+    used, such as a FIFO, is its refusal's text). It never waits on the file; a reload still
+    calls it in a thread (a slow file system)."""
+    if path is None or not path.exists():
         return None
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
+        return hashlib.sha256(read_bytes(path)).hexdigest()
+    except ConfigError as exc:
+        return str(exc)

@@ -179,7 +179,7 @@ class McpSource:
     ) -> McpSource:
         """A server reached over streamable HTTP at ``url``, sending ``headers`` (e.g. auth)."""
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"url must be an http(s) URL, not {url!r}")
+            raise ValueError("url must be an http(s) URL")
         fixed = dict(headers or {})
         max_bytes, max_values = options.max_message_bytes, options.max_message_values
 

@@ -1,13 +1,14 @@
 // The admin API's status page: read-only, refreshed every few seconds from its JSON
 // endpoints (and /metrics for calls, outcomes and p95). The admin token lives in this tab's
 // sessionStorage only; every data request sends it as the bearer header. Without it, only
-// /healthz is asked. Text goes into the page with textContent, never as markup.
+// /healthz is asked. Text goes into the page with textContent, never as markup, and names
+// (a tool may be called "__proto__") are Map keys, never keys of a plain object.
 "use strict";
 
 const TOKEN_KEY = "toolrelay-admin-token";
 const REFRESH_MS = 3000;
 const WINDOW_MS = 5 * 60 * 1000;
-let history = []; // {at, calls: {tool: {outcome: n}}, buckets: {tool: {le: n}}}
+let history = []; // {at, calls: tool → outcome → n, buckets: tool → le → n}, in Maps
 let busy = false;
 
 class Unauthorized extends Error {}
@@ -32,25 +33,31 @@ function parseMetrics(text) {
     if (!line || line.startsWith("#")) continue;
     const match = /^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line);
     if (!match) continue;
-    const labels = {};
+    const labels = new Map();
     for (const label of (match[2] || "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) {
-      labels[label[1]] = label[2].replace(/\\(.)/g, (_, c) => (c === "n" ? "\n" : c));
+      labels.set(label[1], label[2].replace(/\\(.)/g, (_, c) => (c === "n" ? "\n" : c)));
     }
     samples.push({ name: match[1], labels, value: Number(match[3]) });
   }
   return samples;
 }
 
+function entry(map, key) {
+  if (!map.has(key)) map.set(key, new Map());
+  return map.get(key);
+}
+
 function snapshot(samples, at) {
-  const calls = {};
-  const buckets = {};
+  const calls = new Map();
+  const buckets = new Map();
   let storageUp = null;
   for (const { name, labels, value } of samples) {
     if (name === "toolrelay_tool_calls_total") {
-      (calls[labels.tool] ||= {})[labels.outcome] = value;
+      entry(calls, labels.get("tool")).set(labels.get("outcome"), value);
     } else if (name === "toolrelay_tool_call_duration_seconds_bucket") {
-      const tool = (buckets[labels.tool] ||= {});
-      tool[labels.le] = (tool[labels.le] || 0) + value;
+      const tool = entry(buckets, labels.get("tool"));
+      const le = labels.get("le");
+      tool.set(le, (tool.get(le) || 0) + value);
     } else if (name === "toolrelay_breaker_storage_up") {
       storageUp = value;
     }
@@ -59,17 +66,17 @@ function snapshot(samples, at) {
 }
 
 function minus(now, then) {
-  const out = {};
-  for (const [key, value] of Object.entries(now || {})) {
-    const before = (then || {})[key] || 0;
-    out[key] = value >= before ? value - before : value; // a counter reset: count from zero
+  const out = new Map();
+  for (const [key, value] of now || []) {
+    const before = (then && then.get(key)) || 0;
+    out.set(key, value >= before ? value - before : value); // a counter reset: count from zero
   }
   return out;
 }
 
 function p95(buckets) {
-  const bounds = Object.keys(buckets)
-    .map((le) => [le === "+Inf" ? Infinity : Number(le), buckets[le]])
+  const bounds = [...buckets]
+    .map(([le, count]) => [le === "+Inf" ? Infinity : Number(le), count])
     .sort((a, b) => a[0] - b[0]);
   const total = bounds.length ? bounds[bounds.length - 1][1] : 0;
   if (!total) return null;
@@ -118,15 +125,15 @@ function render(ready, tools, breakers, faults, metrics) {
   const now = snapshot(metrics, Date.now());
   history = history.filter((s) => now.at - s.at <= WINDOW_MS);
   const covered = history.length && now.at - history[0].at >= WINDOW_MS - 2 * REFRESH_MS;
-  const base = covered ? history[0] : { calls: {}, buckets: {} };
+  const base = covered ? history[0] : { calls: new Map(), buckets: new Map() };
   history.push(now);
   $("#window").textContent = covered ? "(last 5 minutes)" : "(since the gateway started)";
 
   fill($("#tools"), tools.tools, (row, tool) => {
     row.dataset.tool = tool.name;
-    const outcomes = minus(now.calls[tool.name], base.calls[tool.name]);
-    const calls = Object.values(outcomes).reduce((a, b) => a + b, 0);
-    const shown = Object.entries(outcomes)
+    const outcomes = minus(now.calls.get(tool.name), base.calls.get(tool.name));
+    const calls = [...outcomes.values()].reduce((a, b) => a + b, 0);
+    const shown = [...outcomes]
       .filter(([, n]) => n > 0)
       .sort((a, b) => b[1] - a[1])
       .map(([outcome, n]) => `${outcome} ${n}`);
@@ -134,7 +141,8 @@ function render(ready, tools, breakers, faults, metrics) {
     cell(row, tool.breaker_key);
     cell(row, tool.offered ? "yes" : "no (breaker open)");
     cell(row, String(calls), "num calls");
-    cell(row, seconds(p95(minus(now.buckets[tool.name], base.buckets[tool.name]))), "num p95");
+    const buckets = minus(now.buckets.get(tool.name), base.buckets.get(tool.name));
+    cell(row, seconds(p95(buckets)), "num p95");
     cell(row, shown.join(" · ") || "—", "outcomes");
   });
 
