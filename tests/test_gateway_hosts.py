@@ -156,5 +156,6 @@ def test_a_wildcard_bind_checks_the_allowed_hosts(
             assert admin_status(f"mcp.example:{admin_port}") == 200
             assert admin_status("ops.example:9999") == 200
             assert admin_status(f"evil.example:{admin_port}") == 421
+        assert "anyone reaching 0.0.0.0 can call the tools" in server.errlog.read_text()
     finally:
         stop_http_server(server)

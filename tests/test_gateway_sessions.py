@@ -203,6 +203,7 @@ def test_a_forged_forwarded_for_is_not_a_new_client(
             statuses = [forwarded(attacker, url, f"10.9.{n}.1").status_code for n in range(40)]
             assert statuses == [200] * 2 + [429] * 38
             assert ping(victim, url, mine, None) == 200
+        assert metric(server, "toolrelay_mcp_sessions_open") == 3  # full, and nobody reaped
         assert metric(server, "toolrelay_mcp_sessions_reaped_total") == 0
         refused = "toolrelay_mcp_sessions_refused_total"
         assert metric(server, refused, '{reason="client_limit"}') == 38

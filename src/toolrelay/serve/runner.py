@@ -47,8 +47,6 @@ from .watch import ToolListWatcher
 
 __all__ = ["Service", "main"]
 
-log = logging.getLogger("toolrelay.serve")
-
 EXIT_GRACE_S = 5.0
 """After a signal, how long a graceful stop may take before the process exits anyway."""
 
@@ -243,18 +241,14 @@ class Service:
             json_response=settings.json_response,
             stateless=settings.stateless,
         )
-        if not is_loopback(settings.host) and self.verifier is None:
-            log.warning(
-                "toolrelay serve: MCP on %s without bearer tokens: anyone who can reach it "
-                "can call the tools ([serve.http.clients] sets tokens)",
-                settings.host,
-            )
         proxies = settings.trusted_proxies
-        if self.verifier is None:
+        if self.verifier is None:  # who a client is, and who may call, without tokens
             via = f", or the X-Forwarded-For of {', '.join(proxies)}," if proxies else ""
+            anyone = "" if is_loopback(settings.host) else f"; anyone reaching {settings.host}"
             self._say(
                 f"MCP clients are told apart by their peer address{via} for session limits "
-                "(no [serve.http.clients] tokens: every process on one host is one client)"
+                "(no [serve.http.clients] tokens: every process on one host is one client"
+                f"{anyone} can call the tools)"
             )
         async with manager.run(), anyio.create_task_group() as tg:
             service = HttpService(app, settings.host, settings.port, proxies)
