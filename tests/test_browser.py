@@ -33,6 +33,7 @@ from toolrelay import (
 )
 from toolrelay.chaos.report_html import write_html
 from toolrelay.serve.admin import AdminState, admin_app
+from toolrelay.serve.auth import transport_security
 from toolrelay.serve.http import HttpService
 
 pytestmark = pytest.mark.servers
@@ -209,7 +210,8 @@ def live_admin() -> Iterator[LiveAdmin]:
             await anyio.sleep(0.05)
 
     async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
-        service = HttpService(admin_app(state), "127.0.0.1", 0)
+        hosts = transport_security("127.0.0.1")  # as toolrelay serve: the page passes them
+        service = HttpService(admin_app(state, hosts), "127.0.0.1", 0)
         try:
             async with anyio.create_task_group() as tg:
                 await service.start(tg)

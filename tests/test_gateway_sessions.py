@@ -68,7 +68,7 @@ def session_headers(session_id: str, token: str | None = None) -> dict[str, str]
     return headers
 
 
-def ping(http: httpx.Client, url: str, session_id: str, token: str) -> int:
+def ping(http: httpx.Client, url: str, session_id: str, token: str | None) -> int:
     return http.post(url, json=PING, headers=session_headers(session_id, token)).status_code
 
 
@@ -174,6 +174,68 @@ def test_session_settings_parse_and_default() -> None:
         {"http": {"max_sessions": 50, "max_sessions_per_client": 80, "session_idle_s": 60}}
     ).http
     assert (set_.max_sessions, set_.client_session_cap, set_.session_idle_s) == (50, 50, 60)
+
+
+# -- who a client is (issue 28, item 2) ----------------------------------------------------
+def from_address(address: str) -> httpx.Client:
+    """A client whose connections come from ``address`` (any of 127.0.0.0/8 is loopback)."""
+    return httpx.Client(timeout=10, transport=httpx.HTTPTransport(local_address=address))
+
+
+def forwarded(http: httpx.Client, url: str, address: str) -> httpx.Response:
+    headers = {**HEADERS, "X-Forwarded-For": address}
+    return http.post(url, json=INITIALIZE, headers=headers)
+
+
+def test_a_forged_forwarded_for_is_not_a_new_client(
+    upstream: StandInUpstream, tmp_path: Path
+) -> None:
+    """Without tokens a client is its peer address: a local process sending a new
+    ``X-Forwarded-For`` with each ``initialize`` is one client, over its cap after 2, and is
+    refused (429) without closing anyone's session to make room (before: 40 forged clients
+    filled the table and the reaper closed the victim's session)."""
+    extra = "max_sessions = 3\nmax_sessions_per_client = 2\nsession_idle_s = 600\n"
+    server = start_http_server(tmp_path, upstream.url, extra=extra)
+    try:
+        url = server.mcp_url
+        with from_address("127.0.0.2") as victim, from_address("127.0.0.1") as attacker:
+            mine = opened(initialize(victim, url))
+            statuses = [forwarded(attacker, url, f"10.9.{n}.1").status_code for n in range(40)]
+            assert statuses == [200] * 2 + [429] * 38
+            assert ping(victim, url, mine, None) == 200
+        assert metric(server, "toolrelay_mcp_sessions_open") == 3  # full, and nobody reaped
+        assert metric(server, "toolrelay_mcp_sessions_reaped_total") == 0
+        refused = "toolrelay_mcp_sessions_refused_total"
+        assert metric(server, refused, '{reason="client_limit"}') == 38
+        log = server.errlog.read_text()
+        assert "refusing a new MCP session for peer:127.0.0.1: client_limit" in log
+        assert "10.9." not in log
+        assert "MCP clients are told apart by their peer address" in log
+    finally:
+        stop_http_server(server)
+
+
+def test_a_trusted_proxys_forwarded_for_names_the_client(
+    upstream: StandInUpstream, tmp_path: Path
+) -> None:
+    """``trusted_proxies``: the ``X-Forwarded-For`` of a request from a listed address names
+    its client; any other peer's is ignored (it is its own address)."""
+    extra = 'max_sessions = 10\nmax_sessions_per_client = 1\ntrusted_proxies = ["127.0.0.1"]\n'
+    server = start_http_server(tmp_path, upstream.url, extra=extra)
+    try:
+        url = server.mcp_url
+        with from_address("127.0.0.1") as proxy, from_address("127.0.0.2") as other:
+            opened(forwarded(proxy, url, "10.0.0.1"))
+            opened(forwarded(proxy, url, "10.0.0.2"))
+            refusal(forwarded(proxy, url, "10.0.0.1"), 429)
+            opened(forwarded(other, url, "10.0.0.3"))
+            refusal(forwarded(other, url, "10.0.0.4"), 429)
+        log = server.errlog.read_text()
+        assert "refusing a new MCP session for peer:10.0.0.1: client_limit" in log
+        assert "refusing a new MCP session for peer:127.0.0.2: client_limit" in log
+        assert "X-Forwarded-For of 127.0.0.1" in log
+    finally:
+        stop_http_server(server)
 
 
 # -- a vanished client's calls -------------------------------------------------------------

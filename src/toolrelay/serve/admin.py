@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
+from mcp.server.transport_security import TransportSecuritySettings
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BeforeValidator
 from starlette.exceptions import HTTPException
@@ -33,6 +34,7 @@ from .admin_http import (
     MAX_BODY_BYTES,
     AdminRoute,
     ApiError,
+    HostCheck,
     authorized,
     http_error,
     invalid_request,
@@ -332,8 +334,9 @@ async def openapi(request: Request, state: State) -> JSONResponse:
     return JSONResponse({**doc, "paths": paths})
 
 
-def admin_app(state: AdminState) -> FastAPI:
-    """The admin API as an ASGI app."""
+def admin_app(state: AdminState, hosts: TransportSecuritySettings | None = None) -> FastAPI:
+    """The admin API as an ASGI app; with ``hosts``, a request with another ``Host`` or
+    ``Origin`` is refused (:class:`~toolrelay.serve.admin_http.HostCheck`)."""
     app = FastAPI(
         title="toolrelay admin API",
         version=__version__,
@@ -348,4 +351,6 @@ def admin_app(state: AdminState) -> FastAPI:
     )
     app.state.admin = state
     app.mount("/ui", status_ui())  # the read-only status page (public files; data needs the token)
+    if hosts is not None:
+        app.add_middleware(HostCheck, security=hosts)
     return app

@@ -1,6 +1,7 @@
-"""The admin API's HTTP plumbing: what every route gets before it runs (the bearer token,
-known query parameters, a JSON body within bounds) and the ``{"error", "message"}`` bodies
-of its refusals.
+"""The admin API's HTTP plumbing: what every request gets before it is routed (its ``Host``
+and ``Origin``), what every route gets before it runs (the bearer token, known query
+parameters, a JSON body within bounds) and the ``{"error", "message"}`` bodies of its
+refusals.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from fastapi import Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..jsonlimits import too_big
 from .admin_models import MAX_FAULTS
@@ -25,6 +28,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "AdminRoute",
     "ApiError",
+    "HostCheck",
     "authorized",
     "http_error",
     "invalid_request",
@@ -48,6 +52,27 @@ class ApiError(HTTPException):
 
 def _error(status: int, error: str, message: str, headers: Any = None) -> JSONResponse:
     return JSONResponse({"error": error, "message": message[:240]}, status, headers=headers)
+
+
+class HostCheck:
+    """ASGI middleware: a request whose ``Host`` the server is not reached by is answered 421
+    (``misdirected_request``), one from a foreign page's ``Origin`` 403 (``forbidden_origin``):
+    the MCP transport's DNS-rebinding checks, before any route (or redirect) runs."""
+
+    def __init__(self, app: ASGIApp, security: TransportSecuritySettings) -> None:
+        self.app = app
+        self._check = TransportSecurityMiddleware(security)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refused = await self._check.validate_request(Request(scope))
+            if refused is not None:
+                status = refused.status_code
+                error = "misdirected_request" if status == 421 else "forbidden_origin"
+                message = bytes(refused.body).decode()
+                await _error(status, error, message)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # -- auth, query and body: what every route gets before it runs ------------------------------

@@ -1,16 +1,20 @@
-"""Bearer tokens and bind addresses: who may talk to the gateway and its admin API.
+"""Bearer tokens, bind addresses and host names: who may talk to the gateway and its admin API.
 
 Tokens come from environment variables (or, discouraged, the config file) and are compared
-in constant time. A non-loopback bind address is refused unless remote access is allowed.
+in constant time. A non-loopback bind address is refused unless remote access is allowed, and
+a wildcard one (``0.0.0.0``, ``::``) unless the names clients use are listed
+(``[serve] allowed_hosts``): both servers check ``Host`` and ``Origin`` against them.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mcp.server.auth.provider import AccessToken
+from mcp.server.transport_security import TransportSecuritySettings
 
 from ..net import is_loopback
 from .errors import ServeError
@@ -22,16 +26,49 @@ __all__ = [
     "check_bind",
     "resolve_secret",
     "token_matches",
+    "transport_security",
 ]
 
 
-def check_bind(host: str, allow_remote: bool, what: str) -> None:
-    """Refuse a non-loopback ``host`` for ``what`` unless ``allow_remote``."""
+def _wildcard(host: str) -> bool:
+    try:
+        return host == "" or ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+def check_bind(
+    host: str, allow_remote: bool, what: str, allowed_hosts: Sequence[str] | None = None
+) -> None:
+    """Refuse a non-loopback ``host`` for ``what`` unless ``allow_remote``; and, for a
+    server that checks ``Host`` (``allowed_hosts`` given), a wildcard one without names."""
     if not allow_remote and not is_loopback(host):
         raise ServeError(
             f"refusing to bind the {what} to {host!r}: it is not a loopback address "
             "(pass --allow-remote to expose it)"
         )
+    if allowed_hosts is not None and not allowed_hosts and _wildcard(host):
+        raise ServeError(
+            f"refusing to bind the {what} to the wildcard address {host!r} without "
+            "serve.allowed_hosts: list the names clients reach it by (its Host header is "
+            "checked against them)"
+        )
+
+
+def transport_security(host: str, allowed_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
+    """DNS-rebinding protection for a server bound to ``host``: the ``Host`` (and ``Origin``)
+    name loopback or ``host`` itself (unless a wildcard) at any port, or one of
+    ``allowed_hosts``."""
+    names = ["127.0.0.1", "localhost", "[::1]"]
+    if not is_loopback(host) and not _wildcard(host):
+        names.append(f"[{host}]" if ":" in host else host)
+    hosts = [f"{name}:*" for name in names]
+    for name in allowed_hosts:  # a name without a port: any port, or none (a proxy's Host)
+        hosts += [name] if ":" in name.rpartition("]")[2] else [name, f"{name}:*"]
+    origins = [f"{scheme}://{entry}" for entry in hosts for scheme in ("http", "https")]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+    )
 
 
 def resolve_secret(

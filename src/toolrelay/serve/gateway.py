@@ -17,6 +17,7 @@ by :mod:`toolrelay.serve.sessions` — and single exchanges for 2026-era request
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 
 import anyio
@@ -31,7 +32,6 @@ from mcp.server.models import InitializationOptions
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import metrics, trace
@@ -44,10 +44,10 @@ from starlette.types import ASGIApp
 from .._compat.mcp_server import OpenTelemetryMiddleware, connection_of
 from .._version import __version__
 from ..dispatcher import Dispatcher
-from ..net import is_loopback
 from ..registry import CompiledTool
 from .answers import answer
 from .approvals import ElicitingApprover
+from .auth import transport_security
 from .callers import Callers
 from .client_limits import ClientLimits
 from .fast_lane import FastLane
@@ -58,7 +58,7 @@ from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_S
 from .tracing import McpServerTelemetry
 from .watch import ToolListWatcher
 
-__all__ = ["Gateway", "transport_security"]
+__all__ = ["Gateway"]
 
 INSTRUCTIONS = (
     "Tool calls run through toolrelay. A failed call is an isError result whose first text "
@@ -133,19 +133,6 @@ def _server_telemetry(dispatcher: Dispatcher) -> McpServerTelemetry:
     if telemetry is None:
         return McpServerTelemetry(trace.NoOpTracerProvider(), metrics.NoOpMeterProvider())
     return McpServerTelemetry(telemetry.provider, telemetry.genai.provider)
-
-
-def transport_security(host: str) -> TransportSecuritySettings:
-    """DNS-rebinding protection for the HTTP transport bound to ``host``."""
-    if host in ("0.0.0.0", "::", ""):
-        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
-    if not is_loopback(host):
-        hosts.append(f"[{host}]:*" if ":" in host else f"{host}:*")
-    origins = [f"{scheme}://{entry}" for entry in hosts for scheme in ("http", "https")]
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
-    )
 
 
 class Gateway:
@@ -286,6 +273,7 @@ class Gateway:
         *,
         host: str,
         path: str,
+        allowed_hosts: Sequence[str] = (),
         verifier: TokenVerifier | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
@@ -296,7 +284,9 @@ class Gateway:
     ) -> tuple[Starlette, StreamableHTTPSessionManager]:
         """The streamable HTTP app (serving ``path``) and its session manager.
 
-        Run the manager (``async with manager.run():``) while the app serves. With a
+        Run the manager (``async with manager.run():``) while the app serves. A request's
+        ``Host`` and ``Origin`` name loopback, ``host`` or one of ``allowed_hosts``
+        (:func:`~toolrelay.serve.auth.transport_security`: 421 or 403 otherwise). With a
         ``verifier`` every request needs a bearer token it accepts (401 otherwise), and a
         session can only be used with the token that opened it. At most ``max_sessions``
         sessions are open (the least recently used idle one is closed for a new one), at
@@ -309,7 +299,7 @@ class Gateway:
             max_sessions_per_client = max(1, max_sessions // 10)
         manager = SessionManager(
             app=self.server,
-            security_settings=transport_security(host),
+            security_settings=transport_security(host, allowed_hosts),
             session_idle_timeout=session_idle_s,
             max_sessions=max_sessions,
             per_client=min(max_sessions_per_client, max_sessions),

@@ -2,14 +2,16 @@
 
 The socket is bound here, so a busy port is a clear error and ``port=0`` tells the port
 it got; uvicorn's own signal handling is off (``toolrelay serve`` handles SIGINT and
-SIGTERM once, for every server it runs) and so is its logging setup.
+SIGTERM once, for every server it runs) and so is its logging setup. So are its proxy
+headers, unless proxies are trusted: a request's client is its peer address, and
+``X-Forwarded-For``/``-Proto`` count only from ``trusted_proxies``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import anyio
 import anyio.abc
@@ -53,7 +55,9 @@ def _bind(host: str, port: int) -> socket.socket:
 class HttpService:
     """One HTTP server: :meth:`start` binds and serves in a task group, :meth:`stop` ends it."""
 
-    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
+    def __init__(
+        self, app: ASGIApp, host: str, port: int, trusted_proxies: Sequence[str] = ()
+    ) -> None:
         self.host = host
         self._socket = _bind(host, port)
         self.port: int = self._socket.getsockname()[1]
@@ -64,6 +68,8 @@ class HttpService:
             access_log=False,
             lifespan="off",
             server_header=False,
+            proxy_headers=bool(trusted_proxies),
+            forwarded_allow_ips=list(trusted_proxies),
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
         self._server = _EmbeddedServer(config)

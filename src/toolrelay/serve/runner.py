@@ -30,7 +30,7 @@ from ..net import is_loopback
 from ..registry import ToolRegistry
 from .admin import AdminState, admin_app
 from .approvals import ElicitingApprover
-from .auth import StaticTokenVerifier, check_bind, resolve_secret
+from .auth import StaticTokenVerifier, check_bind, resolve_secret, transport_security
 from .callers import Callers
 from .client_limits import ClientLimits, configured_limits
 from .errors import ReloadRefused, ServeError
@@ -46,8 +46,6 @@ from .upstreams import Upstreams
 from .watch import ToolListWatcher
 
 __all__ = ["Service", "main"]
-
-log = logging.getLogger("toolrelay.serve")
 
 EXIT_GRACE_S = 5.0
 """After a signal, how long a graceful stop may take before the process exits anyway."""
@@ -78,11 +76,12 @@ class Service:
         self.out = out
         settings.check(config)
         http, admin = settings.transport == "http", settings.admin
+        remote, names = settings.allow_remote, settings.allowed_hosts
         if http:
-            check_bind(settings.http.host, settings.allow_remote, "MCP HTTP transport")
+            check_bind(settings.http.host, remote, "MCP HTTP transport", names)
         self.admin_token: str | None = None
         if admin.port is not None:
-            check_bind(admin.host, settings.allow_remote, "admin API")
+            check_bind(admin.host, remote, "admin API", names)
             env = self.environ
             self.admin_token = resolve_secret(admin.token_env, admin.token, env, "admin API")
         clients = tuple(settings.http.clients.values()) if http else ()
@@ -202,7 +201,8 @@ class Service:
         state, admin = self.admin_state, self.settings.admin
         if state is None or admin.port is None:
             return None
-        service = HttpService(admin_app(state), admin.host, admin.port)
+        hosts = transport_security(admin.host, self.settings.allowed_hosts)
+        service = HttpService(admin_app(state, hosts), admin.host, admin.port)
         await service.start(tg)
         self._say(f"admin API on {service.url}")
         return service
@@ -232,6 +232,7 @@ class Service:
         app, manager = self.gateway.http_app(
             host=settings.host,
             path=settings.path,
+            allowed_hosts=self.settings.allowed_hosts,
             verifier=self.verifier,
             max_request_bytes=self.settings.max_request_bytes,
             max_sessions=settings.max_sessions,
@@ -240,14 +241,17 @@ class Service:
             json_response=settings.json_response,
             stateless=settings.stateless,
         )
-        if not is_loopback(settings.host) and self.verifier is None:
-            log.warning(
-                "toolrelay serve: MCP on %s without bearer tokens: anyone who can reach it "
-                "can call the tools ([serve.http.clients] sets tokens)",
-                settings.host,
+        proxies = settings.trusted_proxies
+        if self.verifier is None:  # who a client is, and who may call, without tokens
+            via = f", or the X-Forwarded-For of {', '.join(proxies)}," if proxies else ""
+            anyone = "" if is_loopback(settings.host) else f"; anyone reaching {settings.host}"
+            self._say(
+                f"MCP clients are told apart by their peer address{via} for session limits "
+                "(no [serve.http.clients] tokens: every process on one host is one client"
+                f"{anyone} can call the tools)"
             )
         async with manager.run(), anyio.create_task_group() as tg:
-            service = HttpService(app, settings.host, settings.port)
+            service = HttpService(app, settings.host, settings.port, proxies)
             await service.start(tg)
             self._ready(f"MCP on {service.url}{settings.path}")
             await self._stop.wait()

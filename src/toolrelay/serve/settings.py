@@ -11,6 +11,7 @@ checks it and the generated JSON Schema covers it. Every error is a
 from __future__ import annotations
 
 import inspect
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import field, replace
 from pathlib import Path
@@ -71,7 +72,21 @@ Secret = Name
 Sessions = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
 PerSecond = Annotated[float, Strict(), Field(gt=0, le=1_000_000)]
 Burst = Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
+HostName = Annotated[
+    str, Strict(), Field(pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$")
+]
+"""A name clients reach a server by: a host name or IP (IPv6 in brackets), maybe ``:port``."""
 T = TypeVar("T")
+
+
+def _network(value: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value, strict=False))
+    except ValueError:
+        raise ValueError("must be an IP address or network (CIDR)") from None
+
+
+Network = Annotated[str, Strict(), AfterValidator(_network)]
 TableName = SkipJsonSchema[str]
 """The table's own name (``[….NAME]``), not a key of it."""
 
@@ -167,6 +182,10 @@ class HttpSection(BaseModel):
     """Requests a client may make at once above its rate; ``None``: one second's worth."""
     max_concurrent_calls: Burst | None = None
     """``tools/call`` requests in flight per HTTP client at most; ``None``: no limit."""
+    trusted_proxies: tuple[Network, ...] = ()
+    """Addresses or networks of the reverse proxies in front: only a request from one of
+    them has its ``X-Forwarded-For`` (and ``-Proto``) honoured. Default none: a client is
+    the address it connects from, whatever headers it sends."""
 
     @property
     def client_session_cap(self) -> int:
@@ -218,6 +237,10 @@ class ServeSection(BaseModel):
         DEFAULT_APPROVAL_TIMEOUT_S
     )
     """The longest wait for the human's answer; then the call is ``denied``."""
+    allowed_hosts: tuple[HostName, ...] = ()
+    """Names (``host`` or ``host:port``) clients reach the MCP transport and the admin API
+    by, besides loopback and their bind addresses: every other ``Host`` is answered 421 and
+    ``Origin`` 403. A wildcard bind (``0.0.0.0``, ``::``) needs them."""
     http: HttpSection = HttpSection()
     admin: AdminSection = AdminSection()
     upstreams: Table[UpstreamSettings] = {}
