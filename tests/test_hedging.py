@@ -140,6 +140,23 @@ async def test_the_first_good_answer_wins_and_the_loser_is_cancelled(anyio_backe
     assert won == 1
 
 
+async def test_hedging_turned_on_and_off_by_a_reload(anyio_backend: str) -> None:
+    # no key hedges at first: the dispatcher leaves the stage out of its chain, and puts it
+    # back when a reload turns hedging on
+    handler = Scripted(0.3, 0.3, 0.0, 0.0)
+    dispatcher, events, _ = build(handler)
+    result = await dispatcher.dispatch("lookup", {})
+    assert result.ok and result.data == {"request": 0} and result.attempts == 1
+    hedged = DispatcherOptions(keys={"svc": key_policy(max_attempts=1, hedge_after_s=0.05)})
+    dispatcher.reconfigure(hedged)
+    result = await dispatcher.dispatch("lookup", {})
+    assert result.ok and result.data == {"request": 2} and result.attempts == 2
+    assert hedges(events) == [(2, "won", 2)]
+    dispatcher.reconfigure(DispatcherOptions(keys={"svc": key_policy(max_attempts=1)}))
+    result = await dispatcher.dispatch("lookup", {})
+    assert result.ok and result.data == {"request": 3} and result.attempts == 1
+
+
 async def test_the_primary_wins_when_it_answers_before_the_hedge(anyio_backend: str) -> None:
     handler = Scripted(0.3, 30.0)
     dispatcher, events, _ = build(handler, hedge_after_s=0.05)

@@ -135,13 +135,14 @@ class Dispatcher:
         self.budgets = RetryBudgets(lambda key: self.policy(key).budget)
         if self.storage_link is not None:
             self.storage_link.budgets = self.budgets
-        self.faults = FaultInjector(options.faults, options.fault_seed)
         outer: list[Stage] = []
         if audit is not None and options.audit:
             outer.append(Audit(audit, arguments=options.audit_arguments, redact=self.redact))
         outer.append(Resolve(registry, self.redact))
         limits = options.limits
-        inner: list[Stage] = [
+        self.faults = FaultInjector(options.faults, options.fault_seed, on_change=self._compose)
+        self._outer = outer
+        self._inner: list[Stage] = [
             FastFail(self.breakers),
             Decode(limits.max_argument_bytes, limits.max_argument_depth, self.redact),
             Validate(self.redact),
@@ -155,11 +156,27 @@ class Dispatcher:
             self.faults,
         ]
         self.processes = ProcessPools(places)
-        invoke = Invoke(self.workers, self.redact, self.processes)
+        self._invoke = Invoke(self.workers, self.redact, self.processes)
+        self._compose()
+
+    def _compose(self) -> None:
+        """Compose the chain (again on reload, and when the first fault comes in force or
+        the last goes): a stage with nothing to do for any call (hedging that no key turns
+        on, faults while none is in force) is left out, so a call does not pay for it."""
+        options = self.options
+        policies = (options.default_key, *options.keys.values())
+        left_out: set[type] = set()
+        if all(policy.hedge.after_s is None for policy in policies):
+            left_out.add(Hedge)
+        if not self.faults:
+            left_out.add(FaultInjector)
+        inner = [stage for stage in self._inner if type(stage) not in left_out]
         # a fallback's call runs every stage but telemetry (the call's span and metrics are
         # the primary's) and the fallback stage (a fallback's fallbacks are not followed)
-        fallback = Fallback(compose([*outer, *inner], invoke), functools.partial(find, registry))
-        self._chain = compose([*([] if tel is None else [tel]), *outer, fallback, *inner], invoke)
+        reenter = compose([*self._outer, *inner], self._invoke)
+        fallback = Fallback(reenter, functools.partial(find, self.registry))
+        tel = [] if self.telemetry is None else [self.telemetry]
+        self._chain = compose([*tel, *self._outer, fallback, *inner], self._invoke)
 
     @classmethod
     def from_config(
@@ -246,6 +263,7 @@ class Dispatcher:
             self.faults.clear()
             for fault in options.faults:
                 self.faults.add(fault)
+        self._compose()
         return self.breakers.reconfigure()
 
     @property

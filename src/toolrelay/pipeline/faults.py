@@ -1,6 +1,7 @@
 """Faults: chaos faults, injected inside the breaker as a real service failure would be.
 
-Off unless a fault is configured (one attribute check per call). Faults target a tool name
+Off unless a fault is in force: the dispatcher leaves the stage out of the chain while
+there is none (``on_change`` tells it when that flips). Faults target a tool name
 or a breaker key, each with a ``rate``; draws come from one seeded ``random.Random`` so a
 run with the same seed and the same calls injects the same faults.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import anyio
 
@@ -25,24 +26,38 @@ __all__ = ["FaultInjector"]
 class FaultInjector:
     """The faults in force. Change them at run time: ``add``, ``remove``, ``clear``, ``seed``."""
 
-    def __init__(self, faults: Iterable[Fault] = (), seed: int | None = None) -> None:
+    def __init__(
+        self,
+        faults: Iterable[Fault] = (),
+        seed: int | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_change()`` is called when the first fault comes in force or the last goes."""
         self._ids = itertools.count(1)
         self._faults: dict[int, Fault] = {}
         self.random = random.Random(seed)
-        for fault in faults:
-            self.add(fault)
+        self._faults.update((next(self._ids), fault) for fault in faults)
+        self.on_change = on_change
 
     def add(self, fault: Fault) -> int:
         """Put a fault in force; returns its id."""
         fault_id = next(self._ids)
         self._faults[fault_id] = fault
+        if len(self._faults) == 1 and self.on_change is not None:
+            self.on_change()
         return fault_id
 
     def remove(self, fault_id: int) -> bool:
-        return self._faults.pop(fault_id, None) is not None
+        removed = self._faults.pop(fault_id, None) is not None
+        if removed and not self._faults and self.on_change is not None:
+            self.on_change()
+        return removed
 
     def clear(self) -> None:
-        self._faults.clear()
+        if self._faults:
+            self._faults.clear()
+            if self.on_change is not None:
+                self.on_change()
 
     def seed(self, seed: int | None) -> None:
         """Restart the random source: the same seed and calls give the same injections."""
