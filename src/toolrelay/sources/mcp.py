@@ -16,40 +16,11 @@ toolrelay tools::
                               headers={"Authorization": "Bearer …"}) as source:
         registry.register(source)
 
-The options (breaker key, prefix, timeouts, risk floors and overrides, message bounds, …):
-:class:`~.options.McpSourceOptions`.
-
-How tools and results are mapped: see :mod:`.mcp_mapping` (names, risk from annotations,
-size caps; ``structuredContent``, text or content blocks as data, ``isError`` as a
-``ToolError``). The host's ``AuthContext`` is not sent to the server.
-
-Deadlines and cancellation
-    toolrelay cancels ``execute`` at the call's deadline; the server is then told:
-    ``notifications/cancelled`` on stdio and on 2025-era HTTP sessions, and an aborted POST
-    on 2026-era (sessionless) HTTP, where that is the protocol's cancellation signal.
-
-The raw lane (stdio)
-    On stdio, ``tools/call`` does not go through the SDK's client session: the transport's
-    :class:`~toolrelay.sources.rawlane.RawLane` writes the request line itself (what the
-    session would write: the same ``params``, the ``_meta`` its session stamps on this
-    connection, the caller's trace context injected) and hands the response line back to
-    the call, parsed with one ``json.loads`` and checked as the SDK checks it
-    (:func:`~.mcp_mapping.call_result`). The SDK's session — pydantic models both ways,
-    memory streams, a writer task, its request bookkeeping — cost about 0.45 ms of CPU a
-    call, most of the gateway's own cost in front of an upstream. The session still does
-    everything else (handshake, ``tools/list``, ping, notifications, the server's own
-    requests, list-change subscriptions), and the answers are the same, failures included.
-    Not on HTTP: there the SDK's transport owns the requests (session ids, per-request
-    headers on 2026-era sessions, SSE streams, resumption), and an HTTP round trip costs
-    far more than the session's bookkeeping; a raw lane there is left for later.
-
-Failures and reconnection
-    A server that exits, crashes or disconnects never makes an exception escape
-    ``dispatch``: ``execute`` raises a retryable ``ToolError("… server is not reachable")``
-    (which the breaker counts, so repeated failures become ``circuit_open``). The next call
-    after a back-off reconnects (a new process for stdio, a new session for HTTP, a fresh
-    ``tools/list``); until then ``describe()`` keeps offering the last known tools. How
-    losses are noticed, the back-off and tool list changes: :mod:`.mcp_connection`.
+Options: :class:`~.options.McpSourceOptions`. How tools and results are mapped, the raw
+lane for stdio ``tools/call`` (:mod:`.rawlane`) and how failures and reconnects look to a
+call: ``docs/serve.md``. A server that is gone never makes an exception escape
+``dispatch``: the call gets a retryable ``ToolError`` the breaker counts, and the next call
+after the back-off reconnects (:mod:`.mcp_connection`).
 """
 
 from __future__ import annotations
@@ -124,16 +95,10 @@ class McpSource:
         self._link = Connector(options, self.name, transport, self._tools.install)
 
     @property
-    def connect_timeout_s(self) -> float:
-        """Bound on connecting and on a ``tools/list``; the gateway's pings use it too."""
-        return self.options.connect_timeout_s
-
-    @property
     def connects(self) -> int:
         """How many connections were established (the first included)."""
         return self._link.connects
 
-    # -- constructors ---------------------------------------------------------------------
     @classmethod
     def stdio(
         cls,
@@ -253,7 +218,11 @@ class McpSource:
                 counts_as_failure=False,
             ) from None
         except NotAToolResult:
-            raise self._not_a_result() from None
+            raise ToolError(
+                f"{self.name} sent an answer that is not a valid MCP tool result",
+                error_type=ErrorType.INVALID_OUTPUT,
+                counts_as_failure=True,
+            ) from None
         except Refused as exc:
             if exc.stale:
                 conn.refresh_wanted.set()  # our list may be stale (e.g. the tool was removed)
@@ -317,13 +286,6 @@ class McpSource:
         if result is None:  # input_required: the SDK's client drives those rounds
             return await client.call_tool(remote, args)
         return result
-
-    def _not_a_result(self) -> ToolError:
-        return ToolError(
-            f"{self.name} sent an answer that is not a valid MCP tool result",
-            error_type=ErrorType.INVALID_OUTPUT,
-            counts_as_failure=True,
-        )
 
     def _unreachable(self, retry_after_s: float | None) -> ToolError:
         if self._link.closed:
