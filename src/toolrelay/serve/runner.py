@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from ..dispatcher import Dispatcher
 from ..net import is_loopback
 from ..registry import ToolRegistry
+from ..sources.errors import innermost
 from .admin import AdminState, admin_app
 from .approvals import ElicitingApprover
 from .auth import StaticTokenVerifier, check_bind, resolve_secret
@@ -310,15 +311,7 @@ def main(
     try:
         anyio.run(service.run, backend="asyncio")
     except BaseExceptionGroup as group:
-        raise _first_error(group) from None
+        raise innermost(group) from None
     except OSError as exc:
         raise ServeError(f"{exc.strerror or exc}") from None
     return 0
-
-
-def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The innermost first exception of a (nested) task-group exception group."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc

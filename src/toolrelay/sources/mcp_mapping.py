@@ -75,13 +75,8 @@ _TEXT_KEYS = {"type": None, "text": None}.keys()
 
 # -- tools ------------------------------------------------------------------------------------
 def object_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``schema`` as an object schema, or ``None`` when it describes something else.
-
-    A schema with no top-level ``type`` (``{}``, or just ``properties``) is made an object
-    schema: tool arguments are always a JSON object. Note that the MCP SDK 2.x already
-    rejects a ``tools/list`` whose input schemas lack ``"type": "object"``, so over the SDK
-    this only ever sees conforming schemas; it is the last line of defence.
-    """
+    """``schema`` as an object schema (one with no top-level ``type`` made one: tool
+    arguments are always an object), or ``None`` when it describes something else."""
     if not isinstance(schema, Mapping):
         return None
     kind = schema.get("type")
@@ -124,13 +119,6 @@ def _risk(annotations: mcp_types.ToolAnnotations | None) -> tuple[Risk, bool | N
     if annotations.read_only_hint:
         return "read", idempotent
     return "write", idempotent
-
-
-def _riskier(a: Risk, b: Risk | None) -> Risk:
-    """The higher of two risks (``read`` < ``write`` < ``dangerous``)."""
-    if b is None:
-        return a
-    return a if RISKS.index(a) >= RISKS.index(b) else b
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,14 +196,10 @@ class ToolMap:
         if parameters is None:
             self._skip(tool.name, "its input schema is not an object schema")
             return None
-        risk, idempotent = _risk(tool.annotations)
-        risk = _riskier(
-            risk, self.options.risk
-        )  # the operator's floors: hints cannot go below them
-        risk = _riskier(risk, self.options.tool_risk.get(tool.name))
-        if name != tool.name:
-            risk = _riskier(risk, self.options.tool_risk.get(name))
-        overrides = self.options.tool_risk_override  # the operator's word: above all of that
+        hinted, idempotent = _risk(tool.annotations)
+        floors = self.options.risk, *map(self.options.tool_risk.get, (tool.name, name))
+        risk = max((hinted, *(r for r in floors if r is not None)), key=RISKS.index)
+        overrides = self.options.tool_risk_override  # the operator's word: above the floors
         override = overrides.get(tool.name) or overrides.get(name) or self.options.risk_override
         risk = risk if override is None else override
         annotation_title = tool.annotations.title if tool.annotations is not None else None
