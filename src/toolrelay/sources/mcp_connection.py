@@ -1,19 +1,11 @@
 """The connection of an :class:`~toolrelay.sources.mcp.McpSource` to its server.
 
-:class:`Connector` owns one :class:`Connection` at a time, each in a task of the
-connector's task group (the SDK's session and transport task groups run there, so a
-transport failure is contained; leaving the source's ``async with`` closes the session and
-stops the server process). A dead connection is replaced when a call asks for one and the
-back-off allows: an exponential wait (``backoff_initial_s``, doubling per failed
-attempt in a row, up to ``backoff_max_s``). A loss is noticed by the call that meets it
-(or, on 2026-era connections, by the ``subscriptions/listen`` stream); a call cancelled at
-its deadline while a reconnect is under way leaves the reconnect running, so the next call
-finds it done.
-
-Tool list changes: ``notifications/tools/list_changed`` (and, on 2026-era connections, the
-``subscriptions/listen`` stream opened when the server advertises ``tools.listChanged``)
-makes the connector re-read ``tools/list`` in the background; the registry reads
-``describe()`` on every lookup, so ``specs()`` shows the change at once.
+:class:`Connector` owns one :class:`Connection` at a time, each in a task of its own task
+group (a transport failure is contained there). A dead connection is replaced when a call
+asks for one and the back-off allows; a call cancelled while a reconnect is under way
+leaves it running for the next call. A tool list change (``notifications/tools/
+list_changed``, or the 2026-era ``subscriptions/listen`` stream) re-reads ``tools/list``
+in the background, and ``specs()`` shows it at once.
 """
 
 from __future__ import annotations
@@ -236,17 +228,12 @@ class Connector:
         return conn.client_over(transport, mode, lane, self.name)
 
     async def _enter(self, stack: AsyncExitStack, conn: Connection) -> Client:
-        """Connect, with ``protocol="auto"`` over stdio offering the 2025 handshake first.
-
-        A stdio pipe is one long-lived connection whatever the era; on it the handshake
-        tells the server the protocol version, client info and capabilities once, where a
-        2026-era request carries them in ``_meta`` and an SDK server reads them again on
-        every call (1.5 against 1.0 ms of the server's CPU a call, ``bench/gateway.py``).
-        A server that refuses the handshake (a 2026-era-only one) is started again and
-        spoken to in the SDK's ``auto`` mode; the source remembers, so reconnects go
-        straight there. Over HTTP ``auto`` is the SDK's: 2026-era when the server speaks
-        it (no session to lose when a replica restarts).
-        """
+        """Connect, with ``protocol="auto"`` over stdio offering the 2025 handshake first:
+        on one long-lived pipe it tells the server version, client info and capabilities
+        once, where a 2026-era request carries them in ``_meta`` for the server to read on
+        every call (1.5 against 1.0 ms of its CPU a call, ``bench/gateway.py``). A server
+        that refuses it is started again in the SDK's ``auto`` mode, remembered for
+        reconnects. Over HTTP ``auto`` is the SDK's."""
         try:
             return await stack.enter_async_context(self._client(conn))
         except Exception as exc:  # the transport's task groups wrap the server's answer
