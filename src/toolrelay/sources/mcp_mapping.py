@@ -1,44 +1,11 @@
 """MCP tools as toolrelay declarations, MCP results as toolrelay data (see :mod:`.mcp`).
 
-How tools are mapped
-    ``inputSchema`` → ``parameters`` (a schema without a top-level ``"type"`` gets
-    ``"type": "object"``; any other non-object schema is skipped with a log line — though
-    the SDK 2.x itself already refuses a whole ``tools/list`` that contains such a schema,
-    and the connection then fails with the SDK's ``ValidationError``),
-    ``outputSchema`` → ``output_schema``, ``description`` (or the title) → ``description``.
-    Annotations give the risk: ``destructiveHint: true`` → ``dangerous`` (even beside
-    ``readOnlyHint``: contradictory hints resolve to the riskier), otherwise
-    ``readOnlyHint`` → ``read``, anything else (no hints at all included) → ``write``;
-    the source's ``risk`` and ``tool_risk`` floors then raise it (never lower it); an
-    operator's override (``tool_risk_override`` for the tool, else ``risk_override``) replaces
-    all of that, lowering included;
-    ``idempotentHint`` → ``idempotent`` (absent: toolrelay's default, ``risk == "read"``).
-    (The spec's own default for an absent ``destructiveHint`` is ``true``; toolrelay asks for
-    approval of ``write`` tools by default too. Hints come from the server: trust them only
-    as far as you trust the server.)
-    Sizes are capped as the list is read: a description longer than 2,000 characters is cut
-    (ending with ``…``), and a tool whose input or output schema serialises to more than
-    64 KiB of compact JSON, or nests objects and arrays deeper than 32 levels, is skipped
-    with a log line.
-    Names are sanitised to toolrelay's ``^[A-Za-z0-9_-]{1,64}$`` (other characters become
-    ``_``) and prefixed with ``prefix + "__"`` when a prefix is given; a name that still does
-    not fit, a duplicate, or a declaration toolrelay's registry would refuse (e.g. a schema
-    declaring an identity property) is skipped with a log line, so one odd tool never stops
-    the others from being registered. Every tool gets the source's ``breaker_key``, its
-    ``timeout_s`` (or ``tool_timeouts[remote name]``) and the tags ``{"mcp", *tags}``.
-
-How results are mapped
-    ``structuredContent`` is returned when present. Otherwise text content is returned as
-    it is, never JSON-decoded (a single text item → that string, several → a list of
-    strings), and any other content (images, audio, resources) as a list of the MCP
-    content blocks as JSON objects. A dict or list so returned (:class:`McpDict`,
-    :class:`McpList`) also carries the server's own ``content`` and ``structuredContent``,
-    which ``toolrelay serve`` passes on unchanged (:func:`upstream_result`) — when their
-    JSON is at most twice the size of the data (plus 4 KiB), so that the output cap, which
-    measures the data, bounds them too. ``isError: true`` raises a non-retryable
-    :class:`~toolrelay.contract.ToolError` carrying the server's text (capped at 200
-    characters, credentials masked before the cut, and a word the cut would split dropped
-    whole); it does not count against the breaker (it is the tool's answer).
+The rules (names, schemas, risk from annotations and the operator's floors and overrides,
+size caps, results): ``docs/serve.md``, "The ``[serve]`` section". A dict or list a result is
+read into (:class:`McpDict`, :class:`McpList`) carries the server's own ``content`` and
+``structuredContent``, which ``toolrelay serve`` passes on unchanged
+(:func:`upstream_result`) while their JSON is at most twice the data's size plus 4 KiB, so
+the output cap, which measures the data, bounds them too.
 """
 
 from __future__ import annotations
