@@ -323,26 +323,16 @@ def _tools_call(message: dict[str, Any]) -> tuple[types.RequestId, dict[str, Any
 
 
 async def _read_body(receive: Receive) -> tuple[bytes | None, Receive]:
-    """The whole body (``BodyLimit`` has bounded it) and a ``receive`` that replays it;
-    ``None`` when the client went away first."""
-    chunks: list[bytes] = []
-    messages: list[Message] = []
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            body = None
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            body = b"".join(chunks)
-            break
-    messages.reverse()
+    """The body, which ``BodyLimit`` has read whole and replays as one message (``None``
+    for anything else: the SDK gets it), and a ``receive`` that replays it."""
+    first: list[Message] = [await receive()]
+    message = first[0]
+    whole = message["type"] == "http.request" and not message.get("more_body", False)
 
     async def replayed() -> Message:
-        return messages.pop() if messages else await receive()
+        return first.pop() if first else await receive()
 
-    return body, replayed
+    return message.get("body", b"") if whole else None, replayed
 
 
 async def _no_receive() -> Message:  # pragma: no cover - a response never reads the body
