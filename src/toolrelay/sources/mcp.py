@@ -30,8 +30,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
 from ..contract import AuthContext, ErrorType, ToolDeclaration, ToolError
 from .options import McpSourceOptions
@@ -75,11 +74,13 @@ __all__ = ["McpConnectError", "McpSource", "McpSourceOptions", "object_schema"]
 TransportFactory = Callable[[], Transport]
 
 
-class McpSource:
+class McpSource(Connector):
     """The tools of one MCP server, as a toolrelay plugin. Use :meth:`stdio` or :meth:`http`.
 
     Enter it with ``async with`` before registering (the first connection is made there and
-    :class:`McpConnectError` is raised when it fails); leave it to close everything.
+    :class:`McpConnectError` is raised when it fails); leave it to close everything. Its
+    connection's health and controls (``connection_state``, ``ping()``, ``refresh()``, …)
+    are :class:`~.mcp_connection.Connector`'s.
 
     Args:
         transport: Builds a fresh SDK transport for every connection attempt.
@@ -87,17 +88,11 @@ class McpSource:
     """
 
     def __init__(self, transport: TransportFactory, options: McpSourceOptions) -> None:
-        self.options = options
-        self.name = options.name or options.breaker_key
+        name = options.name or options.breaker_key
+        self._tools = ToolMap(options, name)
+        super().__init__(options, name, transport, self._tools.install)
         count = options.count_errors  # a pattern the options model has checked
         self._outage = re.compile(count) if isinstance(count, str) else count
-        self._tools = ToolMap(options, self.name)
-        self._link = Connector(options, self.name, transport, self._tools.install)
-
-    @property
-    def connects(self) -> int:
-        """How many connections were established (the first included)."""
-        return self._link.connects
 
     @classmethod
     def stdio(
@@ -147,41 +142,6 @@ class McpSource:
 
         return cls(transport, options)
 
-    @property
-    def protocol_version(self) -> str | None:
-        """The MCP protocol version of the live connection (``None`` when not connected)."""
-        return self._link.protocol_version
-
-    # -- health (the gateway's /readyz, metrics and pings read these) ---------------------
-    @property
-    def connection_state(self) -> Literal["connected", "reconnecting", "down"]:
-        """``connected``, ``reconnecting`` (a connection attempt under way) or ``down``
-        (none: the next comes after the back-off, on a call or a :meth:`ping`)."""
-        return self._link.state
-
-    @property
-    def connection_failures(self) -> int:
-        """Connection attempts that failed and connections lost so far, however noticed
-        (by a call, a ping, or the connection itself)."""
-        return self._link.failures
-
-    @property
-    def last_error(self) -> tuple[float, str] | None:
-        """When (seconds since the epoch) and why the connection last failed, if ever."""
-        return self._link.last_error
-
-    @property
-    def idle_s(self) -> float:
-        """Seconds since the server last answered (a call, a listing or a ping)."""
-        return self._link.idle_s
-
-    async def ping(self, timeout_s: float) -> bool:
-        """MCP ``ping`` within ``timeout_s``, connecting first when not connected and the
-        back-off allows. A failed or unanswered ping loses the connection (counted, like a
-        failed call; the next call or ping reconnects). Whether the server answered; never
-        raises but cancellation."""
-        return await self._link.ping(timeout_s)
-
     # -- the plugin -----------------------------------------------------------------------
     def describe(self) -> Sequence[ToolDeclaration]:
         """The server's tools as last listed (kept while the server is unreachable)."""
@@ -200,15 +160,15 @@ class McpSource:
                 f"{name} is no longer offered by {self.name}", error_type=ErrorType.UNKNOWN_TOOL
             )
         try:
-            conn = await self._link.acquire()
+            conn = await self.acquire()
         except Unreachable as gone:
             raise self._unreachable(gone.args[0]) from None
         try:
             with map_mcp_errors():
                 result = await self._call(conn, entry.remote, args)
         except Disconnected as exc:
-            self._link.lost(conn, str(exc))
-            raise self._unreachable(self._link.backoff.remaining()) from None
+            self.lost(conn, str(exc))
+            raise self._unreachable(self.backoff.remaining()) from None
         except AnswerTooLarge:
             limits = self.options.max_message_bytes, self.options.max_message_values
             raise ToolError(
@@ -229,7 +189,7 @@ class McpSource:
             raise ToolError(
                 f"{self.name} refused the call: {cap(str(exc))}", counts_as_failure=exc.counted
             ) from None
-        self._link.answered()
+        self.answered()
         if isinstance(result, str):
             return result
         if result.is_error:
@@ -239,26 +199,6 @@ class McpSource:
                 raise ToolError(text, retryable=True)  # the server's own outage: counted
             raise ToolError(text)
         return result_data(result)
-
-    async def refresh(self) -> None:
-        """Re-read ``tools/list`` now (connecting first if needed).
-
-        Raises :class:`McpConnectError` when the server cannot be reached or listed.
-        """
-        await self._link.refresh()
-
-    # -- lifecycle ------------------------------------------------------------------------
-    async def __aenter__(self) -> McpSource:
-        await self._link.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        return await self._link.__aexit__(exc_type, exc, tb)
 
     async def _call(
         self, conn: Connection, remote: str, args: dict[str, Any]
@@ -288,11 +228,8 @@ class McpSource:
         return result
 
     def _unreachable(self, retry_after_s: float | None) -> ToolError:
-        if self._link.closed:
+        if self.closed:
             return ToolError(f"{self.name} server is not connected: its source is closed")
         return ToolError(
             f"{self.name} server is not reachable", retryable=True, retry_after_s=retry_after_s
         )
-
-    def _install(self, tools: Sequence[mcp_types.Tool]) -> int:
-        return self._tools.install(tools)

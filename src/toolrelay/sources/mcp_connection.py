@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Literal
+from typing import Literal, Self
 
 import anyio
 import anyio.abc
@@ -55,17 +55,19 @@ class Connector:
         self.conn: Connection | None = None
         self.closed = False
         self.connects = 0
-        self.failures = 0
-        """Connection attempts that failed, and connections lost (however noticed)."""
+        """How many connections were established (the first included)."""
+        self.connection_failures = 0
+        """Connection attempts that failed and connections lost so far, however noticed (by a
+        call, a ping, or the connection itself)."""
         self.last_error: tuple[float, str] | None = None
-        """When (seconds since the epoch) and why the last one happened."""
+        """When (seconds since the epoch) and why the connection last failed, if ever."""
         self._last_seen = time.monotonic()
         self._tg: anyio.abc.TaskGroup | None = None
         self.handshake_refused = False
         """The server refused the 2025 handshake ``auto`` offers over stdio first."""
 
     # -- lifecycle ------------------------------------------------------------------------
-    async def __aenter__(self) -> Connector:
+    async def __aenter__(self) -> Self:
         if self._tg is not None or self.closed:
             raise RuntimeError("an McpSource can be entered only once")
         tg = anyio.create_task_group()
@@ -107,7 +109,9 @@ class Connector:
 
     # -- health ---------------------------------------------------------------------------
     @property
-    def state(self) -> Literal["connected", "reconnecting", "down"]:
+    def connection_state(self) -> Literal["connected", "reconnecting", "down"]:
+        """``connected``, ``reconnecting`` (a connection attempt under way) or ``down``
+        (none: the next comes after the back-off, on a call or a :meth:`ping`)."""
         conn = self.conn
         if conn is None or conn.state in DEAD:
             return "down"
@@ -115,7 +119,7 @@ class Connector:
 
     @property
     def idle_s(self) -> float:
-        """Seconds since the server last answered."""
+        """Seconds since the server last answered (a call, a listing or a ping)."""
         return time.monotonic() - self._last_seen
 
     def answered(self) -> None:
@@ -123,13 +127,13 @@ class Connector:
         self._last_seen = time.monotonic()
 
     def _failed(self, reason: str) -> None:
-        self.failures += 1
+        self.connection_failures += 1
         self.last_error = (time.time(), reason)
 
     async def ping(self, timeout_s: float) -> bool:
         """Connect if needed (and the back-off allows), then MCP ``ping`` within
         ``timeout_s``; a ping that fails or goes unanswered loses the connection, like a
-        failed call. Never raises but cancellation."""
+        failed call. Whether the server answered; never raises but cancellation."""
         try:
             conn = await self.acquire()
         except Unreachable:
@@ -156,12 +160,15 @@ class Connector:
 
     @property
     def protocol_version(self) -> str | None:
+        """The MCP protocol version of the live connection (``None`` when not connected)."""
         conn = self.conn
         if conn is None or conn.state != State.READY or conn.client is None:
             return None
         return conn.client.protocol_version
 
     async def refresh(self) -> None:
+        """Re-read ``tools/list`` now (connecting first if needed); raises
+        :class:`McpConnectError` when the server cannot be reached or listed."""
         try:
             conn = await self.acquire()
         except Unreachable:
@@ -363,22 +370,12 @@ class Connector:
             try:
                 with anyio.fail_after(self.options.connect_timeout_s):
                     tools = await list_tools(client)
-            except MCPError as exc:
-                if is_disconnect(exc):
+            except Exception as exc:
+                if isinstance(exc, MCPError) and is_disconnect(exc):
                     self.lost(conn, exc.message)
                     return
-                log.warning(
-                    "toolrelay: MCP server %s: tools/list failed: %s",
-                    self.name,
-                    cap(exc.message, 80),
-                )
-                continue
-            except Exception as exc:
-                log.warning(
-                    "toolrelay: MCP server %s: tools/list failed (%s)",
-                    self.name,
-                    type(exc).__name__,
-                )
+                reason = cap(exc.message, 80) if isinstance(exc, MCPError) else type(exc).__name__
+                log.warning("toolrelay: MCP server %s: tools/list failed: %s", self.name, reason)
                 continue
             self._listed(tools)
 
