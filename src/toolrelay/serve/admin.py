@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from .._version import __version__
+from ..breakers import Breakers
 from ..dispatcher import Dispatcher
 from . import admin_models as m
 from .admin_http import (
@@ -174,7 +175,7 @@ async def breaker(state: State, key: str) -> m.BreakerWithKey:
     return m.BreakerWithKey.model_validate(_breaker(state, _known_key(state, key)))
 
 
-def _action(name: str, summary: str, act: Callable[[Any, str], None]) -> None:
+def _action(name: str, summary: str, act: Callable[[Breakers, str], None]) -> None:
     async def breaker_action(state: State, key: str) -> m.BreakerWithKey:
         act(state.dispatcher.breakers, _known_key(state, key))
         return m.BreakerWithKey.model_validate(_breaker(state, key))
@@ -184,11 +185,11 @@ def _action(name: str, summary: str, act: Callable[[Any, str], None]) -> None:
     )
 
 
-_action("open", "Force the breaker open: calls fail fast, no trials until closed.",
-        lambda breakers, key: breakers.force_open(key))  # fmt: skip
-_action("close", "Close the breaker now (failure count cleared).",
-        lambda breakers, key: breakers.force_close(key))  # fmt: skip
-_action("reset", "Back to a fresh closed breaker.", lambda breakers, key: breakers.reset(key))
+_action(
+    "open", "Force the breaker open: calls fail fast, no trials until closed.", Breakers.force_open
+)
+_action("close", "Close the breaker now (failure count cleared).", Breakers.force_close)
+_action("reset", "Back to a fresh closed breaker.", Breakers.reset)
 
 
 @authed.get("/faults", summary="The faults in force.", response_model_exclude_unset=True)

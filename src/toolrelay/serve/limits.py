@@ -1,11 +1,6 @@
-"""Bounded requests: no MCP request is read whole past ``max_request_bytes``.
-
-- Streamable HTTP: :class:`BodyLimit` (ASGI middleware) answers a larger body with HTTP 413
-  and a JSON-RPC error, before the MCP app sees any of it; at most the limit is buffered.
-- stdio: :func:`bounded_stdin` reads this process's stdin in chunks and hands the SDK's stdio
-  server lines of at most the limit. A longer line is read and dropped as it arrives (never
-  held whole); the client gets a JSON-RPC error for it (with the request's ``id`` when it
-  can be read from the line's start) and the next line is served as usual.
+"""Bounded requests: no MCP request is read whole past ``max_request_bytes``
+(``docs/serve.md``, "Request size"): :class:`BodyLimit` over streamable HTTP,
+:func:`bounded_stdin` over stdio.
 """
 
 from __future__ import annotations

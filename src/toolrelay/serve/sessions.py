@@ -129,16 +129,14 @@ class SessionManager(SdkSessionManager):
         async with self.creation_lock:
             if sum(1 for c in self._client_of.values() if c == client) >= self.per_client:
                 refusal = ("client_limit", 429, "Too many open sessions for this client")
-            elif not await self._make_room():
+            elif (
+                not await self._make_room() or (transport := self.admit_session(requestor)) is None
+            ):
                 refusal = ("full", 503, "Too many open sessions")
             else:
-                transport = self.admit_session(requestor)
-                if transport is None:  # pragma: no cover - room was just made
-                    refusal = ("full", 503, "Too many open sessions")
-                else:
-                    assert transport.mcp_session_id is not None
-                    self._client_of[transport.mcp_session_id] = client
-                    self._last_used[transport.mcp_session_id] = time.monotonic()
+                assert transport.mcp_session_id is not None
+                self._client_of[transport.mcp_session_id] = client
+                self._last_used[transport.mcp_session_id] = time.monotonic()
         if refusal is not None:
             reason, status, message = refusal
             log.warning("refusing a new MCP session for %s: %s", client, reason)
