@@ -224,7 +224,7 @@ async def test_the_raw_request_is_the_one_the_sdk_writes(tmp_path: Path) -> None
     async def case(upstream: Upstream, protocol: str) -> None:
         async with upstream.source(protocol=protocol) as source:
             assert source.protocol_version == ERAS[protocol]
-            conn = source._link.conn  # the SDK's own client on the same connection
+            conn = source.conn  # the SDK's own client on the same connection
             assert conn is not None and conn.client is not None
             args = {"n": 7}
             plain = await source.execute("structured", args, AuthContext())

@@ -1,31 +1,12 @@
 """An adaptive concurrency limit: how many calls a breaker key may have in flight, following
 the service's latency (``max_concurrent = "adaptive"``).
 
-A gradient limit, after Netflix concurrency-limits' ``Gradient2Limit``, Envoy's adaptive
-concurrency filter and failsafe-go's adaptive limiter:
-
-- Each attempt's *round-trip time* (from its bulkhead place to its answer) is recorded.
-  Attempts are grouped into *windows* of at least ``min_samples`` answers and at least
-  ``window_s`` (or twice the window's shortest RTT, whichever is longer, at most
-  ``window_max_s``).
-- A window's *sample* is the 90th percentile of its RTTs. The *baseline* (the no-load
-  RTT) is measured as Envoy measures its minRTT: in a *probe* window during which the
-  limit drops to ``min_limit`` (only answers of calls admitted at that concurrency
-  count), at the start, every ``baseline_s`` seconds, and after five windows in a row at
-  ``min_limit`` (the service may have become slower for good). Between probes a lower
-  sample lowers it.
-- At each window's end the limit moves by the gradient ``baseline × tolerance / sample``
-  (capped to [0.5, 1]): ``limit ← limit × gradient + headroom``, smoothed, where the
-  headroom is ``√limit`` (Envoy's), so the limit probes upwards while latency stays at
-  the baseline and shrinks once calls start to queue in the service.
-- A window with timeouts (*drops*) cuts the limit by ``backoff`` (×0.9) at once, as
-  Vegas and AIMD do: a timed-out call says nothing about the RTT but much about load.
-- When at most half the limit was in use the limit does not grow (the caller, not the
-  service, was the bottleneck; Gradient2's rule).
-
-Cancelled attempts are not recorded at all (the caller's choice, not the service's
-answer). The clock is a parameter, so the algorithm
-runs on a fake clock in tests; it holds no lock and does no I/O (one event loop owns it).
+A gradient limit after Netflix's ``Gradient2Limit`` and Envoy's adaptive concurrency
+filter: each window's 90th-percentile round trip against a no-load baseline (measured in
+probe windows at ``min_limit``) moves the limit by ``baseline × tolerance / sample`` plus
+√limit of headroom; timeouts cut it by ``backoff``; an app-limited window does not grow
+it. The algorithm step by step: ``docs/adaptive-concurrency.md``. Cancelled attempts are
+not recorded. The clock is a parameter (tests run it on a fake one); no lock, no I/O.
 """
 
 from __future__ import annotations

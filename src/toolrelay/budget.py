@@ -1,20 +1,11 @@
 """Retry budgets: retries and hedges of a breaker key at most a share of its recent calls.
 
-A budget counts, over a sliding window of :data:`WINDOW_S` seconds (one-second buckets),
-the key's *calls* (one per dispatched call, whatever its tool) and its *extras* (retries
-and hedges made). An extra is allowed while::
-
-    extras + 1 ≤ max(ratio × calls, min_per_s × WINDOW_S)
-
-so a busy key that fails everything makes at most ``ratio`` extra requests per call, and a
-quiet one may still retry ``min_per_s`` times a second (the floor is a minimum, not an
-addition: it does not lift a busy key's share). The idea is Finagle's and
-tower's retry budget (a deposit per call, a withdrawal per retry, deposits expiring after
-a TTL) and Envoy's retry budget (retries a share of the active requests).
-
-With shared breaker storage, each replica publishes its window's counts with its breaker
-counts (:mod:`toolrelay.storage`) and adds the other replicas' latest counts to its own,
-so the budget holds for the whole fleet; the check itself never waits on Redis.
+Over a sliding window of :data:`WINDOW_S` one-second buckets a budget counts the key's
+calls and its extras (retries and hedges); an extra is allowed while
+``extras + 1 ≤ max(ratio × calls, min_per_s × WINDOW_S)`` (Finagle's, tower's and Envoy's
+retry budgets; ``docs/retry-budgets.md``). With shared breaker storage each replica adds
+the other replicas' latest counts (:mod:`toolrelay.storage`), so the budget holds for the
+fleet; the check never waits on Redis.
 """
 
 from __future__ import annotations

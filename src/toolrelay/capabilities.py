@@ -1,22 +1,8 @@
-"""A plugin's optional capabilities, each an explicit protocol.
+"""A plugin's optional capabilities, each an explicit, ``runtime_checkable`` protocol.
 
 :class:`~toolrelay.contract.ToolPlugin` (``describe()`` and ``execute()``) is all a plugin
-must offer. Beyond it a plugin may implement any of these; toolrelay checks for them with
-``isinstance`` (they are ``runtime_checkable``), never by probing names. The registry
-checks for :class:`DeclaresOne` once, when the plugin is registered (lookups happen on every
-call), and for the others whenever it compiles one of the plugin's declarations:
-
-- :class:`DeclaresOne`: ``declaration(name)``, one declaration by name (O(1) lookups on
-  every call, instead of a scan of ``describe()``);
-- :class:`HasHandler`: ``handler(name)``, the tool's ``fn(args, ctx)`` (called directly,
-  one frame less than ``execute``; for ``isolation="process"`` it must be a module-level
-  function, which a worker process imports by name);
-- :class:`ProcessIsolatable`: ``process_target(name)``, where a worker process finds the
-  tool's handler, when that is not the handler itself (a typed tool's function);
-- :class:`Closeable`: ``async aclose()``, called by ``Dispatcher.aclose()`` and when a
-  reload retires the plugin.
-
-Plugins need not import this module: the protocols are structural (``docs/plugins.md``).
+must offer; toolrelay checks for these with ``isinstance``, never by probing names. Plugins
+need not import this module: the protocols are structural (``docs/plugins.md``).
 """
 
 from __future__ import annotations

@@ -191,12 +191,8 @@ class ToolPlugin(Protocol):
     """Anything that describes tools and executes them.
 
     ``execute`` may be ``async def`` (awaited, cancelled at the deadline) or a plain ``def``
-    (run on a worker thread of the tool's breaker key, abandoned at the deadline; with
-    ``isolation="process"``, ``handler(name)`` must return a module-level function, run in a
-    worker process killed at the deadline).
-    Optional capabilities (``declaration(name)`` for O(1) lookups, ``handler(name)``,
-    ``process_target(name)``, ``aclose()``) are protocols of their own, in
-    :mod:`toolrelay.capabilities` (``docs/plugins.md``).
+    (run on a worker thread of the tool's breaker key, abandoned at the deadline). Optional
+    capabilities are protocols of their own: :mod:`toolrelay.capabilities`.
     """
 
     def describe(self) -> Sequence[ToolDeclaration]: ...

@@ -16,7 +16,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from .contract import ToolPlugin
@@ -47,7 +48,7 @@ def load_plugins(
     if isinstance(modules, str):
         raise TypeError("modules must be a sequence of module names, not one string")
     config = config or {}
-    with _Transaction(registry) as recorder:
+    with _transaction(registry) as recorder:
         for module_name in modules:
             short = module_name.rpartition(".")[2]
             try:
@@ -98,7 +99,7 @@ def load_entry_points(
         if candidates[0] in chosen:
             raise PluginLoadError(f"plugin {name!r} is listed twice")
         chosen.append(candidates[0])
-    with _Transaction(registry) as recorder:
+    with _transaction(registry) as recorder:
         for entry_point in chosen:
             try:
                 target = entry_point.load()
@@ -150,17 +151,13 @@ class _Recorder:
         return getattr(self._registry, name)
 
 
-class _Transaction:
+@contextmanager
+def _transaction(registry: ToolRegistry) -> Iterator[_Recorder]:
     """Unregister everything recorded when the block fails."""
-
-    def __init__(self, registry: ToolRegistry) -> None:
-        self.recorder = _Recorder(registry)
-        self.registry = registry
-
-    def __enter__(self) -> _Recorder:
-        return self.recorder
-
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
-        if exc_type is not None:
-            for plugin in reversed(self.recorder.added):
-                self.registry.unregister(plugin)
+    recorder = _Recorder(registry)
+    try:
+        yield recorder
+    except BaseException:
+        for plugin in reversed(recorder.added):
+            registry.unregister(plugin)
+        raise

@@ -1,17 +1,9 @@
 """What a dispatcher is told: one frozen model of data (what a TOML file can say).
 
-:class:`DispatcherOptions` is the dispatcher's settings; live objects (an approver, an
-audit sink, observers, metric and tracer providers) are the dispatcher's keyword arguments
-instead, as httpx's ``Client(transport=…, timeout=Timeout(…))``.
-
-A breaker key's resilience is a :class:`KeyPolicy`, composed of each strategy's own
-options: :class:`~toolrelay.breakers.BreakerOptions`,
-:class:`~toolrelay.pipeline.retry.RetryOptions`,
-:class:`~toolrelay.pipeline.hedge.HedgeOptions`,
-:class:`~toolrelay.pipeline.bulkhead.BulkheadOptions` and
-:class:`~toolrelay.budget.BudgetOptions`. Each says whether a hot reload may change it
-for a key already in use (``RELOADABLE``). Every class is frozen and every part has a
-default; a bad value raises :class:`~toolrelay.settings.SettingsError` naming it.
+Live objects (an approver, an audit sink, observers, providers) are the dispatcher's
+keyword arguments instead, as httpx's ``Client(transport=…, timeout=Timeout(…))``. A
+breaker key's resilience is a :class:`KeyPolicy` of each strategy's own options class
+(``docs/architecture.md``, "Options: one class per strategy").
 """
 
 from __future__ import annotations
@@ -99,17 +91,14 @@ class StorageOptions:
 
 @one_line_errors("DispatcherOptions.{}")
 class DispatcherOptions(BaseModel):
-    """Everything a :class:`~toolrelay.Dispatcher` is told that is data.
-
-    ``profiles``: caller profiles by name; ``keys``: each breaker key's
-    :class:`KeyPolicy`, ``default_key`` for the others; ``storage``: Redis shared by the
-    replicas' breakers (``None``: each process alone); ``limits``: argument and output
-    sizes; ``faults`` (and ``fault_seed`` for their dice): injected faults;
-    ``secret_patterns``: more names of secrets to redact; ``audit`` (one line per call
-    to the audit sink; ``audit_arguments`` adds the redacted arguments); ``telemetry``
-    (spans and metrics; ``capture_content`` adds arguments and results to spans).
-    Live parts on :meth:`~toolrelay.Dispatcher.reconfigure`: ``profiles``, ``keys``,
-    ``default_key`` (the reloadable options of each) and ``faults``.
+    """Everything a :class:`~toolrelay.Dispatcher` is told that is data: caller
+    ``profiles``; each breaker key's :class:`KeyPolicy` (``keys``, else ``default_key``);
+    Redis ``storage`` shared by the replicas' breakers; argument and output ``limits``;
+    injected ``faults`` (and their dice's ``fault_seed``); more ``secret_patterns`` to
+    redact; the ``audit`` line (with the redacted arguments: ``audit_arguments``);
+    ``telemetry`` (with arguments and results on spans: ``capture_content``).
+    :meth:`~toolrelay.Dispatcher.reconfigure` may change ``profiles``, ``keys``,
+    ``default_key`` (their reloadable options) and ``faults``.
     """
 
     model_config = MODEL

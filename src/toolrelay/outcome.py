@@ -213,13 +213,12 @@ def circuit_open(inv: Invocation, breaker: OpenBreaker, wait: float | None = Non
             f"{name} is paused: an operator paused {breaker.key}; "
             "calls are refused until it is released"
         )
-        return Outcome(False, None, ErrorType.CIRCUIT_OPEN, short(message), True, wait,
-                       Verdict.SUCCESS, False, False, None, inv)  # fmt: skip
-    if wait > 0:
-        hint = f"try again in {wait:.1f} s" if wait < 10 else f"try again in {wait:.0f} s"
-    else:  # half-open, with every trial place taken
-        wait = min(1.0, breaker.options.reset_timeout_s)
-        hint = "a trial call is testing it; try again in a moment"
-    message = f"{name} is paused because {breaker.key} is failing; {hint}"
+    else:
+        if wait > 0:
+            hint = f"try again in {wait:.1f} s" if wait < 10 else f"try again in {wait:.0f} s"
+        else:  # half-open, with every trial place taken
+            wait = min(1.0, breaker.options.reset_timeout_s)
+            hint = "a trial call is testing it; try again in a moment"
+        message = f"{name} is paused because {breaker.key} is failing; {hint}"
     return Outcome(False, None, ErrorType.CIRCUIT_OPEN, short(message), True, wait,
                    Verdict.SUCCESS, False, False, None, inv)  # fmt: skip

@@ -29,11 +29,6 @@ class SlotLease:
         end = anyio.current_time() if self.released_at is None else self.released_at
         return end - self.started_at
 
-    @property
-    def overran(self) -> bool:
-        """Was (or is) the slot held beyond its budget?"""
-        return self.elapsed() > self.budget_s
-
 
 SlotListener = Callable[[SlotLease], None]
 

@@ -1,22 +1,12 @@
 """A breaker key's state machine: periods, transitions, admission and counting.
 
-pybreaker keeps the state (``closed``/``open``/``half-open``), the consecutive-failure and
-half-open success counters, and tells listeners about transitions. Its ``call()`` and
-``calling()`` are not used: ``call()`` records a coroutine as a success before it runs and
-holds a lock for the whole call, ``calling()`` counts a cancellation as a failure, its
-half-open state admits every caller, and ``exclude`` resets the failure count. Admission
-and counting are therefore done here, in :meth:`BreakerMachine.admit` and
-:meth:`BreakerMachine.record`, which never hold a lock across the call and never wait on I/O.
-
-Every state change starts a new *period* (a generation number). ``admit`` hands out a
-token naming the period; a call's verdict counts only in the period that admitted it, so a
-trial that outlives its half-open period neither frees a place in a later one nor helps
-close it, and a failure admitted before a recovery does not count after it.
-
-Failures are counted in one of three windows (:mod:`.window`): ``consecutive``
-(pybreaker's counter; the default), ``count`` or ``time``, the last two with a minimum
-number of calls and failure-rate and slow-call-rate thresholds, as in resilience4j and
-Polly v8.
+pybreaker keeps the state, the counters and the listeners, but its ``call()`` records a
+coroutine as a success before it runs and holds a lock across the call, ``calling()``
+counts a cancellation as a failure, and its half-open state admits every caller: so
+:meth:`BreakerMachine.admit` and :meth:`BreakerMachine.record` do admission and counting,
+never holding a lock across the call nor waiting on I/O. A call's verdict counts only in
+the *period* (one per state change) that admitted it (``docs/breakers.md``); failures are
+counted in one of the windows of :mod:`.window`.
 """
 
 from __future__ import annotations

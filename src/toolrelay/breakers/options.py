@@ -17,25 +17,11 @@ Window = Literal["consecutive", "count", "time"]
 @one_line_errors("BreakerOptions.{}")
 @dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
 class BreakerOptions:
-    """What opens and closes the circuit breaker of one ``breaker_key``.
-
-    What opens the breaker (``window``):
-
-    - ``"consecutive"`` (default): ``fail_max`` failures in a row.
-    - ``"count"``: of the last ``window_size`` recorded calls, once at least
-      ``minimum_calls`` are in the window, a share of ``failure_rate`` or more failed, or a
-      share of ``slow_call_rate`` or more took longer than ``slow_call_s``.
-    - ``"time"``: the same over the calls recorded in the last ``window_size`` seconds.
-
-    After ``reset_timeout_s`` an open breaker lets up to ``half_open_max_calls`` trial
-    calls run at once; ``success_threshold`` successful trials close it and one failed
-    trial re-opens it. With ``reset_timeout_max_s`` each re-open after a failed trial
-    doubles the break, up to that maximum; closing resets it. ``slow_call_s`` makes a
-    slower success count as a failure in the consecutive window and in trials.
-
-    Reloadable: a hot reload applies new values and keeps the breaker's state
-    (:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`). A bad value raises
-    :class:`~toolrelay.settings.SettingsError` (a ``ValueError``).
+    """What opens and closes the circuit breaker of one ``breaker_key``: ``fail_max``
+    failures in a row (``window="consecutive"``), or a failure or slow-call rate over the
+    last ``window_size`` calls (``"count"``) or seconds (``"time"``); then trials after
+    ``reset_timeout_s``. Every field: ``docs/breakers.md``. Reloadable, keeping the
+    breaker's state (:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`).
     """
 
     RELOADABLE: ClassVar[bool] = True

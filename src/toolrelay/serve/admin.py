@@ -1,22 +1,16 @@
 """The admin API: breakers, faults, tools, health and metrics of a running gateway.
 
-A FastAPI app, served on its own port (loopback by default). Every endpoint but
-``/healthz`` depends on :func:`authorized` (``Authorization: Bearer <admin token>``). JSON
-in and out; bad input is a 4xx with ``{"error": code, "message": sentence}``, never a 5xx.
-The OpenAPI 3.1 document is generated from the routes and :mod:`.admin_models`, and served
-at ``/openapi.json`` with the server's breaker keys and profile names filled in. What every
-route gets before it runs (the token, query and body checks) and the error bodies are
-:mod:`.admin_http`'s.
-
-The app runs on the dispatcher's event loop: breakers and the fault injector are not
-thread-safe, and are only touched from that loop.
+A FastAPI app on its own port; every endpoint but ``/healthz`` needs the admin token (see
+:mod:`.admin_http` for the checks every route gets and the error bodies). Its OpenAPI 3.1
+document is generated from the routes and :mod:`.admin_models`. The app runs on the
+dispatcher's event loop: breakers and the fault injector are not thread-safe.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
@@ -28,6 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from .._version import __version__
+from ..breakers import Breakers
 from ..dispatcher import Dispatcher
 from . import admin_models as m
 from .admin_http import (
@@ -144,8 +139,7 @@ async def healthz() -> m.Health:
 )
 async def readyz(state: State, response: Response) -> m.Readiness:
     health = state.upstreams
-    statuses = [] if health is None else health.statuses()
-    upstreams = [m.UpstreamView.model_validate(asdict(s)) for s in statuses] or None
+    upstreams = None if health is None else health.statuses() or None
     reason = None if state.ready else state.reason or "not ready"
     if reason is None and health is not None:
         reason = health.not_ready()
@@ -183,7 +177,7 @@ async def breaker(state: State, key: str) -> m.BreakerWithKey:
     return m.BreakerWithKey.model_validate(_breaker(state, _known_key(state, key)))
 
 
-def _action(name: str, summary: str, act: Callable[[Any, str], None]) -> None:
+def _action(name: str, summary: str, act: Callable[[Breakers, str], None]) -> None:
     async def breaker_action(state: State, key: str) -> m.BreakerWithKey:
         act(state.dispatcher.breakers, _known_key(state, key))
         return m.BreakerWithKey.model_validate(_breaker(state, key))
@@ -193,11 +187,11 @@ def _action(name: str, summary: str, act: Callable[[Any, str], None]) -> None:
     )
 
 
-_action("open", "Force the breaker open: calls fail fast, no trials until closed.",
-        lambda breakers, key: breakers.force_open(key))  # fmt: skip
-_action("close", "Close the breaker now (failure count cleared).",
-        lambda breakers, key: breakers.force_close(key))  # fmt: skip
-_action("reset", "Back to a fresh closed breaker.", lambda breakers, key: breakers.reset(key))
+_action(
+    "open", "Force the breaker open: calls fail fast, no trials until closed.", Breakers.force_open
+)
+_action("close", "Close the breaker now (failure count cleared).", Breakers.force_close)
+_action("reset", "Back to a fresh closed breaker.", Breakers.reset)
 
 
 @authed.get("/faults", summary="The faults in force.", response_model_exclude_unset=True)

@@ -1,11 +1,7 @@
-"""The admin API's request and response bodies, as pydantic models.
-
-FastAPI validates requests with them and generates the OpenAPI document from them. A
-model that shows a runtime object is named for it with ``View`` (:class:`BreakerView`,
-:class:`UpstreamView`), so it is never mistaken for the object. A
-fault's fields are :class:`~toolrelay.faults.Fault`'s own (``FaultSpec`` is made
-from them, so the API and ``[[faults]]`` cannot drift apart), and the body is then built
-into a ``Fault``, whose rules (one target, the size of ``output``) apply.
+"""The admin API's request and response bodies, as pydantic models (FastAPI validates with
+them and generates the OpenAPI document from them). A model that shows a runtime object is
+named ``…View``. A fault's fields are :class:`~toolrelay.faults.Fault`'s own, so the API
+and ``[[faults]]`` cannot drift apart, and its body is built into a ``Fault``.
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """A toolrelay answer as an MCP ``CallToolResult``.
 
-The answer envelope (``ToolResult.to_model()``) of a failure is always the JSON text of an
-``isError: true`` result, so a model reads the same envelope over MCP as through the Python
-API. ``structuredContent`` is sent only where no client can reject it:
-
-* a success carries the tool's data as text (a string as it is, anything else as JSON) and,
-  when the data is a JSON object, as ``structuredContent`` too — for a tool with an
-  ``outputSchema`` only when the data conforms to it;
-* a success of an upstream MCP server's tool is the server's own ``content`` blocks (text,
-  image, audio, resource links, embedded resources) and ``structuredContent``, unchanged,
-  when the data is still what :class:`~toolrelay.sources.mcp.McpSource` returned (see
-  :func:`~toolrelay.sources.mcp_mapping.upstream_result`: not cut to the output cap, and its
-  blocks within their size bound) and conforms to the ``outputSchema`` as above;
-* a failure of a tool that declares no ``outputSchema`` carries the envelope as
-  ``structuredContent`` too, so a host can branch on ``error_type`` without parsing text;
-* a failure of a tool that declares an ``outputSchema`` (or of a name the gateway does not
-  know) carries no ``structuredContent``. The spec says a server MUST provide structured
-  results that conform to the schema and clients SHOULD validate them, and strict clients
-  (the TypeScript SDK 1.x ``Client.callTool``, the MCP Inspector) validate
-  ``structuredContent`` against the schema even when ``isError`` is true: an envelope there
-  would make them throw ``-32602`` and the model would never see ``error_type``;
-* a success of a tool with an ``outputSchema`` whose data does not conform — output cut by
-  ``truncate_output=True`` (``{"truncated": true, "original_bytes": …, "text": …}``) — is
-  sent as an ``invalid_output`` failure: the envelope as text, then the cut output as a
-  second text block. Every strict client (the TypeScript SDKs, the Inspector, the Python
-  SDK) refuses a success whose ``structuredContent`` is missing or breaks the schema, so
-  an ``isError`` result is the only form in which the model still gets the output.
+A failure is always the envelope (``ToolResult.to_model()``) as the text of an
+``isError: true`` result, so a model reads the same envelope over MCP as through the
+Python API. When ``structuredContent`` is sent, and why an ``outputSchema`` rules it out
+for failures (strict clients validate it even when ``isError`` is true): the table in
+``docs/serve.md``.
 """
 
 from __future__ import annotations

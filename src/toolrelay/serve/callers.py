@@ -1,11 +1,9 @@
 """Who is calling: the profile and identity a request runs with.
 
-Over stdio (and over HTTP without configured clients) every caller is the default caller,
-with the server's ``--profile``. With ``[serve.http.clients]`` the bearer token the SDK's
-auth middleware verified names the client, and the client names its profile and identity;
-a request without a verified token of a configured client then fails closed: it is the
-``unauthenticated`` caller, whose profile no config defines, so it gets no tool at all
-(the SDK's auth middleware answers such requests ``401`` before they get here anyway).
+Without ``[serve.http.clients]`` every caller is the default caller, with the server's
+``--profile``. With them, the verified bearer token names the client, and the client its
+profile and identity; any other request fails closed as the ``unauthenticated`` caller,
+whose profile no config defines (no tools).
 """
 
 from __future__ import annotations
@@ -43,8 +41,6 @@ class Callers:
             if not clients
             else Caller("unauthenticated", UNAUTHENTICATED_PROFILE, AuthContext())
         )
-        """The caller of a request without a client's token: with clients configured, the
-        ``unauthenticated`` caller (no tools); otherwise everyone, with ``profile``."""
         self._clients = {
             client.name: Caller(
                 client.name,
@@ -55,9 +51,7 @@ class Callers:
         }
 
     def current(self) -> Caller:
-        """The caller of the request being handled (reads the SDK's auth context). With
-        clients configured, a request without a token, or with one naming no configured
-        client, is the ``unauthenticated`` caller: it fails closed."""
+        """The caller of the request being handled (from the SDK's auth context)."""
         token = get_access_token()
         if token is None:
             return self.default

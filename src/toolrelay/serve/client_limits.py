@@ -1,25 +1,9 @@
 """Per-client limits of the gateway: requests per second and calls in flight.
 
-Each client (an HTTP bearer token's client name; ``default`` without configured clients;
-``unauthenticated`` for a request without a valid token) has its own token bucket
-(``rate_per_s`` tokens a second, at most ``burst`` saved up) and its own cap on
-``tools/call`` requests in flight (``max_concurrent_calls``). One client flooding the gateway
-is refused while every other client is served as usual.
-
-* ``tools/call`` over a limit is answered at once, before the dispatcher sees it, with the
-  usual envelope: ``overloaded``, ``retryable: true``, and ``retry_after_s`` when over the
-  rate (when the next token is due). A call refused for concurrency has no ``retry_after_s``:
-  a place frees when one of the client's own calls ends. Refused calls never reach a
-  breaker, so they are never counted against one.
-* ``tools/list`` takes a token too; over the rate it is a JSON-RPC error
-  (:data:`RATE_LIMITED`, ``data: {"error_type": "overloaded", "retry_after_s": …}``).
-* ``initialize``, ``ping``, notifications (cancellations among them) and
-  ``subscriptions/listen`` are never limited.
-
-A refused call of either kind costs no token, and a call refused for its rate holds no
-place. Refusals are counted in ``toolrelay_mcp_client_rejected_total{client, reason}``
-(``reason``: ``rate`` or ``concurrency``), calls in flight in
-``toolrelay_mcp_client_inflight{client}``.
+Each client (a bearer token's client name; ``default`` without configured clients;
+``unauthenticated``) has its own token bucket and its own cap on ``tools/call`` requests in
+flight, so one client flooding the gateway is refused while the others are served. What is
+limited, the answers and the metrics: ``docs/serve.md``.
 """
 
 from __future__ import annotations
@@ -208,7 +192,7 @@ class ClientLimits:
 
     def _refuse(self, name: str, reason: Reason, retry_after_s: float | None) -> Refusal:
         if self._metrics is not None:
-            self._metrics.client_rejected(name, reason)
+            self._metrics.client_rejections.labels(name, reason).inc()
         return Refusal(name, reason, retry_after_s)
 
     def check(self, name: str) -> Refusal | None:

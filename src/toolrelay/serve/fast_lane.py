@@ -1,47 +1,14 @@
 """A fast lane for ``tools/call`` over streamable HTTP.
 
-The MCP SDK serves one ``tools/call`` POST through its whole session machinery: a
-pydantic JSON-RPC parse, a memory stream to the session's task, a
-``ServerRequestContext``, the server middleware, the ``CallToolResult`` model, and a
-memory stream back; in its default mode it answers through an SSE response with four
-tasks of its own besides (``sse_starlette``'s stream, keep-alive pings, shutdown and
-disconnect listeners). :class:`FastLane` serves the common case in the request's own
-task instead, with the same checks and the same answer, byte for byte: one JSON body in
-``json_response`` mode, else an SSE stream of one ``message`` event (with the SDK's
-headers, and its ``: ping`` comment every 15 s while a call runs that long).
-
-It serves a POST only when all of these hold, and hands anything else to the SDK
-untouched (the body it read is replayed):
-
-* the session manager keeps sessions (not ``stateless``), and the gateway's server
-  middleware is only its own (spans, peer tracking, the approver);
-* in SSE mode, nothing but the answer could ride the call's stream: the transport keeps
-  no event store (no priming event, no resumption) and the client did not declare the
-  ``elicitation`` capability (an approval could ask it mid-call: the SDK serves those);
-* the request passes the transport's own checks: DNS-rebinding protection (``Host``,
-  ``Origin``) and ``Content-Type`` (the SDK's ``transport_security``), an ``Accept`` with
-  ``application/json`` (and ``text/event-stream`` in SSE mode), an
-  ``MCP-Protocol-Version`` that is absent or a handshake-era version, and the SDK's own
-  body limit;
-* its ``Mcp-Session-Id`` names a session the manager holds, not terminated nor expiring,
-  that was opened with the same bearer token, and whose client finished the handshake
-  (``notifications/initialized``: the gateway then knows its negotiated version);
-* the body is exactly one JSON-RPC request (``jsonrpc``, ``id``, ``method``, ``params``
-  and nothing else) with ``method == "tools/call"`` and params the SDK's own validation
-  accepts for that version.
-
-The call itself is :meth:`Gateway.call_tool` (what the SDK's handler runs too) under
-:meth:`McpServerTelemetry.serving` (the same span and duration); while it runs the session
-counts as busy, so it is neither reaped for a new session nor closed as idle. A session
-closed while a call is in flight (``DELETE``, the manager shutting down) cancels the call
-and answers as the SDK does then: in JSON mode HTTP 500, "Session terminated before the
-request completed"; in SSE mode the stream ends with no event. A client's
-``notifications/cancelled`` goes to the SDK as ever (its checks, its ``202``); once the
-SDK has accepted it, the lane's call with that id on that session is cancelled too, and
-answered as the SDK answers a cancelled request on the 2025-era wire (error ``-32800``,
-"Request cancelled"). In SSE mode a client that goes away mid-call (``http.disconnect``)
-has its call cancelled, as the gateway's session manager does for the SDK's answers; in
-JSON mode, as there, it is noticed when the call ends.
+The MCP SDK serves one ``tools/call`` POST through its whole session machinery (pydantic
+parses, memory streams to and from the session's task, its middleware, and in SSE mode
+four tasks of ``sse_starlette``'s). :class:`FastLane` serves the common case in the
+request's own task instead, with the same checks and the same answer, byte for byte;
+anything it does not serve (the conditions: :meth:`FastLane._serve`, ``docs/serve.md``)
+goes to the SDK untouched, its body replayed. The call is :meth:`Gateway.call_tool` under
+:meth:`McpServerTelemetry.serving`, held by the session manager so the session counts as
+busy and a closed session or a client's ``notifications/cancelled`` cancels it, answered
+as the SDK answers then. Behaviour and measurements: ``docs/serve.md`` ("fast lane").
 """
 
 from __future__ import annotations
@@ -220,22 +187,18 @@ class FastLane:
             await self._stream(scope, receive, send, call)
             return True
         held, result = await self._call(scope, call)
-        if held.by_client:
-            response = Response(
-                _cancelled(request_id),
-                headers={"Content-Type": _JSON, MCP_SESSION_ID_HEADER: session_id},
+        if held.by_client or result is not None:
+            body = (
+                _cancelled(request_id) if result is None else _answer(result, request_id, version)
             )
-        elif result is None:
+            fields = {"Content-Type": _JSON, MCP_SESSION_ID_HEADER: session_id}
+            response = Response(body, headers=fields)
+        else:
             response = error_response(
                 transport,
                 "Session terminated before the request completed",
                 HTTPStatus.INTERNAL_SERVER_ERROR,
                 types.INTERNAL_ERROR,
-            )
-        else:
-            response = Response(
-                _answer(result, request_id, version),
-                headers={"Content-Type": _JSON, MCP_SESSION_ID_HEADER: session_id},
             )
         self.served += 1
         await response(scope, _no_receive, send)
@@ -360,26 +323,16 @@ def _tools_call(message: dict[str, Any]) -> tuple[types.RequestId, dict[str, Any
 
 
 async def _read_body(receive: Receive) -> tuple[bytes | None, Receive]:
-    """The whole body (``BodyLimit`` has bounded it) and a ``receive`` that replays it;
-    ``None`` when the client went away first."""
-    chunks: list[bytes] = []
-    messages: list[Message] = []
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            body = None
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            body = b"".join(chunks)
-            break
-    messages.reverse()
+    """The body, which ``BodyLimit`` has read whole and replays as one message (``None``
+    for anything else: the SDK gets it), and a ``receive`` that replays it."""
+    first: list[Message] = [await receive()]
+    message = first[0]
+    whole = message["type"] == "http.request" and not message.get("more_body", False)
 
     async def replayed() -> Message:
-        return messages.pop() if messages else await receive()
+        return first.pop() if first else await receive()
 
-    return body, replayed
+    return message.get("body", b"") if whole else None, replayed
 
 
 async def _no_receive() -> Message:  # pragma: no cover - a response never reads the body

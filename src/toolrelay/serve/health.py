@@ -1,26 +1,10 @@
 """Health of the upstream MCP servers: their state, ``/readyz``, metrics, and pings.
 
-Each upstream is in one of three states:
-
-* ``connected``: its connection is live;
-* ``reconnecting``: a connection attempt is under way;
-* ``down``: no connection and none being attempted (the next attempt comes after the
-  back-off, on a call or a ping; an optional upstream that could not be reached at start
-  stays down: it was never registered).
-
-:meth:`UpstreamHealth.run` pings every upstream that said nothing for ``ping_interval_s``
-(:meth:`McpSource.ping <toolrelay.sources.mcp.McpSource.ping>`: MCP ``ping``, answered
-within the upstream's ``connect_timeout_s``; an upstream that is down is connected again
-first, once its back-off allows): a ping that fails or times out marks the connection lost,
-like a failed call — so a dead or hung upstream is noticed, and a recovered one comes back,
-without a client's call.
-
-The gateway is ready (``/readyz``) when every upstream that is not ``optional`` is
-connected. Metrics, read at scrape time: ``toolrelay_mcp_upstream_up{upstream}`` (1 when
-connected) and ``toolrelay_mcp_upstream_connection_failures_total{upstream}`` (connection
-attempts that failed and connections lost, counted by the source where they happen: in a
-client's call, a ping, or the connection itself) and ``toolrelay_mcp_upstream_new_tools_total``
-(tools no per-tool risk rule names: :attr:`McpSource.new_tools`).
+An upstream is ``connected``, ``reconnecting`` (an attempt under way) or ``down`` (the next
+attempt comes after the back-off, on a call or a ping). :meth:`UpstreamHealth.run` pings
+every upstream idle for ``ping_interval_s`` (reconnecting one that is down), so a dead or
+hung upstream is noticed, and a recovered one comes back, without a client's call. The
+gateway is ready when every upstream that is not ``optional`` is connected.
 """
 
 from __future__ import annotations
@@ -28,34 +12,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import anyio
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .admin_models import UpstreamView
+
 if TYPE_CHECKING:
     from ..sources.mcp import McpSource
 
-__all__ = ["DEFAULT_PING_INTERVAL_S", "UpstreamHealth", "UpstreamStatus"]
-
-DEFAULT_PING_INTERVAL_S = 30.0
-
-UpstreamState = Literal["connected", "reconnecting", "down"]
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamStatus:
-    """One upstream as ``/readyz`` shows it."""
-
-    name: str
-    state: UpstreamState
-    optional: bool
-    failures: int
-    last_error: str | None = None
-    last_error_at: float | None = None
-    """When the last error happened (seconds since the epoch)."""
+__all__ = ["UpstreamHealth"]
 
 
 @dataclass(slots=True)
@@ -67,21 +36,14 @@ class _Entry:
     error_at: float | None = None
 
 
-class UpstreamHealth:
-    """The upstreams of one gateway: their status, readiness, metrics and pings."""
+class UpstreamHealth(Collector):
+    """The upstreams of one gateway: their status, readiness, metrics (collected from
+    ``registry`` at scrape time) and pings."""
 
-    def __init__(
-        self,
-        registry: CollectorRegistry | None = None,
-        *,
-        ping_interval_s: float = DEFAULT_PING_INTERVAL_S,
-    ) -> None:
-        if not 0 < ping_interval_s < float("inf"):
-            raise ValueError("ping_interval_s must be a positive number")
+    def __init__(self, registry: CollectorRegistry, *, ping_interval_s: float) -> None:
         self.ping_interval_s = ping_interval_s
         self._entries: dict[str, _Entry] = {}
-        if registry is not None:
-            registry.register(_UpstreamCollector(self))
+        registry.register(self)
 
     def add(self, name: str, source: McpSource, *, optional: bool = False) -> None:
         """Watch ``source``, a connected upstream."""
@@ -92,34 +54,36 @@ class UpstreamHealth:
         self._entries[name] = _Entry(name, True, None, error, time.time())
 
     def remove(self, name: str) -> None:
-        """Stop watching an upstream (removed by a reload)."""
         self._entries.pop(name, None)
 
-    def statuses(self) -> list[UpstreamStatus]:
+    def statuses(self) -> list[UpstreamView]:
         """Every upstream's status, by name."""
         return [self._status(entry) for _, entry in sorted(self._entries.items())]
 
-    def _status(self, entry: _Entry) -> UpstreamStatus:
+    def _status(self, entry: _Entry) -> UpstreamView:
         source = entry.source
         if source is None:
-            return UpstreamStatus(entry.name, "down", True, 1, entry.error, entry.error_at)
+            return UpstreamView(
+                name=entry.name,
+                state="down",
+                optional=True,
+                failures=1,
+                last_error=entry.error,
+                last_error_at=entry.error_at,
+            )
         at, error = source.last_error or (None, None)
-        return UpstreamStatus(
-            entry.name,
-            source.connection_state,
-            entry.optional,
-            source.connection_failures,
-            error,
-            at,
+        return UpstreamView(
+            name=entry.name,
+            state=source.connection_state,
+            optional=entry.optional,
+            failures=source.connection_failures,
+            last_error=error,
+            last_error_at=at,
         )
 
     def not_ready(self) -> str | None:
         """Why the gateway is not ready (a required upstream is not connected), or None."""
-        down = [
-            status.name
-            for status in self.statuses()
-            if not status.optional and status.state != "connected"
-        ]
+        down = [s.name for s in self.statuses() if not s.optional and s.state != "connected"]
         if not down:
             return None
         return f"upstream MCP server(s) not connected: {', '.join(down)}"
@@ -132,7 +96,7 @@ class UpstreamHealth:
             async with anyio.create_task_group() as tg:
                 for entry in list(self._entries.values()):
                     if entry.source is not None and self._due(entry.source):
-                        tg.start_soon(entry.source.ping, entry.source.connect_timeout_s)
+                        tg.start_soon(entry.source.ping, entry.source.options.connect_timeout_s)
 
     def _due(self, source: McpSource) -> bool:
         state = source.connection_state
@@ -140,11 +104,6 @@ class UpstreamHealth:
         # (the sleep starts when the round ends): tolerate a clock's early wake-up
         idle = source.idle_s >= self.ping_interval_s * 0.99
         return state == "down" or (state == "connected" and idle)
-
-
-class _UpstreamCollector(Collector):
-    def __init__(self, health: UpstreamHealth) -> None:
-        self._health = health
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         up = GaugeMetricFamily(
@@ -164,8 +123,8 @@ class _UpstreamCollector(Collector):
             "names (renamed or new since the rules were written; each counted once).",
             labels=("upstream",),
         )
-        for name, entry in sorted(self._health._entries.items()):
-            status = self._health._status(entry)
+        for name, entry in sorted(self._entries.items()):
+            status = self._status(entry)
             up.add_metric((name,), 1.0 if status.state == "connected" else 0.0)
             failures.add_metric((name,), float(status.failures))
             new.add_metric((name,), 0.0 if entry.source is None else len(entry.source.new_tools))

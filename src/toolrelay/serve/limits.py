@@ -1,11 +1,6 @@
-"""Bounded requests: no MCP request is read whole past ``max_request_bytes``.
-
-- Streamable HTTP: :class:`BodyLimit` (ASGI middleware) answers a larger body with HTTP 413
-  and a JSON-RPC error, before the MCP app sees any of it; at most the limit is buffered.
-- stdio: :func:`bounded_stdin` reads this process's stdin in chunks and hands the SDK's stdio
-  server lines of at most the limit. A longer line is read and dropped as it arrives (never
-  held whole); the client gets a JSON-RPC error for it (with the request's ``id`` when it
-  can be read from the line's start) and the next line is served as usual.
+"""Bounded requests: no MCP request is read whole past ``max_request_bytes``
+(``docs/serve.md``, "Request size"): :class:`BodyLimit` over streamable HTTP,
+:func:`bounded_stdin` over stdio.
 """
 
 from __future__ import annotations
@@ -22,12 +17,14 @@ import anyio
 import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..sources.limits import Lines
 from .settings import DEFAULT_MAX_REQUEST_BYTES
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "BodyLimit", "bounded_stdin", "too_large_error"]
 
 INVALID_REQUEST = -32600
 _CHUNK = 64 * 1024
+_HEAD = 4096  # of a refused request, this much is read to find its id
 _ID = re.compile(rb'"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,128}")')
 
 
@@ -71,9 +68,9 @@ class BodyLimit:
                 return
             body = message.get("body", b"")
             size += len(body)
-            if size > self.limit or (over and (size >= 4096 or not message.get("more_body"))):
+            if size > self.limit or (over and (size >= _HEAD or not message.get("more_body"))):
                 # read no further than needed to find the request's id in its first 4 KB
-                await self._refuse(send, (b"".join(chunks) + body)[:4096])
+                await self._refuse(send, (b"".join(chunks) + body)[:_HEAD])
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -110,36 +107,14 @@ _END: Any = object()
 def _lines(read: Callable[[], bytes], limit: int, refused: list[Any]) -> Iterator[bytes | None]:
     """Lines of at most ``limit`` bytes from ``read()`` chunks; None where a longer line was
     dropped (its id, if readable, is appended to ``refused``)."""
-    pending = bytearray()
-    dropping: bytes | None = None  # the start of a line being dropped
-    while True:
-        chunk = read()
-        if not chunk:
-            if pending and dropping is None:
-                yield bytes(pending)
-            return
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            piece = chunk[start:] if end < 0 else chunk[start:end]
-            if dropping is not None:
-                if len(dropping) < 4096:
-                    dropping += piece[: 4096 - len(dropping)]
-            elif len(pending) + len(piece) > limit:
-                dropping = bytes(pending[:4096]) + piece[: max(0, 4096 - len(pending))]
-                pending.clear()
-            else:
-                pending += piece
-            if end < 0:
-                break
-            if dropping is not None:
-                refused.append(_request_id(dropping))
-                dropping = None
-                yield None
-            else:
-                yield bytes(pending)
-                pending.clear()
-            start = end + 1
+    lines = Lines(limit, _HEAD)
+    while chunk := read():
+        for line, fits in lines.feed(chunk):
+            if not fits:
+                refused.append(_request_id(line))
+            yield line if fits else None
+    if lines.rest:
+        yield lines.rest
 
 
 @contextlib.asynccontextmanager

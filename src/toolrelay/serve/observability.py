@@ -1,12 +1,6 @@
-"""The ``[telemetry]`` settings of ``toolrelay.toml`` as ``toolrelay serve`` applies them.
-
-``otlp_endpoint`` sends every call's span over OTLP/HTTP (extra ``otlp``), as service
-``toolrelay-serve``, and ``otlp_metrics_endpoint`` the OpenTelemetry histograms
-(``gen_ai.execute_tool.duration``, ``mcp.server.operation.duration``); ``metrics_port``
-(non-zero) also serves the Prometheus registry on a plain ``/metrics`` endpoint without a
-token, for scrapers that cannot send one (the admin API's ``/metrics`` has the same content
-behind the admin token).
-"""
+"""The ``[telemetry]`` settings of ``toolrelay.toml`` as ``toolrelay serve`` applies them:
+OTLP exporters for spans and histograms, and a plain ``/metrics`` endpoint without a token
+for scrapers that cannot send one (``docs/serve.md``)."""
 
 from __future__ import annotations
 

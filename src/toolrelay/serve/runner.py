@@ -1,13 +1,9 @@
 """``toolrelay serve``: put the pieces together and run them until told to stop.
 
-SIGHUP (and ``POST /reload``, and ``reload_watch_s``) reloads the config file without a
-restart: see :mod:`toolrelay.serve.reload`.
-
-Order of start: the dispatcher (plugins loaded), the admin API (``/healthz`` answers,
-``/readyz`` says 503 until ready), the upstream MCP servers, the tool-list watcher, the MCP
-transport; then ready. Stop: stdin closing (stdio), or SIGINT/SIGTERM; everything is closed
-in reverse order, within a grace period after which the process exits anyway (a stdio
-reader blocked in a thread cannot be interrupted otherwise).
+Start: the dispatcher (plugins loaded), the admin API (``/readyz`` 503 until ready), the
+upstream MCP servers, the tool-list watcher, the MCP transport; then ready. Stop: stdin
+closing (stdio) or SIGINT/SIGTERM, everything closed in reverse order within a grace
+period. SIGHUP reloads the config file (:mod:`toolrelay.serve.reload`).
 """
 
 from __future__ import annotations
@@ -28,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from ..dispatcher import Dispatcher
 from ..net import is_loopback
 from ..registry import ToolRegistry
+from ..sources.errors import innermost
 from .admin import AdminState, admin_app
 from .approvals import ElicitingApprover
 from .auth import StaticTokenVerifier, check_bind, resolve_secret, transport_security
@@ -55,9 +52,8 @@ class Service:
     """One ``toolrelay serve`` run: a dispatcher behind an MCP transport and an admin API.
 
     Construction checks the settings, resolves the tokens (from ``environ``) and builds the
-    dispatcher; :meth:`run` serves (asyncio only: uvicorn) until :meth:`stop`, stdin closing
-    (stdio), or SIGINT/SIGTERM when ``handle_signals``. Start-up lines go to ``out``
-    (default stderr).
+    dispatcher; :meth:`run` serves (asyncio only: uvicorn) until :meth:`stop`. Start-up
+    lines go to ``out`` (default stderr).
     """
 
     def __init__(
@@ -190,12 +186,9 @@ class Service:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.dispatcher.aclose()
-            if metrics is not None:
-                metrics.shutdown()
-            if self.tracer_provider is not None:
-                self.tracer_provider.shutdown()
-            if self.meter_provider is not None:
-                self.meter_provider.shutdown()
+            for running in (metrics, self.tracer_provider, self.meter_provider):
+                if running is not None:
+                    running.shutdown()
 
     async def _start_admin(self, tg: anyio.abc.TaskGroup) -> HttpService | None:
         state, admin = self.admin_state, self.settings.admin
@@ -314,15 +307,7 @@ def main(
     try:
         anyio.run(service.run, backend="asyncio")
     except BaseExceptionGroup as group:
-        raise _first_error(group) from None
+        raise innermost(group) from None
     except OSError as exc:
         raise ServeError(f"{exc.strerror or exc}") from None
     return 0
-
-
-def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The innermost first exception of a (nested) task-group exception group."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc

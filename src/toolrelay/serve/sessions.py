@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from .._compat.mcp_server import SdkSessionManager, busy, is_busy, send_to_session
-from .metrics import GatewayMetrics, RefusalReason
+from .metrics import GatewayMetrics
 
 __all__ = ["HeldCall", "SessionManager"]
 
@@ -48,19 +48,13 @@ class HeldCall:
 class SessionManager(SdkSessionManager):
     """The SDK's session manager, with sessions shared fairly between clients.
 
-    A client (its bearer token's client name, or its peer address without tokens) has at
-    most ``per_client`` sessions open: one more is refused with 429. When ``max_sessions``
-    are open, the least recently used session with no request in flight (no open GET
-    stream) is closed to make room; only when every session is busy is a new one refused
-    with 503. Both refusals carry a JSON-RPC error body and are counted in ``metrics``.
-
-    Only the opening of a session (a request without ``Mcp-Session-Id``) is changed; it
-    reuses the SDK's own admission and serving, under its session-creation lock.
-
-    A client that goes away while a POST on its session is open (its answer's SSE stream
-    ends with ``http.disconnect``) has that POST's requests cancelled, as its own
+    A client (its token's client name, else its peer address) has at most ``per_client``
+    sessions open (one more: 429). When ``max_sessions`` are open, the least recently used
+    idle session is closed to make room; only when every one is busy is a new one refused
+    (503). Only the opening of a session changes; the SDK's admission and serving run as
+    they are. A client that disconnects mid-POST has that POST's requests cancelled, as its
     ``notifications/cancelled`` would: the 2025-era wire has no other signal, and an
-    abandoned call would otherwise run to its deadline, holding its bulkhead slot.
+    abandoned call would run to its deadline, holding its bulkhead slot.
     """
 
     def __init__(self, *, per_client: int, metrics: GatewayMetrics, **kwargs: Any) -> None:
@@ -70,7 +64,7 @@ class SessionManager(SdkSessionManager):
         self._client_of: dict[str, str] = {}
         self._last_used: dict[str, float] = {}
         self._held: dict[str, set[HeldCall]] = {}
-        metrics.count_sessions(lambda: len(self.sessions))
+        metrics.sessions_open.set_function(lambda: len(self.sessions))
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -89,11 +83,9 @@ class SessionManager(SdkSessionManager):
         transport: StreamableHTTPServerTransport,
         request_id: types.RequestId,
     ) -> Iterator[HeldCall]:
-        """Serve request ``request_id`` of ``session_id`` outside its transport (the fast
-        lane): the session counts as used now and busy until the block ends (as the
-        transport counts its own requests), and the block is cancelled when the session
-        is closed, the manager stops, or the client cancels the request
-        (:meth:`cancel_held`); then the scope's ``cancelled_caught`` is set."""
+        """Serve a request of ``session_id`` outside its transport (the fast lane): the
+        session is busy until the block ends, which is cancelled when the session closes,
+        the manager stops, or the client cancels the request (:meth:`cancel_held`)."""
         if session_id in self._last_used:
             self._last_used[session_id] = time.monotonic()
         held = HeldCall(coerce_request_id(request_id))
@@ -109,8 +101,7 @@ class SessionManager(SdkSessionManager):
                     self._held.pop(session_id, None)
 
     def cancel_held(self, session_id: str, request_id: types.RequestId) -> None:
-        """Cancel the fast lane's calls of ``session_id`` with ``request_id``, as the
-        SDK's dispatcher cancels its own on ``notifications/cancelled``."""
+        """Cancel the fast lane's calls with ``request_id``, as the SDK cancels its own."""
         key = coerce_request_id(request_id)
         for held in self._held.get(session_id, ()):
             if held.request_id == key:
@@ -133,33 +124,31 @@ class SessionManager(SdkSessionManager):
         user = scope.get("user")
         requestor = authorization_context(user) if isinstance(user, AuthenticatedUser) else None
         client = _client_key(scope)
-        refusal: tuple[RefusalReason, int, str] | None = None
+        refusal: tuple[str, int, str] | None = None
         transport = None
         async with self.creation_lock:
             if sum(1 for c in self._client_of.values() if c == client) >= self.per_client:
                 refusal = ("client_limit", 429, "Too many open sessions for this client")
-            elif not await self._make_room():
+            elif (
+                not await self._make_room() or (transport := self.admit_session(requestor)) is None
+            ):
                 refusal = ("full", 503, "Too many open sessions")
             else:
-                transport = self.admit_session(requestor)
-                if transport is None:  # pragma: no cover - room was just made
-                    refusal = ("full", 503, "Too many open sessions")
-                else:
-                    assert transport.mcp_session_id is not None
-                    self._client_of[transport.mcp_session_id] = client
-                    self._last_used[transport.mcp_session_id] = time.monotonic()
+                assert transport.mcp_session_id is not None
+                self._client_of[transport.mcp_session_id] = client
+                self._last_used[transport.mcp_session_id] = time.monotonic()
         if refusal is not None:
             reason, status, message = refusal
             log.warning("refusing a new MCP session for %s: %s", client, reason)
-            self.metrics.refused(reason)
+            self.metrics.sessions_refused.labels(reason).inc()
             await _jsonrpc_error(message, status)(scope, receive, send)
             return
         assert transport is not None
         await self.serve_opening_request(transport, scope, receive, send)
 
     async def _cancel_abandoned(self, session_id: str, request_ids: list[types.RequestId]) -> None:
-        """Cancel the requests of a POST whose client disconnected (a request already
-        answered is not in flight any more, and the server ignores its cancellation)."""
+        """Cancel the requests of a POST whose client disconnected (the server ignores
+        the cancellation of one already answered)."""
         transport = self.sessions.get(session_id)
         if transport is None:
             return
@@ -176,7 +165,7 @@ class SessionManager(SdkSessionManager):
 
     async def _make_room(self) -> bool:
         """Whether a session can be opened, closing the least recently used idle one if
-        every place is taken (called under the session-creation lock)."""
+        need be (under the session-creation lock)."""
         if self.max_sessions is None or len(self.sessions) < self.max_sessions:
             return True
         idle = [
@@ -189,7 +178,7 @@ class SessionManager(SdkSessionManager):
         _, oldest = min(idle)
         log.info("closing idle MCP session %s to admit a new one", oldest[:8])
         await self.discard_session(oldest, self.sessions[oldest])
-        self.metrics.reaped()
+        self.metrics.sessions_reaped.inc()
         return True
 
     async def discard_session(

@@ -1,19 +1,10 @@
 """Server spans and ``mcp.server.operation.duration`` after the OTel MCP conventions.
 
-:class:`McpServerTelemetry` is server middleware (it replaces the MCP SDK's own
-``OpenTelemetryMiddleware``, which uses only the global tracer provider and leaves out the
-session and transport). Every request the gateway serves gets a span named
-``{mcp.method.name} {target}`` (``tools/call get_weather``; the method alone without a
-target), kind ``SERVER``, whose parent is the context the client sent in
-``params._meta`` (``traceparent``/``tracestate``, read with the *global* propagator, as the
-SDK's client writes it): the dispatcher's ``execute_tool`` span is its child, and the
-upstream MCP servers get the trace in their own ``_meta`` (the SDK's client injects the
-current context into every request it sends). A client context is continued even when no
-tracer provider records: the upstream then sees the client's own ``traceparent``.
-
-Errors: a JSON-RPC error sets ``error.type`` and ``rpc.response.status_code`` to its code; a
-``tools/call`` answered with ``isError`` sets ``error.type=tool_error`` (the dispatcher's
-span says which ``error_type``). Both set the span status to ``ERROR``.
+:class:`McpServerTelemetry` is server middleware in place of the MCP SDK's own
+``OpenTelemetryMiddleware`` (which uses only the global tracer provider and leaves out the
+session and transport). A request's span continues the context the client sent in
+``params._meta``, even when no tracer provider records, so upstream servers still see the
+client's trace. Names, attributes and errors: ``docs/telemetry.md``.
 """
 
 from __future__ import annotations
@@ -109,12 +100,10 @@ class McpServerTelemetry:
         name: Any,
         meta: Any,
     ) -> Iterator[Served]:
-        """The span and duration of one request served in the ``with`` block.
-
-        ``scope`` is the HTTP request's ASGI scope (``None`` on stdio), ``name`` the
-        request's ``params.name`` (the target of ``tools/call`` and ``prompts/get``),
-        ``meta`` its ``params._meta`` (a client's trace context to continue). An exception
-        is recorded as the SDK answers it; cancellation is not an error."""
+        """The span and duration of one request served in the ``with`` block (``scope``:
+        the ASGI scope, ``None`` on stdio; ``name``: ``params.name``; ``meta``:
+        ``params._meta``). An exception is recorded as the SDK answers it; cancellation is
+        not an error."""
         started = time.perf_counter()
         durations = self.durations
         if durations.histogram is None and started >= durations.next_check:
@@ -202,8 +191,7 @@ def request_attributes(
     scope: Scope | None,
     session_id: str | None,
 ) -> dict[str, Any]:
-    """A request's attributes known before it is served (``scope``: its HTTP request's
-    ASGI scope, ``None`` on stdio; ``session_id``: its ``Mcp-Session-Id``)."""
+    """A request's attributes known before it is served."""
     attributes: dict[str, Any] = {
         "mcp.method.name": method,
         "mcp.protocol.version": protocol_version,

@@ -1,11 +1,6 @@
-"""MCP servers behind the gateway: ``[serve.upstreams.NAME]`` as :class:`McpSource` plugins.
-
-Each upstream is entered (connected, its tools listed) and registered in the dispatcher's
-registry before the gateway serves, so its tools run through the whole pipeline (their own
-breaker key, deadline, retries, faults) like any other. ``optional = true`` lets the gateway
-start without an upstream that cannot be reached (logged); otherwise that is an error.
-Every upstream is reported to the gateway's :class:`~toolrelay.serve.health.UpstreamHealth`
-(which pings it and tells ``/readyz``), a skipped optional one as down.
+"""MCP servers behind the gateway: ``[serve.upstreams.NAME]`` as :class:`McpSource` plugins,
+connected and registered before the gateway serves (``optional = true``: start without one
+that cannot be reached) and reported to :class:`~toolrelay.serve.health.UpstreamHealth`.
 """
 
 from __future__ import annotations
@@ -60,14 +55,10 @@ def build_source(upstream: UpstreamSettings, environ: Mapping[str, str]) -> McpS
 
 
 class Upstreams:
-    """The upstream MCP servers of a running gateway, each held open by a task of its own,
-    so one can be added, replaced or removed while the gateway serves (hot reload).
-
-    Use as ``async with Upstreams(...) as upstreams:``; leaving closes every upstream.
-    :meth:`start` connects and registers the configured ones; :meth:`connect` only
-    connects (a reload registers once everything it needs is ready); :meth:`close`
-    closes one (:mod:`toolrelay.serve.reload` first waits for its calls in flight).
-    """
+    """The upstream MCP servers of a running gateway (``async with``), each held open by a
+    task of its own, so a hot reload can add, replace or remove one while the gateway
+    serves: :meth:`connect` only connects, and a reload registers once all it needs is
+    ready."""
 
     def __init__(
         self,

@@ -137,15 +137,10 @@ def why(exc: BaseException | None) -> str:
 
 
 def is_disconnect(exc: MCPError) -> bool:
-    """Errors that mean the connection is gone, not that the server said no.
-
-    Besides ``CONNECTION_CLOSED``: a 2025-era HTTP server that no longer knows our session
-    (it restarted, or expired it) answers HTTP 404, after which the spec says the client
-    must start a new session. The SDK does not surface the status, only the JSON-RPC error
-    — its own ``INVALID_REQUEST "Session terminated"``, the SDK server's ``INVALID_REQUEST
-    "Session not found"``, the TypeScript SDK's ``-32001 "Session not found"`` — so those
-    are recognised by code and by the word "session" (no code of their own exists).
-    """
+    """Errors that mean the connection is gone, not that the server said no: besides
+    ``CONNECTION_CLOSED``, a 2025-era HTTP server that lost our session (HTTP 404: start a
+    new one), which the SDKs surface only as ``INVALID_REQUEST`` or ``-32001`` "Session
+    terminated/not found", so recognised by code and the word "session"."""
     if exc.code == mcp_types.CONNECTION_CLOSED:
         return True
     return exc.code in _SESSION_GONE_CODES and "session" in exc.message.lower()

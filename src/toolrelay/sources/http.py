@@ -1,11 +1,9 @@
 """The streamable HTTP transport, with JSON answers bounded while they are read.
 
-The SDK's HTTP reader reads a JSON answer whole. :func:`capped_http_client` is an
-``httpx2.AsyncClient`` whose JSON (non-SSE) response bodies stop at ``max_bytes`` (a
-``Content-Length`` over it is refused before any of the body is read); the SDK answers the
+The SDK reads a JSON answer whole; :func:`capped_http_client` stops its body at
+``max_bytes`` (a larger ``Content-Length`` is refused unread) and the SDK answers the
 waiting request with a parse error carrying :data:`~.limits.TOO_LARGE_TEXT`. SSE events are
-bounded by the SDK's own ``max_sse_event_size``, which :func:`http_transport` sets to the
-same limit.
+bounded by the SDK's ``max_sse_event_size``, set to the same limit.
 """
 
 from __future__ import annotations

@@ -16,40 +16,11 @@ toolrelay tools::
                               headers={"Authorization": "Bearer …"}) as source:
         registry.register(source)
 
-The options (breaker key, prefix, timeouts, risk floors and overrides, message bounds, …):
-:class:`~.options.McpSourceOptions`.
-
-How tools and results are mapped: see :mod:`.mcp_mapping` (names, risk from annotations,
-size caps; ``structuredContent``, text or content blocks as data, ``isError`` as a
-``ToolError``). The host's ``AuthContext`` is not sent to the server.
-
-Deadlines and cancellation
-    toolrelay cancels ``execute`` at the call's deadline; the server is then told:
-    ``notifications/cancelled`` on stdio and on 2025-era HTTP sessions, and an aborted POST
-    on 2026-era (sessionless) HTTP, where that is the protocol's cancellation signal.
-
-The raw lane (stdio)
-    On stdio, ``tools/call`` does not go through the SDK's client session: the transport's
-    :class:`~toolrelay.sources.rawlane.RawLane` writes the request line itself (what the
-    session would write: the same ``params``, the ``_meta`` its session stamps on this
-    connection, the caller's trace context injected) and hands the response line back to
-    the call, parsed with one ``json.loads`` and checked as the SDK checks it
-    (:func:`~.mcp_mapping.call_result`). The SDK's session — pydantic models both ways,
-    memory streams, a writer task, its request bookkeeping — cost about 0.45 ms of CPU a
-    call, most of the gateway's own cost in front of an upstream. The session still does
-    everything else (handshake, ``tools/list``, ping, notifications, the server's own
-    requests, list-change subscriptions), and the answers are the same, failures included.
-    Not on HTTP: there the SDK's transport owns the requests (session ids, per-request
-    headers on 2026-era sessions, SSE streams, resumption), and an HTTP round trip costs
-    far more than the session's bookkeeping; a raw lane there is left for later.
-
-Failures and reconnection
-    A server that exits, crashes or disconnects never makes an exception escape
-    ``dispatch``: ``execute`` raises a retryable ``ToolError("… server is not reachable")``
-    (which the breaker counts, so repeated failures become ``circuit_open``). The next call
-    after a back-off reconnects (a new process for stdio, a new session for HTTP, a fresh
-    ``tools/list``); until then ``describe()`` keeps offering the last known tools. How
-    losses are noticed, the back-off and tool list changes: :mod:`.mcp_connection`.
+Options: :class:`~.options.McpSourceOptions`. How tools and results are mapped, the raw
+lane for stdio ``tools/call`` (:mod:`.rawlane`) and how failures and reconnects look to a
+call: ``docs/serve.md``. A server that is gone never makes an exception escape
+``dispatch``: the call gets a retryable ``ToolError`` the breaker counts, and the next call
+after the back-off reconnects (:mod:`.mcp_connection`).
 """
 
 from __future__ import annotations
@@ -59,8 +30,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
 from ..contract import AuthContext, ErrorType, ToolDeclaration, ToolError
 from .options import McpSourceOptions
@@ -104,11 +74,13 @@ __all__ = ["McpConnectError", "McpSource", "McpSourceOptions", "object_schema"]
 TransportFactory = Callable[[], Transport]
 
 
-class McpSource:
+class McpSource(Connector):
     """The tools of one MCP server, as a toolrelay plugin. Use :meth:`stdio` or :meth:`http`.
 
     Enter it with ``async with`` before registering (the first connection is made there and
-    :class:`McpConnectError` is raised when it fails); leave it to close everything.
+    :class:`McpConnectError` is raised when it fails); leave it to close everything. Its
+    connection's health and controls (``connection_state``, ``ping()``, ``refresh()``, …)
+    are :class:`~.mcp_connection.Connector`'s.
 
     Args:
         transport: Builds a fresh SDK transport for every connection attempt.
@@ -116,17 +88,11 @@ class McpSource:
     """
 
     def __init__(self, transport: TransportFactory, options: McpSourceOptions) -> None:
-        self.options = options
-        self.name = options.name or options.breaker_key
+        name = options.name or options.breaker_key
+        self._tools = ToolMap(options, name)
+        super().__init__(options, name, transport, self._tools.install)
         count = options.count_errors  # a pattern the options model has checked
         self._outage = re.compile(count) if isinstance(count, str) else count
-        self._tools = ToolMap(options, self.name)
-        self._link = Connector(options, self.name, transport, self._tools.install)
-
-    @property
-    def connect_timeout_s(self) -> float:
-        """Bound on connecting and on a ``tools/list``; the gateway's pings use it too."""
-        return self.options.connect_timeout_s
 
     @property
     def new_tools(self) -> frozenset[str]:
@@ -134,12 +100,6 @@ class McpSource:
         rule names (renamed or added since: they get ``new_tool_risk``), so far."""
         return frozenset(self._tools.new)
 
-    @property
-    def connects(self) -> int:
-        """How many connections were established (the first included)."""
-        return self._link.connects
-
-    # -- constructors ---------------------------------------------------------------------
     @classmethod
     def stdio(
         cls,
@@ -188,41 +148,6 @@ class McpSource:
 
         return cls(transport, options)
 
-    @property
-    def protocol_version(self) -> str | None:
-        """The MCP protocol version of the live connection (``None`` when not connected)."""
-        return self._link.protocol_version
-
-    # -- health (the gateway's /readyz, metrics and pings read these) ---------------------
-    @property
-    def connection_state(self) -> Literal["connected", "reconnecting", "down"]:
-        """``connected``, ``reconnecting`` (a connection attempt under way) or ``down``
-        (none: the next comes after the back-off, on a call or a :meth:`ping`)."""
-        return self._link.state
-
-    @property
-    def connection_failures(self) -> int:
-        """Connection attempts that failed and connections lost so far, however noticed
-        (by a call, a ping, or the connection itself)."""
-        return self._link.failures
-
-    @property
-    def last_error(self) -> tuple[float, str] | None:
-        """When (seconds since the epoch) and why the connection last failed, if ever."""
-        return self._link.last_error
-
-    @property
-    def idle_s(self) -> float:
-        """Seconds since the server last answered (a call, a listing or a ping)."""
-        return self._link.idle_s
-
-    async def ping(self, timeout_s: float) -> bool:
-        """MCP ``ping`` within ``timeout_s``, connecting first when not connected and the
-        back-off allows. A failed or unanswered ping loses the connection (counted, like a
-        failed call; the next call or ping reconnects). Whether the server answered; never
-        raises but cancellation."""
-        return await self._link.ping(timeout_s)
-
     # -- the plugin -----------------------------------------------------------------------
     def describe(self) -> Sequence[ToolDeclaration]:
         """The server's tools as last listed (kept while the server is unreachable)."""
@@ -241,15 +166,15 @@ class McpSource:
                 f"{name} is no longer offered by {self.name}", error_type=ErrorType.UNKNOWN_TOOL
             )
         try:
-            conn = await self._link.acquire()
+            conn = await self.acquire()
         except Unreachable as gone:
             raise self._unreachable(gone.args[0]) from None
         try:
             with map_mcp_errors():
                 result = await self._call(conn, entry.remote, args)
         except Disconnected as exc:
-            self._link.lost(conn, str(exc))
-            raise self._unreachable(self._link.backoff.remaining()) from None
+            self.lost(conn, str(exc))
+            raise self._unreachable(self.backoff.remaining()) from None
         except AnswerTooLarge:
             limits = self.options.max_message_bytes, self.options.max_message_values
             raise ToolError(
@@ -259,14 +184,18 @@ class McpSource:
                 counts_as_failure=False,
             ) from None
         except NotAToolResult:
-            raise self._not_a_result() from None
+            raise ToolError(
+                f"{self.name} sent an answer that is not a valid MCP tool result",
+                error_type=ErrorType.INVALID_OUTPUT,
+                counts_as_failure=True,
+            ) from None
         except Refused as exc:
             if exc.stale:
                 conn.refresh_wanted.set()  # our list may be stale (e.g. the tool was removed)
             raise ToolError(
                 f"{self.name} refused the call: {cap(str(exc))}", counts_as_failure=exc.counted
             ) from None
-        self._link.answered()
+        self.answered()
         if isinstance(result, str):
             return result
         if result.is_error:
@@ -276,26 +205,6 @@ class McpSource:
                 raise ToolError(text, retryable=True)  # the server's own outage: counted
             raise ToolError(text)
         return result_data(result)
-
-    async def refresh(self) -> None:
-        """Re-read ``tools/list`` now (connecting first if needed).
-
-        Raises :class:`McpConnectError` when the server cannot be reached or listed.
-        """
-        await self._link.refresh()
-
-    # -- lifecycle ------------------------------------------------------------------------
-    async def __aenter__(self) -> McpSource:
-        await self._link.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        return await self._link.__aexit__(exc_type, exc, tb)
 
     async def _call(
         self, conn: Connection, remote: str, args: dict[str, Any]
@@ -324,19 +233,9 @@ class McpSource:
             return await client.call_tool(remote, args)
         return result
 
-    def _not_a_result(self) -> ToolError:
-        return ToolError(
-            f"{self.name} sent an answer that is not a valid MCP tool result",
-            error_type=ErrorType.INVALID_OUTPUT,
-            counts_as_failure=True,
-        )
-
     def _unreachable(self, retry_after_s: float | None) -> ToolError:
-        if self._link.closed:
+        if self.closed:
             return ToolError(f"{self.name} server is not connected: its source is closed")
         return ToolError(
             f"{self.name} server is not reachable", retryable=True, retry_after_s=retry_after_s
         )
-
-    def _install(self, tools: Sequence[mcp_types.Tool]) -> int:
-        return self._tools.install(tools)

@@ -1,19 +1,11 @@
 """The connection of an :class:`~toolrelay.sources.mcp.McpSource` to its server.
 
-:class:`Connector` owns one :class:`Connection` at a time, each in a task of the
-connector's task group (the SDK's session and transport task groups run there, so a
-transport failure is contained; leaving the source's ``async with`` closes the session and
-stops the server process). A dead connection is replaced when a call asks for one and the
-back-off allows: an exponential wait (``backoff_initial_s``, doubling per failed
-attempt in a row, up to ``backoff_max_s``). A loss is noticed by the call that meets it
-(or, on 2026-era connections, by the ``subscriptions/listen`` stream); a call cancelled at
-its deadline while a reconnect is under way leaves the reconnect running, so the next call
-finds it done.
-
-Tool list changes: ``notifications/tools/list_changed`` (and, on 2026-era connections, the
-``subscriptions/listen`` stream opened when the server advertises ``tools.listChanged``)
-makes the connector re-read ``tools/list`` in the background; the registry reads
-``describe()`` on every lookup, so ``specs()`` shows the change at once.
+:class:`Connector` owns one :class:`Connection` at a time, each in a task of its own task
+group (a transport failure is contained there). A dead connection is replaced when a call
+asks for one and the back-off allows; a call cancelled while a reconnect is under way
+leaves it running for the next call. A tool list change (``notifications/tools/
+list_changed``, or the 2026-era ``subscriptions/listen`` stream) re-reads ``tools/list``
+in the background, and ``specs()`` shows it at once.
 """
 
 from __future__ import annotations
@@ -24,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Literal
+from typing import Literal, Self
 
 import anyio
 import anyio.abc
@@ -63,17 +55,19 @@ class Connector:
         self.conn: Connection | None = None
         self.closed = False
         self.connects = 0
-        self.failures = 0
-        """Connection attempts that failed, and connections lost (however noticed)."""
+        """How many connections were established (the first included)."""
+        self.connection_failures = 0
+        """Connection attempts that failed and connections lost so far, however noticed (by a
+        call, a ping, or the connection itself)."""
         self.last_error: tuple[float, str] | None = None
-        """When (seconds since the epoch) and why the last one happened."""
+        """When (seconds since the epoch) and why the connection last failed, if ever."""
         self._last_seen = time.monotonic()
         self._tg: anyio.abc.TaskGroup | None = None
         self.handshake_refused = False
         """The server refused the 2025 handshake ``auto`` offers over stdio first."""
 
     # -- lifecycle ------------------------------------------------------------------------
-    async def __aenter__(self) -> Connector:
+    async def __aenter__(self) -> Self:
         if self._tg is not None or self.closed:
             raise RuntimeError("an McpSource can be entered only once")
         tg = anyio.create_task_group()
@@ -115,7 +109,9 @@ class Connector:
 
     # -- health ---------------------------------------------------------------------------
     @property
-    def state(self) -> Literal["connected", "reconnecting", "down"]:
+    def connection_state(self) -> Literal["connected", "reconnecting", "down"]:
+        """``connected``, ``reconnecting`` (a connection attempt under way) or ``down``
+        (none: the next comes after the back-off, on a call or a :meth:`ping`)."""
         conn = self.conn
         if conn is None or conn.state in DEAD:
             return "down"
@@ -123,7 +119,7 @@ class Connector:
 
     @property
     def idle_s(self) -> float:
-        """Seconds since the server last answered."""
+        """Seconds since the server last answered (a call, a listing or a ping)."""
         return time.monotonic() - self._last_seen
 
     def answered(self) -> None:
@@ -131,13 +127,13 @@ class Connector:
         self._last_seen = time.monotonic()
 
     def _failed(self, reason: str) -> None:
-        self.failures += 1
+        self.connection_failures += 1
         self.last_error = (time.time(), reason)
 
     async def ping(self, timeout_s: float) -> bool:
         """Connect if needed (and the back-off allows), then MCP ``ping`` within
         ``timeout_s``; a ping that fails or goes unanswered loses the connection, like a
-        failed call. Never raises but cancellation."""
+        failed call. Whether the server answered; never raises but cancellation."""
         try:
             conn = await self.acquire()
         except Unreachable:
@@ -164,12 +160,15 @@ class Connector:
 
     @property
     def protocol_version(self) -> str | None:
+        """The MCP protocol version of the live connection (``None`` when not connected)."""
         conn = self.conn
         if conn is None or conn.state != State.READY or conn.client is None:
             return None
         return conn.client.protocol_version
 
     async def refresh(self) -> None:
+        """Re-read ``tools/list`` now (connecting first if needed); raises
+        :class:`McpConnectError` when the server cannot be reached or listed."""
         try:
             conn = await self.acquire()
         except Unreachable:
@@ -236,17 +235,12 @@ class Connector:
         return conn.client_over(transport, mode, lane, self.name)
 
     async def _enter(self, stack: AsyncExitStack, conn: Connection) -> Client:
-        """Connect, with ``protocol="auto"`` over stdio offering the 2025 handshake first.
-
-        A stdio pipe is one long-lived connection whatever the era; on it the handshake
-        tells the server the protocol version, client info and capabilities once, where a
-        2026-era request carries them in ``_meta`` and an SDK server reads them again on
-        every call (1.5 against 1.0 ms of the server's CPU a call, ``bench/gateway.py``).
-        A server that refuses the handshake (a 2026-era-only one) is started again and
-        spoken to in the SDK's ``auto`` mode; the source remembers, so reconnects go
-        straight there. Over HTTP ``auto`` is the SDK's: 2026-era when the server speaks
-        it (no session to lose when a replica restarts).
-        """
+        """Connect, with ``protocol="auto"`` over stdio offering the 2025 handshake first:
+        on one long-lived pipe it tells the server version, client info and capabilities
+        once, where a 2026-era request carries them in ``_meta`` for the server to read on
+        every call (1.5 against 1.0 ms of its CPU a call, ``bench/gateway.py``). A server
+        that refuses it is started again in the SDK's ``auto`` mode, remembered for
+        reconnects. Over HTTP ``auto`` is the SDK's."""
         try:
             return await stack.enter_async_context(self._client(conn))
         except Exception as exc:  # the transport's task groups wrap the server's answer
@@ -376,22 +370,12 @@ class Connector:
             try:
                 with anyio.fail_after(self.options.connect_timeout_s):
                     tools = await list_tools(client)
-            except MCPError as exc:
-                if is_disconnect(exc):
+            except Exception as exc:
+                if isinstance(exc, MCPError) and is_disconnect(exc):
                     self.lost(conn, exc.message)
                     return
-                log.warning(
-                    "toolrelay: MCP server %s: tools/list failed: %s",
-                    self.name,
-                    cap(exc.message, 80),
-                )
-                continue
-            except Exception as exc:
-                log.warning(
-                    "toolrelay: MCP server %s: tools/list failed (%s)",
-                    self.name,
-                    type(exc).__name__,
-                )
+                reason = cap(exc.message, 80) if isinstance(exc, MCPError) else type(exc).__name__
+                log.warning("toolrelay: MCP server %s: tools/list failed: %s", self.name, reason)
                 continue
             self._listed(tools)
 

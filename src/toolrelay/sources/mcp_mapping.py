@@ -1,46 +1,11 @@
 """MCP tools as toolrelay declarations, MCP results as toolrelay data (see :mod:`.mcp`).
 
-How tools are mapped
-    ``inputSchema`` → ``parameters`` (a schema without a top-level ``"type"`` gets
-    ``"type": "object"``; any other non-object schema is skipped with a log line — though
-    the SDK 2.x itself already refuses a whole ``tools/list`` that contains such a schema,
-    and the connection then fails with the SDK's ``ValidationError``),
-    ``outputSchema`` → ``output_schema``, ``description`` (or the title) → ``description``.
-    Annotations give the risk: ``destructiveHint: true`` → ``dangerous`` (even beside
-    ``readOnlyHint``: contradictory hints resolve to the riskier), otherwise
-    ``readOnlyHint`` → ``read``, anything else (no hints at all included) → ``write``;
-    the source's ``risk`` and ``tool_risk`` floors then raise it (never lower it); an
-    operator's override (``tool_risk_override`` for the tool, else ``risk_override``) replaces
-    all of that, lowering included; a tool no per-tool rule names is then raised to
-    ``new_tool_risk`` (by default ``dangerous`` when there are per-tool rules), logged once
-    and counted (``ToolMap.new``);
-    ``idempotentHint`` → ``idempotent`` (absent: toolrelay's default, ``risk == "read"``).
-    (The spec's own default for an absent ``destructiveHint`` is ``true``; toolrelay asks for
-    approval of ``write`` tools by default too. Hints come from the server: trust them only
-    as far as you trust the server.)
-    Sizes are capped as the list is read: a description longer than 2,000 characters is cut
-    (ending with ``…``), and a tool whose input or output schema serialises to more than
-    64 KiB of compact JSON, or nests objects and arrays deeper than 32 levels, is skipped
-    with a log line.
-    Names are sanitised to toolrelay's ``^[A-Za-z0-9_-]{1,64}$`` (other characters become
-    ``_``) and prefixed with ``prefix + "__"`` when a prefix is given; a name that still does
-    not fit, a duplicate, or a declaration toolrelay's registry would refuse (e.g. a schema
-    declaring an identity property) is skipped with a log line, so one odd tool never stops
-    the others from being registered. Every tool gets the source's ``breaker_key``, its
-    ``timeout_s`` (or ``tool_timeouts[remote name]``) and the tags ``{"mcp", *tags}``.
-
-How results are mapped
-    ``structuredContent`` is returned when present. Otherwise text content is returned as
-    it is, never JSON-decoded (a single text item → that string, several → a list of
-    strings), and any other content (images, audio, resources) as a list of the MCP
-    content blocks as JSON objects. A dict or list so returned (:class:`McpDict`,
-    :class:`McpList`) also carries the server's own ``content`` and ``structuredContent``,
-    which ``toolrelay serve`` passes on unchanged (:func:`upstream_result`) — when their
-    JSON is at most twice the size of the data (plus 4 KiB), so that the output cap, which
-    measures the data, bounds them too. ``isError: true`` raises a non-retryable
-    :class:`~toolrelay.contract.ToolError` carrying the server's text (capped at 200
-    characters, credentials masked before the cut, and a word the cut would split dropped
-    whole); it does not count against the breaker (it is the tool's answer).
+The rules (names, schemas, risk from annotations and the operator's floors and overrides,
+size caps, results): ``docs/serve.md``, "The ``[serve]`` section". A dict or list a result is
+read into (:class:`McpDict`, :class:`McpList`) carries the server's own ``content`` and
+``structuredContent``, which ``toolrelay serve`` passes on unchanged
+(:func:`upstream_result`) while their JSON is at most twice the data's size plus 4 KiB, so
+the output cap, which measures the data, bounds them too.
 """
 
 from __future__ import annotations
@@ -77,13 +42,8 @@ _TEXT_KEYS = {"type": None, "text": None}.keys()
 
 # -- tools ------------------------------------------------------------------------------------
 def object_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``schema`` as an object schema, or ``None`` when it describes something else.
-
-    A schema with no top-level ``type`` (``{}``, or just ``properties``) is made an object
-    schema: tool arguments are always a JSON object. Note that the MCP SDK 2.x already
-    rejects a ``tools/list`` whose input schemas lack ``"type": "object"``, so over the SDK
-    this only ever sees conforming schemas; it is the last line of defence.
-    """
+    """``schema`` as an object schema (one with no top-level ``type`` made one: tool
+    arguments are always an object), or ``None`` when it describes something else."""
     if not isinstance(schema, Mapping):
         return None
     kind = schema.get("type")
@@ -126,18 +86,6 @@ def _risk(annotations: mcp_types.ToolAnnotations | None) -> tuple[Risk, bool | N
     if annotations.read_only_hint:
         return "read", idempotent
     return "write", idempotent
-
-
-def _normal(name: str) -> str:
-    """A name as per-tool floors match it: case and ``-``, ``.``, space vs ``_`` ignored."""
-    return name.casefold().replace("-", "_").replace(".", "_").replace(" ", "_")
-
-
-def _riskier(a: Risk, b: Risk | None) -> Risk:
-    """The higher of two risks (``read`` < ``write`` < ``dangerous``)."""
-    if b is None:
-        return a
-    return a if RISKS.index(a) >= RISKS.index(b) else b
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,16 +171,11 @@ class ToolMap:
         if parameters is None:
             self._skip(tool.name, "its input schema is not an object schema")
             return None
-        risk, idempotent = _risk(tool.annotations)
-        risk = _riskier(risk, self.options.risk)  # the operator's floors: hints cannot go below
-        names = {_normal(tool.name), _normal(name)}
-        floors = [self._floors[key] for key in names if key in self._floors]
-        for floor in floors:
-            risk = _riskier(risk, floor)
-        overrides = self.options.tool_risk_override  # the operator's word: above all of that
-        override = overrides.get(tool.name) or overrides.get(name)
-        new = not floors and override is None and self._new_risk is not None
-        override = override or self.options.risk_override
+        hinted, idempotent = _risk(tool.annotations)
+        floors = self.options.risk, *map(self.options.tool_risk.get, (tool.name, name))
+        risk = max((hinted, *(r for r in floors if r is not None)), key=RISKS.index)
+        overrides = self.options.tool_risk_override  # the operator's word: above the floors
+        override = overrides.get(tool.name) or overrides.get(name) or self.options.risk_override
         risk = risk if override is None else override
         if new:  # named by no rule: renamed or added since the rules were written
             risk = _riskier(risk, self._new_risk)

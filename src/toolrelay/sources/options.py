@@ -1,10 +1,7 @@
-"""What an :class:`~toolrelay.sources.mcp.McpSource` is told: one frozen options model.
-
-:class:`McpSourceOptions` is what ``McpSource(transport, options)`` takes, and what the
-gateway's ``[serve.upstreams.NAME]`` tables are read into (``UpstreamSettings`` extends it
-with how to reach the server). Built by hand, a bad value raises one line naming it
-(``McpSourceOptions.prefix: …``), a ``ValueError``. Plain Python and pydantic: importing
-it needs no MCP SDK.
+"""What an :class:`~toolrelay.sources.mcp.McpSource` is told: one frozen options model,
+which ``[serve.upstreams.NAME]`` is read into too (``UpstreamSettings`` adds how to reach
+the server). A bad value raises one line naming it, a ``ValueError``. Importing it needs
+no MCP SDK.
 """
 
 from __future__ import annotations

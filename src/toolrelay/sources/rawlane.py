@@ -1,18 +1,13 @@
 """The raw lane: JSON-RPC requests written straight to a stdio server, beside the SDK's session.
 
-The stdio transport (:mod:`.stdio`) carries a :class:`RawLane` (``.lane``) for the one
-request on the hot path (``tools/call``; see :mod:`.mcp`). Its ids are strings
-``"tr-<n>"`` (the SDK's are integers, and ``"listen-<n>"``); the reader reads the id from a
-response's head (:func:`answered_id`, as for refusals) and hands a raw id's line to its
-waiter, which parses it with one ``json.loads`` — never through the SDK's pydantic message
-parse. Everything else goes to the SDK as before. Both write under one queue, so lines
-never interleave; a raw line once started is written whole before a cancellation takes
-effect (half a line would corrupt the stream), and one the server does not take within
-2 s drops the connection (the server stopped reading its stdin). Refusals answer raw ids
-too; when the connection ends (the reader stops, the process exits, a write fails) every
-waiting raw request fails as the SDK's would (``CONNECTION_CLOSED``). A raw request
-cancelled while it waits sends ``notifications/cancelled`` as the SDK does; a late
-response to it is dropped.
+The SDK's session (pydantic models both ways, memory streams, a writer task) cost about
+0.45 ms of CPU per ``tools/call``. The raw lane writes that one request itself, with ids
+``"tr-<n>"``; the reader hands a raw id's response line to its waiter, parsed with one
+``json.loads`` and checked as the SDK checks it. Lines never interleave (one writer queue)
+and a line once started is written whole. When the connection ends every waiting raw
+request fails as the SDK's would (``CONNECTION_CLOSED``); a cancelled one sends
+``notifications/cancelled``. Not on HTTP, where the SDK's transport owns the requests and
+a round trip costs far more.
 """
 
 from __future__ import annotations
@@ -84,14 +79,10 @@ class RawLane:
     async def request(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """Send one request; its response's ``result``.
 
-        Raises ``MCPError``: the server's JSON-RPC error; a refusal of the transport
-        (:data:`~.errors.MESSAGE_TOO_LARGE`, or :data:`~.errors.MESSAGE_UNREADABLE` for a
-        response that is not JSON-RPC); ``CONNECTION_CLOSED`` when the connection is gone.
-        ``ValueError`` (nothing sent): ``params`` cannot be written as strict JSON.
-        On cancellation the server is sent ``notifications/cancelled`` and the cancellation
-        propagates at once: lines are queued for the connection's one writer task, so a
-        caller never waits on the pipe (a server that stops reading stdin cannot hold a
-        call past its deadline, nor cut a line short).
+        Raises ``MCPError`` (the server's error, the transport's refusal, or
+        ``CONNECTION_CLOSED``), or ``ValueError`` with nothing sent when ``params`` is not
+        strict JSON. A line is queued for the one writer task, so a caller never waits on
+        the pipe: a server that stops reading stdin cannot hold a call past its deadline.
         """
         write = self._write
         if write is None or self._closed:

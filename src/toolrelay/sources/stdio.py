@@ -1,22 +1,14 @@
 """The stdio transport: an MCP server as a local process, read with a bounded, linear reader.
 
-The MCP SDK's stdio reader joins and splits its whole buffer on every chunk (quadratic in
-the message size) and has no size limit: an upstream that answers with tens of megabytes
-holds the event loop for seconds and leaves the memory behind. :func:`capped_stdio_client`
-spawns the server as the SDK's ``stdio_client`` does (its own process group, the SDK's safe
-environment, the SDK's bounded shutdown) but reads stdout as bytes, scanning each chunk
-once for newlines. A message over ``max_bytes`` is never held whole: the reader keeps its
-first bytes, discards the rest up to the next newline, and answers the request it was for
-with a JSON-RPC error (code :data:`~.errors.MESSAGE_TOO_LARGE`) — the connection stays
-usable. When the head does not show which request it answers (``{"jsonrpc":"2.0",
-"id":…,"result"…}`` in that order, as every SDK writes it), the connection is dropped
-instead (the source reconnects on a later call). A message with more than ``max_values``
-JSON values is refused the same way before it is parsed, and a response the SDK cannot
-parse (e.g. nested past pydantic's limit) is answered with an error (code
-:data:`~.errors.MESSAGE_UNREADABLE`) rather than left for the deadline.
-
-It also carries a :class:`~.rawlane.RawLane` (``.lane``): see :mod:`.rawlane`. Every line,
-the SDK's and the raw lane's, goes through one queue to one writer task.
+The MCP SDK's stdio reader re-joins and re-splits its whole buffer on every chunk
+(quadratic) and has no size limit. :func:`capped_stdio_client` spawns the server as the
+SDK's ``stdio_client`` does but scans each chunk once for newlines. A message over
+``max_bytes`` or ``max_values`` is never held whole nor parsed: its request is answered
+with a JSON-RPC error (:data:`~.errors.MESSAGE_TOO_LARGE`) and the connection stays up,
+unless the message's head does not show which request it answers (then the connection is
+dropped). A response the SDK cannot parse is answered :data:`~.errors.MESSAGE_UNREADABLE`
+rather than left for the deadline. Every line, the SDK's and the raw lane's
+(:mod:`.rawlane`), goes through one queue to one writer task.
 """
 
 from __future__ import annotations
@@ -46,7 +38,7 @@ from .._compat.mcp_client import (
 )
 from ..jsonlimits import json_values
 from .errors import MESSAGE_TOO_LARGE, MESSAGE_UNREADABLE, UNREADABLE_TEXT, closed
-from .limits import DEFAULT_MAX_MESSAGE_VALUES, too_large, too_many
+from .limits import DEFAULT_MAX_MESSAGE_VALUES, Lines, too_large, too_many
 from .rawlane import HEAD_BYTES, RAW_ID_PREFIX, RawLane, answered_id
 
 __all__ = ["StdioTransport", "capped_stdio_client"]
@@ -55,46 +47,6 @@ log = logging.getLogger("toolrelay.sources.mcp")
 
 _WRITER_FLUSH_TIMEOUT = 0.5  # as the SDK's stdio_client
 _WRITE_BATCH = 64  # lines joined into one write at most
-
-
-class _Lines:
-    """Splits a byte stream into newline-terminated messages, each byte scanned once; a
-    message over ``max_bytes`` comes out as ``(head, False)`` and is otherwise dropped."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._buf = bytearray()
-        self._scanned = 0  # no newline in _buf[:_scanned]
-        self._skipping = False  # inside an oversized message: discard up to its newline
-
-    def feed(self, chunk: bytes) -> list[tuple[bytes, bool]]:
-        out: list[tuple[bytes, bool]] = []
-        if self._skipping:
-            end = chunk.find(b"\n")
-            if end < 0:
-                return out
-            self._skipping = False
-            chunk = chunk[end + 1 :]
-        self._buf += chunk
-        while True:
-            end = self._buf.find(b"\n", self._scanned)
-            if end < 0:
-                if len(self._buf) > self.max_bytes:
-                    out.append((bytes(self._buf[:HEAD_BYTES]), False))
-                    self._buf = bytearray()  # give the memory back now
-                    self._skipping = True
-                    self._scanned = 0
-                else:
-                    self._scanned = len(self._buf)
-                return out
-            if end > self.max_bytes:
-                out.append((bytes(self._buf[:HEAD_BYTES]), False))
-            else:
-                out.append((bytes(self._buf[:end]), True))
-            del self._buf[: end + 1]
-            self._scanned = 0
-            if not self._buf:
-                self._buf = bytearray()
 
 
 class StdioTransport(AbstractAsyncContextManager[TransportStreams]):
@@ -206,7 +158,7 @@ async def _stdio_streams(
 
     async def stdout_reader() -> None:
         assert process.stdout is not None
-        lines = _Lines(max_bytes)
+        lines = Lines(max_bytes, HEAD_BYTES)
         try:
             async with read_writer:
                 try:
