@@ -27,8 +27,6 @@ class CliError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .chaos.upstream_args import add_arguments as add_upstream_arguments
-
     parser = argparse.ArgumentParser(
         prog="toolrelay", description="Run an agent's tool calls through a resilient pipeline."
     )
@@ -66,8 +64,16 @@ def _parser() -> argparse.ArgumentParser:
 
     chaos = commands.add_parser("chaos", help="chaos tools")
     chaos_commands = chaos.add_subparsers(dest="chaos_command", required=True, metavar="TOOL")
-    upstream = chaos_commands.add_parser("upstream", help="the stand-in upstream server")
-    add_upstream_arguments(upstream)
+    upstream = chaos_commands.add_parser(
+        "upstream",
+        help="the stand-in upstream server",
+        description="Serve stand-ins for Open-Meteo, SearXNG and feeds; "
+        "misbehave on command (POST /_admin/faults).",
+    )
+    upstream.add_argument("--host", default="127.0.0.1", help="loopback address (127.0.0.1)")
+    upstream.add_argument("--port", type=int, default=8765, help="port, 0 for any (8765)")
+    upstream.add_argument("--seed", type=int, default=0, help="seed of the fault dice (0)")
+    upstream.add_argument("--live-clock", action="store_true", help="date by the wall clock")
     run = chaos_commands.add_parser("run", help="run a chaos experiment")
     run.add_argument("experiment", type=Path)
     run.add_argument("--json", type=Path, help="write the report as JSON to this file")
