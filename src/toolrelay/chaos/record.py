@@ -1,11 +1,6 @@
-"""What the experiment runner records while an experiment plays, and what checks judge.
-
-:class:`Record` fills as the run goes, on one clock (seconds from the run's start): each
-turn's calls and answers, breaker transitions, attempts, hedges and slot holds. A live
-view reads it during the run; when the run ends, :class:`Run` holds the record with what
-the checks need besides (the experiment's data, the dispatcher, leak counts), and each
-check gives a :class:`Check`: its name, whether it held, and the measured figure.
-"""
+"""What the experiment runner records while an experiment plays (:class:`Record`, on one
+clock: seconds from the run's start; a live view reads it during the run), the finished
+:class:`Run` the checks judge, and each check's :class:`Check`."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """One self-contained HTML file for a chaos run (or two, side by side): ``--html report.html``.
 
-The input is the ``--json`` report itself (each run's ``to_json()``, with its ``timeline``:
-see :mod:`toolrelay.chaos.timeline`), so the picture and the numbers never disagree. Charts
-are Vega-Lite specs rendered to SVG by ``vl-convert-python`` and inlined: no script, no
-font, no request; the page's Content-Security-Policy forbids any. Per tool, one chart:
-each run's calls (x when the call started, y its latency, colour its outcome) over the
-shaded fault windows with the deadline as a dashed line, and under it the tool's breaker
-state as a band; then answers per second by outcome. Two runs share one time axis, one
-above the other, after a table of their headline numbers.
+The input is the ``--json`` report itself. Charts (described in docs/chaos.md) are
+Vega-Lite specs rendered to SVG by ``vl-convert-python`` and inlined: no script, no font,
+no request; the page's Content-Security-Policy forbids any.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The experiment runner: plays an :class:`~toolrelay.chaos.definition.Experiment`.
 
-It starts the stand-in upstream (unless the experiment says ``upstream = false``), builds
-the dispatcher from the experiment's config, runs the agents and the fault schedule side by
-side for ``duration_s``, lets the last answers settle, counts what leaked, and judges the
-invariants. A ``view`` (the demo's live view) may watch the :class:`Record` as it fills.
+It starts the stand-in upstream (unless ``upstream = false``), builds the dispatcher, runs
+the agents and the fault schedule side by side for ``duration_s``, lets the last answers
+settle, counts what leaked, and judges the invariants.
 """
 
 from __future__ import annotations
