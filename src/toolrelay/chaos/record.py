@@ -88,3 +88,23 @@ class Run:
     leaks: dict[str, float]
     timeline: Timeline
     checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` report."""
+        record = self.record
+        return {
+            "name": self.name,
+            "seed": self.seed,
+            "duration_s": self.duration_s,
+            "calls": record.calls,
+            "answers": record.answered,
+            "outcomes": dict(Counter(outcome(a[2]) for a in record.answers)),
+            "exceptions_escaped": list(record.escaped),
+            "invariants": [check.__dict__ for check in self.checks],
+            "ok": self.ok,
+            "timeline": self.timeline.to_json(),
+        }
