@@ -7,10 +7,11 @@ Errors are one line on stderr and a non-zero exit status (2 for usage and config
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,20 +224,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .config import ConfigError
     from .loading import PluginLoadError
 
+    commands: dict[str, Callable[[argparse.Namespace], Any]] = {
+        "demo": _demo, "call": _call, "specs": _specs, "check": _check,
+        "config": _config, "serve": _serve, "chaos": _chaos,
+    }  # fmt: skip
     try:
-        if args.command == "demo":
-            return anyio.run(_demo, args)
-        if args.command == "call":
-            return anyio.run(_call, args)
-        if args.command == "specs":
-            return anyio.run(_specs, args)
-        if args.command == "check":
-            return _check(args)
-        if args.command == "config":
-            return _config(args)
-        if args.command == "serve":
-            return _serve(args)
-        return _chaos(args)
+        run = commands[args.command]
+        code: int = anyio.run(run, args) if inspect.iscoroutinefunction(run) else run(args)
+        return code
     except (CliError, ConfigError, PluginLoadError) as exc:
         print(f"toolrelay: {exc}", file=sys.stderr)
         return 2
