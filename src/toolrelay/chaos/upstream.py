@@ -126,18 +126,14 @@ class StandInUpstream:
     async def __aenter__(self) -> StandInUpstream:
         if self._stack is not None:
             raise RuntimeError("the upstream is running already")
-        stack = AsyncExitStack()
-        try:
+        async with AsyncExitStack() as stack:  # unwound if starting fails
             listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
             await stack.enter_async_context(listener)
             self.port = listener.extra(SocketAttribute.local_port)
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
             tg.start_soon(listener.serve, self._connection)
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(
