@@ -398,8 +398,8 @@ def test_experiment_outage_with_and_without_a_fallback(capsys: pytest.CaptureFix
     with capsys.disabled():
         print(
             f"\nsearch down 3 of 6 s: ok answers with the fallback {during_on:.1%} during the "
-            f"outage ({total_on:.1%} overall, {with_fallback.calls} calls); without "
-            f"{during_off:.1%} during ({total_off:.1%} overall, {without.calls} calls)"
+            f"outage ({total_on:.1%} overall, {with_fallback.record.calls} calls); without "
+            f"{during_off:.1%} during ({total_off:.1%} overall, {without.record.calls} calls)"
         )
     assert during_on >= 0.95 and total_on >= 0.95
     assert during_off <= 0.1  # the outage's share is lost without it

@@ -11,6 +11,8 @@ from typing import Any
 import anyio
 
 from ..dispatcher import Dispatcher
+from ..events import AttemptEnded, Event, HedgeEnded
+from ..invocation import Invocation
 from ..result import ToolResult
 from .timeline import Timeline, Window
 
@@ -62,6 +64,13 @@ class Record:
 
     def now(self) -> float:
         return anyio.current_time() - self.t0
+
+    def observe(self, inv: Invocation, event: Event) -> None:
+        """The dispatcher's observer: attempts (and whether they reached the service), hedges."""
+        if isinstance(event, AttemptEnded):
+            self.attempts.append((self.now(), inv.key, event.result))
+        elif isinstance(event, HedgeEnded):
+            self.hedges[event.result] += 1
 
     @property
     def answered(self) -> int:
