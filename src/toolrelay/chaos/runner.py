@@ -26,7 +26,7 @@ from ..result import ToolCall, ToolResult
 from .checks import judge
 from .definition import WINDOW_KEYS, Experiment, Model
 from .record import Record, Run, outcome
-from .timeline import Timeline, Window
+from .timeline import REFUSALS, Timeline, Window
 from .upstream import StandInUpstream
 
 __all__ = ["View", "play"]
@@ -120,8 +120,7 @@ def _timeline(
         timeline.answer(started, name, outcome(result), result.duration_s, deadline)
     timeline.breaker_keys = {tool.decl.name: tool.decl.key for tool in dispatcher.registry.tools()}
     timeline.transitions = record.moves
-    for _, _, attempt in record.attempts:
-        timeline.attempt(attempt)
+    timeline.attempts = sum(result not in REFUSALS for _, _, result in record.attempts)
     return timeline
 
 

@@ -59,10 +59,6 @@ class Timeline:
         self.answers.append(Answer(started_s, tool, outcome, latency_s))
         self.deadlines[tool] = round(max(self.deadlines.get(tool, 0.0), deadline_s), 4)
 
-    def attempt(self, result: str) -> None:
-        if result not in REFUSALS:
-            self.attempts += 1
-
     def end_s(self) -> float:
         last = max((a.started_s + a.latency_s for a in self.answers), default=0.0)
         return max(self.duration_s, last, *(w.until_s for w in self.windows))
