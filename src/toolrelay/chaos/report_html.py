@@ -162,6 +162,7 @@ def _rate_row(run: dict[str, Any], end: float, colours: dict[str, Any]) -> dict[
         "height": 110,
         "width": WIDTH,
         "data": {"values": run["timeline"]["answers_per_second"]},
+        "transform": [{"calculate": "datum.second + 1", "as": "second_end"}],
         "mark": {"type": "rect", "stroke": "white", "strokeWidth": 0.5},
         "encoding": {
             "x": _x("second", end, "answered (s)"),
@@ -250,7 +251,7 @@ def render_html(reports: Sequence[dict[str, Any]]) -> str:
             + _verdicts(run)
         )
     parts.append("<h2>Answers per second</h2>")
-    rate = _chart([_rate_row(_binned(run), end, colours) for run in runs])
+    rate = _chart([_rate_row(run, end, colours) for run in runs])
     parts.append(f"<section class='chart rate'>{_svg(rate, 'rate')}</section>")
     tools = sorted({tool for run in runs for tool in run["timeline"]["tools"]})
     for index, tool in enumerate(tools):
@@ -269,11 +270,6 @@ def render_html(reports: Sequence[dict[str, Any]]) -> str:
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>"
         f"<body>{''.join(parts)}</body></html>\n"
     )
-
-
-def _binned(run: dict[str, Any]) -> dict[str, Any]:
-    rows = [dict(r, second_end=r["second"] + 1) for r in run["timeline"]["answers_per_second"]]
-    return {**run, "timeline": {**run["timeline"], "answers_per_second": rows}}
 
 
 def write_html(reports: Sequence[dict[str, Any]], path: Path) -> None:
