@@ -148,10 +148,8 @@ class StandInUpstream:
 
     @contextlib.contextmanager
     def run_in_thread(self) -> Iterator[StandInUpstream]:
-        """Run on an event loop in a background thread, for synchronous callers.
-
-        The thread is stopped and joined when the block ends.
-        """
+        """Run on an event loop in a background thread (joined when the block ends), for
+        synchronous callers."""
         with (
             anyio.from_thread.start_blocking_portal() as portal,
             portal.wrap_async_context_manager(self),
