@@ -99,20 +99,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_source(path: str | None) -> Any:
-    from .config import load_config, parse_config
-
-    if path is not None:
-        return load_config(path)
-    if Path(DEFAULT_CONFIG).exists():
-        return load_config(DEFAULT_CONFIG)
-    return parse_config(EMBEDDED_DEFAULTS)
-
-
 def _dispatcher(args: argparse.Namespace) -> Any:
+    from .config import load_config, parse_config
     from .dispatcher import Dispatcher
 
-    source = _config_source(args.config)
+    if args.config is not None:
+        source = load_config(args.config)
+    elif Path(DEFAULT_CONFIG).exists():
+        source = load_config(DEFAULT_CONFIG)
+    else:
+        source = parse_config(EMBEDDED_DEFAULTS)
     return Dispatcher.from_config(source, overrides={"telemetry": False}, audit=None)
 
 
