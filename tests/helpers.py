@@ -25,7 +25,7 @@ from toolrelay import (
 from toolrelay.config import RENAMED
 
 if TYPE_CHECKING:
-    from toolrelay.chaos.experiment import Experiment, ExperimentReport
+    from toolrelay.chaos.experiment import Experiment, Run
 
 OBJ = {"type": "object", "properties": {}, "additionalProperties": False}
 CITY = {
@@ -178,10 +178,10 @@ def short_hang(name: str | None = None, **breaker: Any) -> Experiment:
     return Experiment.parse(data)
 
 
-_SHORT_HANG_REPORTS: dict[bool, ExperimentReport] = {}
+_SHORT_HANG_REPORTS: dict[bool, Run] = {}
 
 
-def short_hang_report(*, breaker: bool) -> ExperimentReport:
+def short_hang_report(*, breaker: bool) -> Run:
     """The report of ``short_hang()`` (``breaker=True``) or of the same run named "no
     breaker" with ``fail_max`` out of reach: each run once per test session, whichever
     test file asks first (test_experiments, test_browser). Reports are read, never changed.
@@ -192,10 +192,10 @@ def short_hang_report(*, breaker: bool) -> ExperimentReport:
 
         import anyio
 
-        from toolrelay.chaos.experiment import run_experiment
+        from toolrelay.chaos.experiment import play
 
         experiment = short_hang() if breaker else short_hang("no breaker", fail_max=1_000_000)
         with ThreadPoolExecutor(1) as pool:
-            future = pool.submit(lambda: anyio.run(run_experiment, experiment))
+            future = pool.submit(lambda: anyio.run(play, experiment))
             _SHORT_HANG_REPORTS[breaker] = future.result()
     return _SHORT_HANG_REPORTS[breaker]

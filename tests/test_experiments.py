@@ -17,28 +17,28 @@ import pytest
 
 from helpers import short_hang, short_hang_report
 from toolrelay import cli
-from toolrelay.chaos.experiment import Experiment, ExperimentReport, run_experiment
+from toolrelay.chaos.experiment import Experiment, Run, play
 from toolrelay.chaos.report_html import render_html
 from toolrelay.config import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "experiments"
 
 
-def run(experiment: Experiment) -> ExperimentReport:
-    return anyio.run(run_experiment, experiment)
+def run(experiment: Experiment) -> Run:
+    return anyio.run(play, experiment)
 
 
-def verdict(report: ExperimentReport, prefix: str) -> tuple[bool, str]:
-    (found,) = [v for v in report.verdicts if v.name.startswith(prefix)]
+def verdict(report: Run, prefix: str) -> tuple[bool, str]:
+    (found,) = [v for v in report.checks if v.name.startswith(prefix)]
     return found.ok, found.figure
 
 
 @pytest.mark.parametrize("name", ["error_burst", "slow_degradation"])
 def test_example_experiment_passes(name: str) -> None:
     report = run(Experiment.load(EXAMPLES / f"{name}.toml"))
-    assert report.ok, [(v.name, v.figure) for v in report.verdicts if not v.ok]
-    assert report.calls == report.answers > 50
-    assert len(report.verdicts) == 8  # 5 general + 3 for the breaker named
+    assert report.ok, [(v.name, v.figure) for v in report.checks if not v.ok]
+    assert report.record.calls == report.record.answered > 50
+    assert len(report.checks) == 8  # 5 general + 3 for the breaker named
 
 
 def test_dependency_hang_through_the_cli(
@@ -92,21 +92,21 @@ def test_bad_experiments_are_refused(data: dict[str, object], needle: str) -> No
 
 # -- the timeline and the HTML report ----------------------------------------------------------
 @pytest.fixture(scope="module")
-def hang_report() -> ExperimentReport:
+def hang_report() -> Run:
     return short_hang_report(breaker=True)  # shared with test_browser: one run per session
 
 
-def test_the_timeline_holds_every_answer(hang_report: ExperimentReport) -> None:
+def test_the_timeline_holds_every_answer(hang_report: Run) -> None:
     data = json.loads(json.dumps(hang_report.to_json()))  # what --json writes
     timeline = data["timeline"]
     points = timeline["calls"]["points"]
-    assert timeline["calls"]["answers"] == len(points) == hang_report.answers
-    assert sum(r["answers"] for r in timeline["answers_per_second"]) == hang_report.answers
+    assert timeline["calls"]["answers"] == len(points) == hang_report.record.answered
+    assert sum(r["answers"] for r in timeline["answers_per_second"]) == hang_report.record.answered
     per_outcome: dict[str, int] = {}
     for point in points:
         per_outcome[point["outcome"]] = per_outcome.get(point["outcome"], 0) + 1
     assert per_outcome == data["outcomes"]
-    assert timeline["headline"]["answers"] == hang_report.answers
+    assert timeline["headline"]["answers"] == hang_report.record.answered
     assert timeline["fault_windows"] == [
         {"fault": "upstream /search: hang", "from_s": 1.5, "until_s": 3.5}
     ]
@@ -121,7 +121,7 @@ def test_the_timeline_holds_every_answer(hang_report: ExperimentReport) -> None:
     assert any(b["state"] == "open" and 1.5 <= b["from_s"] <= 3.5 for b in bands)
 
 
-def test_downsampling_keeps_every_failure(hang_report: ExperimentReport) -> None:
+def test_downsampling_keeps_every_failure(hang_report: Run) -> None:
     assert hang_report.timeline is not None
     full = hang_report.timeline.to_json()
     small = hang_report.timeline.to_json(max_points=200)
@@ -137,7 +137,7 @@ def test_downsampling_keeps_every_failure(hang_report: ExperimentReport) -> None
 
 
 def test_side_by_side_runs_show_the_breaker_saving_requests(
-    hang_report: ExperimentReport,
+    hang_report: Run,
 ) -> None:
     without = short_hang_report(breaker=False)
     on, off = hang_report.to_json()["timeline"], without.to_json()["timeline"]
@@ -152,7 +152,7 @@ def test_side_by_side_runs_show_the_breaker_saving_requests(
         assert f"{run_headline['upstream_requests_per_call']:g}</td>" in page
 
 
-def test_the_html_report_is_self_contained(hang_report: ExperimentReport) -> None:
+def test_the_html_report_is_self_contained(hang_report: Run) -> None:
     page = render_html([hang_report.to_json()])
     assert "<script" not in page and "<link" not in page and "@import" not in page
     outside = set(re.findall(r"(?:https?:)?//[\w.-]+[^\s\"'<>)]*", page))

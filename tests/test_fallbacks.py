@@ -23,7 +23,7 @@ from toolrelay import (
     ToolError,
     ToolRegistry,
 )
-from toolrelay.chaos.experiment import Experiment, ExperimentReport, run_experiment
+from toolrelay.chaos.experiment import Experiment, Run, play
 from toolrelay.registry import RegistrationError
 
 pytestmark = pytest.mark.anyio
@@ -379,9 +379,8 @@ def short(name: str) -> Experiment:
     return Experiment.parse(data)
 
 
-def ok_share(report: ExperimentReport, start: float, end: float) -> tuple[float, float]:
+def ok_share(report: Run, start: float, end: float) -> tuple[float, float]:
     """The share of ok answers to calls started during [start, end), and over the run."""
-    assert report.timeline is not None
     answers = report.timeline.answers
     during = [a for a in answers if start <= a.started_s < end]
     share = sum(a.outcome == "ok" for a in during) / len(during)
@@ -389,18 +388,18 @@ def ok_share(report: ExperimentReport, start: float, end: float) -> tuple[float,
 
 
 def test_experiment_outage_with_and_without_a_fallback(capsys: pytest.CaptureFixture[str]) -> None:
-    with_fallback = anyio.run(run_experiment, short("search_fallback"))
-    without = anyio.run(run_experiment, short("search_no_fallback"))
+    with_fallback = anyio.run(play, short("search_fallback"))
+    without = anyio.run(play, short("search_no_fallback"))
     assert with_fallback.ok and without.ok, [
-        (v.name, v.figure) for r in (with_fallback, without) for v in r.verdicts if not v.ok
+        (v.name, v.figure) for r in (with_fallback, without) for v in r.checks if not v.ok
     ]
     during_on, total_on = ok_share(with_fallback, 1.5, 4.5)
     during_off, total_off = ok_share(without, 1.5, 4.5)
     with capsys.disabled():
         print(
             f"\nsearch down 3 of 6 s: ok answers with the fallback {during_on:.1%} during the "
-            f"outage ({total_on:.1%} overall, {with_fallback.calls} calls); without "
-            f"{during_off:.1%} during ({total_off:.1%} overall, {without.calls} calls)"
+            f"outage ({total_on:.1%} overall, {with_fallback.record.calls} calls); without "
+            f"{during_off:.1%} during ({total_off:.1%} overall, {without.record.calls} calls)"
         )
     assert during_on >= 0.95 and total_on >= 0.95
     assert during_off <= 0.1  # the outage's share is lost without it

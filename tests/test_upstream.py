@@ -13,7 +13,8 @@ import anyio
 import httpx
 import pytest
 
-from toolrelay.chaos.upstream import FAULT_KINDS, FaultError, StandInUpstream, main
+from toolrelay import cli
+from toolrelay.chaos.upstream import FAULT_KINDS, FaultError, StandInUpstream
 
 pytestmark = pytest.mark.anyio
 
@@ -409,14 +410,14 @@ async def test_listener_closes_on_exit() -> None:
 def test_only_loopback_by_default(host: str) -> None:
     with pytest.raises(ValueError, match="admin endpoint has no authentication"):
         StandInUpstream(host=host)
-    assert main(["--host", host, "--port", "0"]) == 2
+    assert cli.main(["chaos", "upstream", "--host", host, "--port", "0"]) == 2
 
 
 def test_main_reports_a_busy_port(capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        assert main(["--port", str(busy.getsockname()[1])]) == 1
+        assert cli.main(["chaos", "upstream", "--port", str(busy.getsockname()[1])]) == 1
     assert "cannot listen" in capsys.readouterr().err
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from toolrelay.chaos.experiment import Experiment, ExperimentReport, run_experiment
+from toolrelay.chaos.experiment import Experiment, Run, play
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,8 +46,7 @@ def capacity_per_s(experiment: Experiment) -> float:
     return float(fault["capacity"] / fault["seconds"])
 
 
-def summarise(report: ExperimentReport, warmup_s: float, capacity: float) -> dict[str, Any]:
-    assert report.timeline is not None
+def summarise(report: Run, warmup_s: float, capacity: float) -> dict[str, Any]:
     answers = [a for a in report.timeline.answers if a.started_s >= warmup_s]
     ok = sorted(a.latency_s for a in answers if a.outcome == "ok")
     span = report.duration_s - warmup_s
@@ -71,8 +70,7 @@ def measure(duration_s: float = 20.0, warmup_s: float = 3.0) -> dict[str, Any]:
         "fixed 64": load("adaptive_concurrency_fixed.toml", duration_s),
     }
     out = {
-        name: summarise(anyio.run(run_experiment, e), warmup_s, capacity_per_s(e))
-        for name, e in runs.items()
+        name: summarise(anyio.run(play, e), warmup_s, capacity_per_s(e)) for name, e in runs.items()
     }
     unloaded = out["unloaded"]["p99_s"]
     for row in out.values():

@@ -1,25 +1,6 @@
 """Every upstream failure becomes a :class:`~toolrelay.contract.ToolError` here and nowhere
-else. Messages are one short sentence naming the service; they never carry a response
-body, a URL or an exception's text.
-
-==========================================  ==========  =========  =================
-upstream                                    error_type  retryable  counts as failure
-==========================================  ==========  =========  =================
-HTTP 429, HTTP 503                          tool_error  yes        yes (+ Retry-After)
-other HTTP 5xx                              tool_error  yes        yes
-connect error, reset, broken or cut body    tool_error  yes        yes
-httpx timeout (toolrelay's deadline first)  timeout     yes        yes
-malformed or oversized body, odd shape      tool_error  no         yes
-redirect to an internal address (feeds)     tool_error  no         yes
-other HTTP 4xx, unfollowed 3xx              tool_error  no         no
-a URL httpx cannot use (configuration)      tool_error  no         no
-==========================================  ==========  =========  =================
-
-A malformed body is a fault of the service, so it counts towards opening the breaker;
-but it is not retryable: a service that sends garbage (a broken deploy, an HTML error
-page from a proxy) usually sends the same garbage a moment later, so an immediate retry
-would only spend the call's deadline. An httpx timeout is answered as ``timeout``, the
-envelope's name for "the tool did not answer in time".
+else: one short sentence naming the service, never a response body, a URL or an exception's
+text. The mapping (retryable? counts as a failure?) is tabled in docs/plugins.md.
 """
 
 from __future__ import annotations

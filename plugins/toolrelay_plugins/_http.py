@@ -1,15 +1,8 @@
 """What the first-party plugins share: settings (:mod:`._settings`), one HTTP client each
 (:class:`ServiceClient`), one failure mapping (:mod:`._failures`), redirect checks
 (:mod:`._redirects`) and text cleaning (:mod:`._text`); the plugins import them from here.
-
-Hostile upstreams (see docs/security.md, "Hostile upstream"): bodies are capped at
-``max_response_bytes``; a JSON body with more than :data:`MAX_JSON_ITEMS` values is
-refused before it is decoded (decoding runs on the event loop, holding the GIL, so it
-must stay short); :func:`clean_text` cuts its input to ``TEXT_WINDOW_FACTOR * limit +
-TEXT_WINDOW_SLACK`` characters before a linear-time strip; redirects (followed only
-when a plugin asks, at most :data:`MAX_REDIRECTS`) may not lead to a loopback, private,
-link-local or otherwise non-global address unless they stay on the configured host:port,
-and the connection then goes to the very address that was checked.
+Every bound on what a hostile upstream can cost is listed in docs/security.md, "Hostile
+upstream".
 """
 
 from __future__ import annotations
@@ -51,11 +44,7 @@ __all__ = [
 
 USER_AGENT = "toolrelay-plugins/0.1"
 MAX_JSON_ITEMS = 50_000
-"""At most this many JSON values (``,``, ``[`` and ``{`` outside strings, counted by
-:func:`toolrelay.jsonlimits.json_values`) are decoded; a larger body is refused unread.
-Decoding 50,000 values takes a few milliseconds; a 2 MiB body of ``[[],[],…]`` (700,000
-lists) holds the event loop for over 100 ms, and a worker thread would not help: the C
-decoder never releases the GIL."""
+"""A body with more JSON values is refused unread: decoding holds the GIL (and so the loop)."""
 
 
 class Registrar(Protocol):
@@ -69,11 +58,8 @@ Params = Mapping[str, str | int | float]
 
 
 class ServiceClient:
-    """One ``httpx.AsyncClient`` for a plugin instance, created on first use.
-
-    Bodies are read up to ``max_response_bytes`` (decoded), so a huge or endless answer
-    cannot exhaust memory.
-    """
+    """One ``httpx.AsyncClient`` for a plugin instance, created on first use; bodies are read
+    up to ``max_response_bytes``."""
 
     def __init__(
         self, settings: HttpSettings, *, accept: str, follow_redirects: bool = False
@@ -106,10 +92,7 @@ class ServiceClient:
         self, service: str, url: str, params: Params | None = None
     ) -> tuple[bytes, str]:
         """The body and content type of ``GET url``; any failure is a :class:`ToolError`.
-
-        With ``follow_redirects``, at most :data:`MAX_REDIRECTS` redirects are followed,
-        each checked by :func:`check_redirect` before it is sent.
-        """
+        With ``follow_redirects``, each redirect is checked by :func:`check_redirect`."""
         limit = self.settings.max_response_bytes
         try:
             client = self._http()
@@ -169,10 +152,8 @@ def _loads(body: bytes) -> Any:
 
 # -- the plugin shell ----------------------------------------------------------------------
 class HttpPlugin:
-    """Declarations by name, one :class:`ServiceClient`, and ``aclose()``.
-
-    Subclasses build their declarations and implement ``async def execute``.
-    """
+    """Declarations by name, one :class:`ServiceClient`, and ``aclose()``; subclasses
+    implement ``async def execute``."""
 
     def __init__(self, declarations: Sequence[ToolDeclaration], client: ServiceClient) -> None:
         self._decls = {decl.name: decl for decl in declarations}

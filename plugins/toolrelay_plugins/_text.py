@@ -35,11 +35,8 @@ def _markup(match: re.Match[str]) -> str:
 
 def clean_text(value: Any, limit: int) -> str | None:
     """Plain text from an upstream's text or HTML: tags and control characters removed,
-    whitespace collapsed, at most ``limit`` characters (cut ones end with "…").
-
-    Linear time and never raises: the input is cut to ``TEXT_WINDOW_FACTOR * limit +
-    TEXT_WINDOW_SLACK`` characters first, then tags, comments and hidden elements are
-    removed in one regular-expression pass, then character references are decoded.
+    whitespace collapsed, at most ``limit`` characters (cut ones end with "…"). Linear time
+    (the input is cut to its window first, then one regular-expression pass) and never raises.
     """
     if not isinstance(value, str) or not value:
         return None

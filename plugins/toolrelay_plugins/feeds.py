@@ -2,19 +2,9 @@
 
 Tool ``feed_latest`` (breaker key ``feeds``, risk read): the model names one of the
 configured feeds, never a URL. Items come back as title, link (http(s) only), published
-time (ISO 8601 UTC, or null) and a plain-text summary cut to ``summary_chars``.
-
-Parsing is strict: a feed must be well-formed XML (feedparser's lenient fallback parser is
-not trusted with a body that failed it), and is parsed on a worker thread so a large feed
-never blocks the event loop. feedparser's HTML sanitizer is off: every text goes through
-:func:`~toolrelay_plugins._http.clean_text`, which keeps no markup at all, and the
-sanitizer has quadratic regular expressions (``"<!--" * 30000`` held the GIL, and so the
-event loop, for two seconds from the worker thread). Bodies are capped by
-``max_response_bytes`` before parsing. Redirects are followed (at most three), never to an
-internal address (see :func:`~toolrelay_plugins._http.check_redirect`).
-feedparser never resolves external entities and drops entity declarations that refer to
-other entities before expat sees them, so XXE and "billion laughs" bodies do not expand
-(see ``tests/test_plugins.py``); expat ≥ 2.4 also refuses runaway amplification.
+time (ISO 8601 UTC, or null) and a plain-text summary cut to ``summary_chars``. Parsing is
+strict XML on a worker thread, with feedparser's sanitizer off (docs/security.md, "Hostile
+upstream"); feedparser resolves no external entity and expat refuses entity bombs.
 
 Settings: ``feeds`` (required: ``{name: url}``), ``summary_chars`` (default 280), and the
 HTTP settings of :class:`~toolrelay_plugins._http.HttpSettings`.

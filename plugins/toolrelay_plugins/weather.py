@@ -173,9 +173,7 @@ class WeatherPlugin(HttpPlugin):
         }
         if name == "weather_current":
             query["current"] = ",".join([*CURRENT, "weather_code"])
-            data = await self.client.get_json(
-                SERVICE, f"{self.settings.base_url}/v1/forecast", query
-            )
+            data = await self.client.get_json(SERVICE, forecast, query)
             return {"place": place, **_current(data)}
         days = int(args.get("days", DEFAULT_DAYS))
         query["daily"] = ",".join([*DAILY, "weather_code"])

@@ -7,10 +7,11 @@ Errors are one line on stderr and a non-zero exit status (2 for usage and config
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,6 @@ class CliError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .chaos.upstream_args import add_arguments as add_upstream_arguments
-
     parser = argparse.ArgumentParser(
         prog="toolrelay", description="Run an agent's tool calls through a resilient pipeline."
     )
@@ -66,8 +65,16 @@ def _parser() -> argparse.ArgumentParser:
 
     chaos = commands.add_parser("chaos", help="chaos tools")
     chaos_commands = chaos.add_subparsers(dest="chaos_command", required=True, metavar="TOOL")
-    upstream = chaos_commands.add_parser("upstream", help="the stand-in upstream server")
-    add_upstream_arguments(upstream)
+    upstream = chaos_commands.add_parser(
+        "upstream",
+        help="the stand-in upstream server",
+        description="Serve stand-ins for Open-Meteo, SearXNG and feeds; "
+        "misbehave on command (POST /_admin/faults).",
+    )
+    upstream.add_argument("--host", default="127.0.0.1", help="loopback address (127.0.0.1)")
+    upstream.add_argument("--port", type=int, default=8765, help="port, 0 for any (8765)")
+    upstream.add_argument("--seed", type=int, default=0, help="seed of the fault dice (0)")
+    upstream.add_argument("--live-clock", action="store_true", help="date by the wall clock")
     run = chaos_commands.add_parser("run", help="run a chaos experiment")
     run.add_argument("experiment", type=Path)
     run.add_argument("--json", type=Path, help="write the report as JSON to this file")
@@ -92,20 +99,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_source(path: str | None) -> Any:
-    from .config import load_config, parse_config
-
-    if path is not None:
-        return load_config(path)
-    if Path(DEFAULT_CONFIG).exists():
-        return load_config(DEFAULT_CONFIG)
-    return parse_config(EMBEDDED_DEFAULTS)
-
-
 def _dispatcher(args: argparse.Namespace) -> Any:
+    from .config import load_config, parse_config
     from .dispatcher import Dispatcher
 
-    source = _config_source(args.config)
+    if args.config is not None:
+        source = load_config(args.config)
+    elif Path(DEFAULT_CONFIG).exists():
+        source = load_config(DEFAULT_CONFIG)
+    else:
+        source = parse_config(EMBEDDED_DEFAULTS)
     return Dispatcher.from_config(source, overrides={"telemetry": False}, audit=None)
 
 
@@ -220,20 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .config import ConfigError
     from .loading import PluginLoadError
 
+    commands: dict[str, Callable[[argparse.Namespace], Any]] = {
+        "demo": _demo, "call": _call, "specs": _specs, "check": _check,
+        "config": _config, "serve": _serve, "chaos": _chaos,
+    }  # fmt: skip
     try:
-        if args.command == "demo":
-            return anyio.run(_demo, args)
-        if args.command == "call":
-            return anyio.run(_call, args)
-        if args.command == "specs":
-            return anyio.run(_specs, args)
-        if args.command == "check":
-            return _check(args)
-        if args.command == "config":
-            return _config(args)
-        if args.command == "serve":
-            return _serve(args)
-        return _chaos(args)
+        run = commands[args.command]
+        code: int = anyio.run(run, args) if inspect.iscoroutinefunction(run) else run(args)
+        return code
     except (CliError, ConfigError, PluginLoadError) as exc:
         print(f"toolrelay: {exc}", file=sys.stderr)
         return 2

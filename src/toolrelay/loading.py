@@ -16,8 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .contract import ToolPlugin
@@ -48,7 +47,7 @@ def load_plugins(
     if isinstance(modules, str):
         raise TypeError("modules must be a sequence of module names, not one string")
     config = config or {}
-    with _transaction(registry) as recorder:
+    with _Recording(registry) as recorder:
         for module_name in modules:
             short = module_name.rpartition(".")[2]
             try:
@@ -60,16 +59,6 @@ def load_plugins(
             settings = config.get(module_name, config.get(short, {}))
             _register(module_name, module, recorder, settings)
     return list(modules)
-
-
-def available_entry_points() -> dict[str, list[importlib.metadata.EntryPoint]]:
-    """Every installed entry point of the ``toolrelay.plugins`` group, by name."""
-    found: dict[str, list[importlib.metadata.EntryPoint]] = {}
-    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        same = found.setdefault(entry_point.name, [])
-        if all(e.value != entry_point.value for e in same):
-            same.append(entry_point)
-    return found
 
 
 def load_entry_points(
@@ -84,7 +73,11 @@ def load_entry_points(
     if isinstance(names, str):
         raise TypeError("names must be a sequence of entry point names, not one string")
     config = config or {}
-    available = available_entry_points()
+    available: dict[str, list[importlib.metadata.EntryPoint]] = {}
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        same = available.setdefault(entry_point.name, [])
+        if all(e.value != entry_point.value for e in same):
+            same.append(entry_point)
     chosen: list[importlib.metadata.EntryPoint] = []
     for name in names:
         candidates = available.get(name)
@@ -99,7 +92,7 @@ def load_entry_points(
         if candidates[0] in chosen:
             raise PluginLoadError(f"plugin {name!r} is listed twice")
         chosen.append(candidates[0])
-    with _transaction(registry) as recorder:
+    with _Recording(registry) as recorder:
         for entry_point in chosen:
             try:
                 target = entry_point.load()
@@ -135,8 +128,9 @@ def _cause(exc: BaseException) -> str:
     return text
 
 
-class _Recorder:
-    """The registry as plugins see it while loading: registrations are remembered."""
+class _Recording:
+    """The registry as plugins see it while loading: what they register is unregistered
+    again when the block fails."""
 
     def __init__(self, registry: ToolRegistry) -> None:
         self._registry = registry
@@ -150,14 +144,10 @@ class _Recorder:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._registry, name)
 
+    def __enter__(self) -> _Recording:
+        return self
 
-@contextmanager
-def _transaction(registry: ToolRegistry) -> Iterator[_Recorder]:
-    """Unregister everything recorded when the block fails."""
-    recorder = _Recorder(registry)
-    try:
-        yield recorder
-    except BaseException:
-        for plugin in reversed(recorder.added):
-            registry.unregister(plugin)
-        raise
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is not None:
+            for plugin in reversed(self.added):
+                self._registry.unregister(plugin)

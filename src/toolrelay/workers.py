@@ -22,6 +22,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
@@ -35,26 +36,23 @@ log = logging.getLogger("toolrelay")
 IDLE_S = 30.0
 
 
-class _Job:
-    __slots__ = ("abandoned", "args", "context", "done", "error", "event", "fn",
-                 "result", "skip", "started", "token")  # fmt: skip
-
-    def __init__(self) -> None:
-        self.abandoned = False
-        self.started = False
-        self.skip = False
-        self.done = False
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.fn: Callable[..., Any] = _nothing
-        self.args: tuple[Any, ...] = ()
-        self.context = contextvars.Context()
-        self.event: anyio.Event | None = None
-        self.token: Any = None
-
-
 def _nothing(*args: Any) -> None:
     return None
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    abandoned: bool = False
+    started: bool = False
+    skip: bool = False
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    fn: Callable[..., Any] = _nothing
+    args: tuple[Any, ...] = ()
+    context: contextvars.Context = field(default_factory=contextvars.Context)
+    event: anyio.Event | None = None
+    token: Any = None
 
 
 _STOP = _Job()
@@ -62,8 +60,7 @@ _STOP = _Job()
 
 
 class Spawnable(Protocol):
-    """A key's pool of workers (threads here, processes in ``isolation``): ``_spawn()``
-    starts one worker, on the spawner thread."""
+    """A key's pool of workers (threads here, processes in ``isolation``)."""
 
     key: str
 
@@ -71,13 +68,9 @@ class Spawnable(Protocol):
 
 
 class Spawner:
-    """One daemon thread that starts workers on request, taking the keys in turn.
-
-    Keys are served round-robin: one thread start per key with requests pending, per
-    round. A key whose hung calls have asked for thousands of threads thus delays another
-    key's next thread by at most one start, whatever the size of its backlog; first come
-    first served made a call on key B wait for every thread key A had asked for before it.
-    """
+    """One daemon thread that starts workers on request, one start per key with requests
+    pending per round: a key whose hung calls asked for thousands of threads delays another
+    key's next thread by at most one start (first come first served made it wait for all)."""
 
     def __init__(self, name: str = "toolrelay-spawner") -> None:
         self.name = name
@@ -95,8 +88,8 @@ class Spawner:
                 self._thread.start()
 
     def _next(self) -> Spawnable:
-        """Wait for a request; take one from the key whose turn it is, which then goes to
-        the back of the round if it still has more."""
+        """Wait for a request; take one from the key whose turn it is (to the back of the
+        round if it has more)."""
         with self._wake:
             while not self._pending:
                 self._wake.wait()
@@ -242,8 +235,8 @@ class WorkerPools:
         max_threads_for: Callable[[str], int],
         on_change: Callable[[str, int], None] | None = None,
     ) -> None:
-        """``on_change(key, abandoned)`` runs when a key's count of abandoned threads
-        changes (possibly on the ending worker thread)."""
+        # on_change(key, abandoned): a key's count of abandoned threads changed (possibly
+        # on the ending worker thread)
         self._max_threads_for = max_threads_for
         self.on_change = on_change
         self._pools: dict[str, KeyWorkers] = {}

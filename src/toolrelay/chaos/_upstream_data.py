@@ -17,8 +17,6 @@ from xml.sax.saxutils import escape, quoteattr
 from ._upstream_meteo import forecast, geocode
 from ._upstream_replies import ATOM, RSS, TEXT, Query, Reply, json_reply, noise, one
 
-__all__ = ["REFERENCE_NOW", "ROUTES", "Route"]
-
 REFERENCE_NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 """The stand-in's default clock: a fixed instant, so answers are reproducible."""
 

@@ -13,8 +13,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ._upstream_replies import BadRequest, Query, Reply, integer, json_reply, noise, number, one
 
-__all__ = ["forecast", "geocode"]
-
 
 def _variables(query: Query, name: str, known: Mapping[str, str]) -> list[str]:
     raw = one(query, name)

@@ -9,23 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "ATOM",
-    "JSON",
-    "RSS",
-    "TEXT",
-    "BadRequest",
-    "Query",
-    "Reply",
-    "error_reply",
-    "integer",
-    "json_reply",
-    "malformed",
-    "noise",
-    "number",
-    "one",
-]
-
 JSON = "application/json; charset=utf-8"
 RSS = "application/rss+xml; charset=utf-8"
 ATOM = "application/atom+xml; charset=utf-8"

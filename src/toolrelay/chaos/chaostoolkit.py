@@ -1,22 +1,9 @@
-"""Chaos Toolkit activities for a running ``toolrelay serve``, through its admin API.
+"""Chaos Toolkit activities for a running ``toolrelay serve``, through its admin API
+(documented in docs/serve.md, "Chaos Toolkit"). The activities' docstrings are their
+descriptions in the discovery document.
 
-Actions: :func:`inject_fault`, :func:`clear_faults`, :func:`force_open_breaker`,
-:func:`reset_breaker`. Probes: :func:`breaker_state`, :func:`answered_ratio`.
-:func:`discover` returns the Chaos Toolkit discovery document of these activities.
-
-Where the admin API is and its token come from the experiment, as Chaos Toolkit passes
-them::
-
-    "configuration": {"toolrelay_admin_url": {"type": "env", "key": "TOOLRELAY_ADMIN_URL"}},
-    "secrets": {"toolrelay": {"admin_token": {"type": "env", "key": "TOOLRELAY_ADMIN_TOKEN"}}}
-
-with ``"secrets": ["toolrelay"]`` on each activity's provider. Without them, the
-``TOOLRELAY_ADMIN_URL`` and ``TOOLRELAY_ADMIN_TOKEN`` environment variables are used. A
-refused request raises :class:`ToolrelayAdminError` with the API's own message, which
-Chaos Toolkit reports as the activity's failure.
-
-(This module deliberately has no ``from __future__ import annotations``: Chaos Toolkit's
-discovery reads the annotations as Python types.)
+(No ``from __future__ import annotations``: Chaos Toolkit's discovery reads the
+annotations as Python types.)
 """
 
 import importlib
@@ -31,6 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from .._version import __version__
 
 try:
     import httpx
@@ -220,10 +209,9 @@ def answered_ratio(
 
 # -- discovery -----------------------------------------------------------------------------
 def _chaoslib_discovery() -> Any:
-    """``chaoslib.discovery.discover`` when Chaos Toolkit is installed, else ``None``."""
     try:
         return importlib.import_module("chaoslib.discovery.discover")
-    except ImportError:
+    except ImportError:  # Chaos Toolkit is not installed
         return None
 
 
@@ -265,12 +253,6 @@ def _describe_activities() -> list[dict[str, Any]]:
     return activities
 
 
-def _version() -> str:
-    from .._version import __version__
-
-    return __version__
-
-
 def _system(configuration: Configuration | None) -> dict[str, Any] | None:
     try:
         tools = _json(_request("GET", "/tools", configuration, None))["tools"]
@@ -296,12 +278,12 @@ def discover(discover_system: bool = True) -> dict[str, Any]:
                 "node": node.node,
                 "python": platform.python_version(),
             },
-            "extension": {"name": "toolrelay", "version": _version()},
+            "extension": {"name": "toolrelay", "version": __version__},
             "activities": [],
             "system": None,
         }
     else:
-        result = chaoslib.initialize_discovery_result("toolrelay", _version(), "toolrelay")
+        result = chaoslib.initialize_discovery_result("toolrelay", __version__, "toolrelay")
     result["activities"].extend(_activities())
     if discover_system:
         result["system"] = _system(None)

@@ -1,10 +1,4 @@
-"""The invariants a chaos experiment is judged by (its ``[invariants]`` table).
-
-Every call answered, every answer within its deadline, the model slot never held beyond
-its budget, the steady state before the faults, no leaks; and for each breaker key
-named, three: it opened within ``fail_max`` failures of the outage, only half-open trials
-reached the service while it was open, and it closed after recovery.
-"""
+"""The invariants a chaos experiment is judged by (its ``[invariants]`` table)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""What a chaos experiment is: its data (a TOML file, checked against a JSON Schema) and,
-for one written in Python such as the demo, the parts data cannot hold.
-
-An experiment names the toolrelay config under test (inline, the same schema as
-``toolrelay.toml``; ``${upstream}`` stands for the stand-in upstream's URL), a workload of N
-concurrent agent loops each holding its own model slot, a steady-state hypothesis, a fault
-schedule — on the wire (the stand-in upstream), in the pipeline (fault injection) or a
-named switch of the experiment's own — and the invariants to hold.
-"""
+"""What a chaos experiment is: its data (a TOML file, checked against a JSON Schema; its
+tables are described in docs/chaos.md) and, for one written in Python such as the demo,
+the parts data cannot hold."""
 
 from __future__ import annotations
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import anyio
 
@@ -21,71 +20,11 @@ from .definition import EXPERIMENT_SCHEMA, Experiment
 from .record import Check, Run, outcome
 from .report_html import require_renderer, write_html
 from .runner import play
-from .timeline import Timeline
 
-__all__ = [
-    "EXPERIMENT_SCHEMA",
-    "Check",
-    "Experiment",
-    "ExperimentReport",
-    "main",
-    "print_report",
-    "run_experiment",
-]
+__all__ = ["EXPERIMENT_SCHEMA", "Check", "Experiment", "Run", "main", "play", "print_report"]
 
 
-@dataclass
-class ExperimentReport:
-    name: str
-    seed: int
-    duration_s: float
-    calls: int = 0
-    answers: int = 0
-    escaped: list[str] = field(default_factory=list)
-    outcomes: Counter[str] = field(default_factory=Counter)
-    verdicts: list[Check] = field(default_factory=list)
-    timeline: Timeline | None = None
-
-    @classmethod
-    def of(cls, run: Run) -> ExperimentReport:
-        record = run.record
-        return cls(
-            run.name,
-            run.seed,
-            run.duration_s,
-            calls=record.calls,
-            answers=record.answered,
-            escaped=list(record.escaped),
-            outcomes=Counter(outcome(a[2]) for a in record.answers),
-            verdicts=run.checks,
-            timeline=run.timeline,
-        )
-
-    @property
-    def ok(self) -> bool:
-        return all(v.ok for v in self.verdicts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "seed": self.seed,
-            "duration_s": self.duration_s,
-            "calls": self.calls,
-            "answers": self.answers,
-            "outcomes": dict(self.outcomes),
-            "exceptions_escaped": self.escaped,
-            "invariants": [v.__dict__ for v in self.verdicts],
-            "ok": self.ok,
-            "timeline": (self.timeline or Timeline(self.duration_s)).to_json(),
-        }
-
-
-async def run_experiment(experiment: Experiment, seed: int | None = None) -> ExperimentReport:
-    """Run one experiment and judge its invariants."""
-    return ExperimentReport.of(await play(experiment, seed))
-
-
-def print_report(report: ExperimentReport, out: TextIO | None = None) -> None:
+def print_report(run: Run, out: TextIO | None = None) -> None:
     """Print the verdicts to ``out`` (``sys.stdout`` as it is when called)."""
     out = sys.stdout if out is None else out
     try:
@@ -93,21 +32,21 @@ def print_report(report: ExperimentReport, out: TextIO | None = None) -> None:
         from rich.table import Table
     except ImportError:
         Console = None  # type: ignore[assignment,misc]
-    title = f"{report.name} — {report.duration_s:g} s, seed {report.seed}, {report.calls} calls"
+    title = f"{run.name} — {run.duration_s:g} s, seed {run.seed}, {run.record.calls} calls"
     if Console is not None and out.isatty():
         table = Table(title=title)
         for column in ("", "invariant", "measured"):
             table.add_column(column)
-        for v in report.verdicts:
+        for v in run.checks:
             table.add_row("[green]PASS[/]" if v.ok else "[bold red]FAIL[/]", v.name, v.figure)
         Console(file=out).print(table)
     else:
         print(title, file=out)
-        for v in report.verdicts:
+        for v in run.checks:
             print(f"  {v.line()}", file=out)
-    outcomes = ", ".join(f"{k} {n}" for k, n in report.outcomes.most_common())
-    print(f"outcomes: {outcomes}", file=out)
-    print("all invariants hold" if report.ok else "an invariant was violated", file=out)
+    outcomes = Counter(outcome(a[2]) for a in run.record.answers)
+    print(f"outcomes: {', '.join(f'{k} {n}' for k, n in outcomes.most_common())}", file=out)
+    print("all invariants hold" if run.ok else "an invariant was violated", file=out)
 
 
 def main(
@@ -128,7 +67,7 @@ def main(
         require_renderer()  # before the run, not after it
     reports = []
     for experiment in experiments:
-        reports.append(anyio.run(run_experiment, experiment, seed))
+        reports.append(anyio.run(play, experiment, seed))
         print_report(reports[-1])
     data = [report.to_json() for report in reports]
     if json_path is not None:

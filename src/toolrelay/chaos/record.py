@@ -1,11 +1,6 @@
-"""What the experiment runner records while an experiment plays, and what checks judge.
-
-:class:`Record` fills as the run goes, on one clock (seconds from the run's start): each
-turn's calls and answers, breaker transitions, attempts, hedges and slot holds. A live
-view reads it during the run; when the run ends, :class:`Run` holds the record with what
-the checks need besides (the experiment's data, the dispatcher, leak counts), and each
-check gives a :class:`Check`: its name, whether it held, and the measured figure.
-"""
+"""What the experiment runner records while an experiment plays (:class:`Record`, on one
+clock: seconds from the run's start; a live view reads it during the run), the finished
+:class:`Run` the checks judge, and each check's :class:`Check`."""
 
 from __future__ import annotations
 
@@ -16,6 +11,8 @@ from typing import Any
 import anyio
 
 from ..dispatcher import Dispatcher
+from ..events import AttemptEnded, Event, HedgeEnded
+from ..invocation import Invocation
 from ..result import ToolResult
 from .timeline import Timeline, Window
 
@@ -68,6 +65,13 @@ class Record:
     def now(self) -> float:
         return anyio.current_time() - self.t0
 
+    def observe(self, inv: Invocation, event: Event) -> None:
+        """The dispatcher's observer: attempts (and whether they reached the service), hedges."""
+        if isinstance(event, AttemptEnded):
+            self.attempts.append((self.now(), inv.key, event.result))
+        elif isinstance(event, HedgeEnded):
+            self.hedges[event.result] += 1
+
     @property
     def answered(self) -> int:
         return len(self.answers)
@@ -93,3 +97,23 @@ class Run:
     leaks: dict[str, float]
     timeline: Timeline
     checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` report."""
+        record = self.record
+        return {
+            "name": self.name,
+            "seed": self.seed,
+            "duration_s": self.duration_s,
+            "calls": record.calls,
+            "answers": record.answered,
+            "outcomes": dict(Counter(outcome(a[2]) for a in record.answers)),
+            "exceptions_escaped": list(record.escaped),
+            "invariants": [check.__dict__ for check in self.checks],
+            "ok": self.ok,
+            "timeline": self.timeline.to_json(),
+        }

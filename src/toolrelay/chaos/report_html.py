@@ -1,13 +1,8 @@
 """One self-contained HTML file for a chaos run (or two, side by side): ``--html report.html``.
 
-The input is the ``--json`` report itself (each run's ``to_json()``, with its ``timeline``:
-see :mod:`toolrelay.chaos.timeline`), so the picture and the numbers never disagree. Charts
-are Vega-Lite specs rendered to SVG by ``vl-convert-python`` and inlined: no script, no
-font, no request; the page's Content-Security-Policy forbids any. Per tool, one chart:
-each run's calls (x when the call started, y its latency, colour its outcome) over the
-shaded fault windows with the deadline as a dashed line, and under it the tool's breaker
-state as a band; then answers per second by outcome. Two runs share one time axis, one
-above the other, after a table of their headline numbers.
+The input is the ``--json`` report itself. Charts (described in docs/chaos.md) are
+Vega-Lite specs rendered to SVG by ``vl-convert-python`` and inlined: no script, no font,
+no request; the page's Content-Security-Policy forbids any.
 """
 
 from __future__ import annotations
@@ -167,6 +162,7 @@ def _rate_row(run: dict[str, Any], end: float, colours: dict[str, Any]) -> dict[
         "height": 110,
         "width": WIDTH,
         "data": {"values": run["timeline"]["answers_per_second"]},
+        "transform": [{"calculate": "datum.second + 1", "as": "second_end"}],
         "mark": {"type": "rect", "stroke": "white", "strokeWidth": 0.5},
         "encoding": {
             "x": _x("second", end, "answered (s)"),
@@ -255,7 +251,7 @@ def render_html(reports: Sequence[dict[str, Any]]) -> str:
             + _verdicts(run)
         )
     parts.append("<h2>Answers per second</h2>")
-    rate = _chart([_rate_row(_binned(run), end, colours) for run in runs])
+    rate = _chart([_rate_row(run, end, colours) for run in runs])
     parts.append(f"<section class='chart rate'>{_svg(rate, 'rate')}</section>")
     tools = sorted({tool for run in runs for tool in run["timeline"]["tools"]})
     for index, tool in enumerate(tools):
@@ -274,11 +270,6 @@ def render_html(reports: Sequence[dict[str, Any]]) -> str:
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>"
         f"<body>{''.join(parts)}</body></html>\n"
     )
-
-
-def _binned(run: dict[str, Any]) -> dict[str, Any]:
-    rows = [dict(r, second_end=r["second"] + 1) for r in run["timeline"]["answers_per_second"]]
-    return {**run, "timeline": {**run["timeline"], "answers_per_second": rows}}
 
 
 def write_html(reports: Sequence[dict[str, Any]], path: Path) -> None:

@@ -1,9 +1,8 @@
 """The experiment runner: plays an :class:`~toolrelay.chaos.definition.Experiment`.
 
-It starts the stand-in upstream (unless the experiment says ``upstream = false``), builds
-the dispatcher from the experiment's config, runs the agents and the fault schedule side by
-side for ``duration_s``, lets the last answers settle, counts what leaked, and judges the
-invariants. A ``view`` (the demo's live view) may watch the :class:`Record` as it fills.
+It starts the stand-in upstream (unless ``upstream = false``), builds the dispatcher, runs
+the agents and the fault schedule side by side for ``duration_s``, lets the last answers
+settle, counts what leaked, and judges the invariants.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import json
 import random
 import threading
 from collections.abc import Callable, Coroutine
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -20,15 +20,13 @@ from prometheus_client import CollectorRegistry
 from ..config import parse_config
 from ..contract import AuthContext
 from ..dispatcher import Dispatcher
-from ..events import AttemptEnded, Event, HedgeEnded
 from ..faults import Fault
-from ..invocation import Invocation, Observer
 from ..registry import ToolRegistry
 from ..result import ToolCall, ToolResult
 from .checks import judge
 from .definition import WINDOW_KEYS, Experiment, Model
 from .record import Record, Run, outcome
-from .timeline import Timeline, Window
+from .timeline import REFUSALS, Timeline, Window
 from .upstream import StandInUpstream
 
 __all__ = ["View", "play"]
@@ -56,11 +54,9 @@ async def play(
     up: StandInUpstream | None = StandInUpstream(seed=seed) if data.get("upstream", True) else None
     threads_before = set(threading.enumerate())
     tasks_before = len(anyio.get_running_tasks())
-    if up is not None:
-        await up.__aenter__()
-    requests = None
-    try:
+    async with AsyncExitStack() as stack:
         if up is not None:
+            await stack.enter_async_context(up)
             for standing in data.get("upstream_faults", []):
                 up.set_fault(**standing)
         config = parse_config(_substitute(data["config"], NOWHERE if up is None else up.url))
@@ -82,7 +78,7 @@ async def play(
                 (record.now(), key, old, new, *_counters(dispatcher, key))
             )
         )
-        dispatcher.add_observer(_observer(record))
+        dispatcher.add_observer(record.observe)
         try:
             async with anyio.create_task_group() as outer:
                 if view is not None:
@@ -99,10 +95,7 @@ async def play(
             for switch in extras.switches.values():
                 switch.clear()
             await dispatcher.aclose()
-    finally:
-        if up is not None:
-            requests = sum(up.stats["requests"].values())
-            await up.__aexit__(None, None, None)
+        requests = None if up is None else sum(up.stats["requests"].values())
     leaks = await _leaks(dispatcher, metrics, threads_before, tasks_before)
     run = Run(
         experiment.name,
@@ -127,8 +120,7 @@ def _timeline(
         timeline.answer(started, name, outcome(result), result.duration_s, deadline)
     timeline.breaker_keys = {tool.decl.name: tool.decl.key for tool in dispatcher.registry.tools()}
     timeline.transitions = record.moves
-    for _, _, attempt in record.attempts:
-        timeline.attempt(attempt)
+    timeline.attempts = sum(result not in REFUSALS for _, _, result in record.attempts)
     return timeline
 
 
@@ -253,18 +245,6 @@ def _window(item: dict[str, Any]) -> Window:
 def _counters(dispatcher: Dispatcher, key: str) -> tuple[int, int, int]:
     breaker = dispatcher.breakers.get(key)
     return breaker.admitted, breaker.trials_admitted, breaker.failures_recorded
-
-
-def _observer(record: Record) -> Observer:
-    """Records the attempts (and whether they reached the service) and the hedges."""
-
-    def observe(inv: Invocation, event: Event) -> None:
-        if isinstance(event, AttemptEnded):
-            record.attempts.append((record.now(), inv.key, event.result))
-        elif isinstance(event, HedgeEnded):
-            record.hedges[event.result] += 1
-
-    return observe
 
 
 def _total(metrics: CollectorRegistry, name: str) -> float:

@@ -1,11 +1,8 @@
-"""What a chaos run records for its report, on one clock (seconds from the run's start).
+"""A chaos run's answers, breaker transitions and fault windows, for its reports.
 
-Every answer (when its call started, the tool, the outcome, the latency), every breaker
-transition, every fault window, and each tool's breaker key and deadline. :meth:`to_json`
-is the ``timeline`` of the ``--json`` report and the only input of the HTML report
-(:mod:`toolrelay.chaos.report_html`), so the picture and the numbers never disagree. The
-aggregates (answers per second, p99, ok ratio) are computed from every answer; only the
-scatter's points are downsampled past :data:`MAX_POINTS`, keeping every failure.
+:meth:`Timeline.to_json` is the ``timeline`` of the ``--json`` report and the only input of
+the HTML report, so the picture and the numbers never disagree. Aggregates use every
+answer; only the scatter's points are downsampled past :data:`MAX_POINTS`.
 """
 
 from __future__ import annotations
@@ -45,8 +42,6 @@ class Window:
 
 @dataclass
 class Timeline:
-    """Recorded while a run goes; see the module docstring."""
-
     duration_s: float
     answers: list[Answer] = field(default_factory=list)
     transitions: list[tuple[float, str, str, str]] = field(default_factory=list)
@@ -63,10 +58,6 @@ class Timeline:
     ) -> None:
         self.answers.append(Answer(started_s, tool, outcome, latency_s))
         self.deadlines[tool] = round(max(self.deadlines.get(tool, 0.0), deadline_s), 4)
-
-    def attempt(self, result: str) -> None:
-        if result not in REFUSALS:
-            self.attempts += 1
 
     def end_s(self) -> float:
         last = max((a.started_s + a.latency_s for a in self.answers), default=0.0)

@@ -2,42 +2,9 @@
 
 A small HTTP/1.1 server (anyio TCP listener + h11) on loopback that answers like
 Open-Meteo (``/v1/forecast``, ``/v1/search``), SearXNG (``/search?format=json``) and two
-feeds (``/feeds/rss.xml``, ``/feeds/atom.xml``). Faults are set per path prefix, from Python
-(:meth:`StandInUpstream.set_fault`) or over HTTP::
-
-    POST   /_admin/faults   {"path": "/v1/forecast", "fault": "status", "status": 503, "rate": 0.5}
-    GET    /_admin/faults   the faults in force
-    DELETE /_admin/faults   clear all (``?path=/v1/forecast`` clears one)
-    GET    /_admin/stats    requests seen per path, faults applied per kind (DELETE resets)
-    POST   /_admin/seed     {"seed": 7}: restart the fault dice
-
-The admin endpoint has no authentication, so it refuses what a web page could send: a
-``Host`` other than the loopback address and port it listens on (403: DNS rebinding), an
-``Origin`` other than that same ``http://host:port`` (403), and a body that is not
-``Content-Type: application/json`` (415; a client sending neither ``Content-Type`` nor
-``Origin``, such as a script, is tolerated).
-
-Fault kinds and their parameters:
-
-=============  =====================================================================
-``delay``      wait ``seconds`` before the response headers
-``slow_body``  send the headers, then dribble the body over ``seconds``
-``hang``       never answer; wait until the client goes away
-``reset``      close the connection abruptly (RST, via ``SO_LINGER`` 0)
-``status``     answer HTTP ``status`` (400–599), with ``Retry-After: retry_after`` if given
-``rate_limit`` answer 429 with ``Retry-After: retry_after`` (default 1)
-``malformed``  answer 200 with a body that is not valid JSON/XML
-``truncated``  declare the full ``Content-Length``, send half the body, close
-``load``       wait ``seconds`` × (n / ``capacity``)² when n > ``capacity`` requests are
-               in flight under the fault's path (n counted at arrival, itself
-               included), else ``seconds``: a service whose throughput collapses past
-               its capacity (each extra request slows all of them)
-``slow_tail``  wait ``seconds``, or ``tail_seconds`` for a share ``tail`` of requests
-               (drawn per request): a service with a slow tail, for hedging
-=============  =====================================================================
-
-Each fault applies to a request with probability ``rate``, drawn from one seeded
-:class:`random.Random`, so the same seed and the same requests give the same faults.
+feeds (``/feeds/rss.xml``, ``/feeds/atom.xml``). The fault kinds, their parameters and the
+admin endpoint (``/_admin/faults``, ``/_admin/stats``, ``/_admin/seed``) are in
+docs/chaos.md.
 """
 
 from __future__ import annotations
@@ -62,7 +29,6 @@ from ..net import is_loopback
 from . import upstream_admin as admin
 from ._upstream_data import REFERENCE_NOW, ROUTES
 from ._upstream_replies import BadRequest, Reply, error_reply, malformed
-from .upstream_args import DESCRIPTION, add_arguments
 from .upstream_faults import FAULT_KINDS, FaultError, FaultTable, UpstreamFault
 
 try:
@@ -160,18 +126,14 @@ class StandInUpstream:
     async def __aenter__(self) -> StandInUpstream:
         if self._stack is not None:
             raise RuntimeError("the upstream is running already")
-        stack = AsyncExitStack()
-        try:
+        async with AsyncExitStack() as stack:  # unwound if starting fails
             listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
             await stack.enter_async_context(listener)
             self.port = listener.extra(SocketAttribute.local_port)
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
             tg.start_soon(listener.serve, self._connection)
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(
@@ -186,10 +148,8 @@ class StandInUpstream:
 
     @contextlib.contextmanager
     def run_in_thread(self) -> Iterator[StandInUpstream]:
-        """Run on an event loop in a background thread, for synchronous callers.
-
-        The thread is stopped and joined when the block ends.
-        """
+        """Run on an event loop in a background thread (joined when the block ends), for
+        synchronous callers."""
         with (
             anyio.from_thread.start_blocking_portal() as portal,
             portal.wrap_async_context_manager(self),
@@ -313,14 +273,8 @@ class StandInUpstream:
 
 
 # -- command line --------------------------------------------------------------------------
-def main(argv: list[str] | argparse.Namespace | None = None) -> int:
-    """``toolrelay chaos upstream``: run the stand-in until interrupted."""
-    if isinstance(argv, argparse.Namespace):
-        args = argv
-    else:
-        parser = argparse.ArgumentParser(prog="toolrelay chaos upstream", description=DESCRIPTION)
-        add_arguments(parser)
-        args = parser.parse_args(argv)
+def main(args: argparse.Namespace) -> int:
+    """``toolrelay chaos upstream`` (its options: :mod:`toolrelay.cli`): run until interrupted."""
     clock: datetime | Callable[[], datetime] = (
         (lambda: datetime.now(UTC)) if args.live_clock else REFERENCE_NOW
     )

@@ -19,18 +19,11 @@ MAX_ADMIN_BODY = 64 * 1024
 def refusal(
     host: str, port: int, method: str, headers: dict[bytes, bytes], body: bytes
 ) -> Reply | None:
-    """Why an admin request is refused (403/415), or ``None``: the admin endpoint has no
-    authentication, so it must not be reachable from a web page the developer opens.
-
-    * ``Host`` must name the loopback address and port the server listens on (a
-      DNS-rebinding page has its own name there); not checked when it listens on a
-      non-loopback address (``allow_remote``).
-    * ``Origin``, when sent, must be ``http://`` + that same host and port (browsers
-      send it with every cross-site POST and DELETE; ``null`` is refused too).
-    * A body must be ``Content-Type: application/json`` (a form or ``text/plain`` POST
-      is what a page can send without asking); a non-browser client that sends neither
-      ``Content-Type`` nor ``Origin`` is tolerated.
-    """
+    """Why an admin request is refused (403/415), or ``None``: the endpoint has no
+    authentication, so a web page the developer opens must not reach it (the rules:
+    docs/chaos.md). A DNS-rebinding page has its own name in ``Host``; browsers send
+    ``Origin`` with every cross-site POST and DELETE; a form or ``text/plain`` POST is what
+    a page can send without asking. ``Host`` is not checked under ``allow_remote``."""
     named = headers.get(b"host", b"").decode("latin-1").strip().lower()
     if is_loopback(host) and not _names_us(named, port):
         return json_reply({"error": "the admin endpoint answers only its loopback Host"}, 403)

@@ -1,6 +1,5 @@
 """The stand-in upstream's faults: what each kind takes, how a fault is checked, and the
-table the server draws from (one seeded :class:`random.Random`, so the same seed and the
-same requests give the same faults)."""
+table the server draws from (one seeded :class:`random.Random`)."""
 
 from __future__ import annotations
 
@@ -148,12 +147,10 @@ class FaultTable:
             return fault
 
     def put(self, fault: UpstreamFault) -> None:
-        """Apply ``fault`` under its path (replacing that path's previous fault)."""
         with self.lock:
             self.faults[fault.path] = fault
 
     def clear(self, path: str | None = None) -> None:
-        """Remove every fault, or the fault of one path prefix."""
         with self.lock:
             if path is None:
                 self.faults.clear()
@@ -161,12 +158,10 @@ class FaultTable:
                 self.faults.pop(path, None)
 
     def listed(self) -> list[UpstreamFault]:
-        """The faults in force, most specific last."""
         with self.lock:
             return sorted(self.faults.values(), key=lambda f: (len(f.path), f.path))
 
     def reseed(self, seed: int) -> None:
-        """Restart the dice: the same seed gives the same sequence again."""
         with self.lock:
             self.random.seed(seed)
 
@@ -176,12 +171,10 @@ class FaultTable:
             return self.random.random() < share
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """``{"requests": {path: n}, "faults": {kind: n}}`` since start (or the last reset)."""
         with self.lock:
             return {"requests": dict(self.requests), "faults": dict(self.applied)}
 
     def reset_stats(self) -> None:
-        """Start counting requests and faults from zero."""
         with self.lock:
             self.requests.clear()
             self.applied.clear()

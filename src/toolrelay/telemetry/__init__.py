@@ -19,6 +19,7 @@ from opentelemetry import context, trace
 from opentelemetry.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
+from .._version import __version__
 from ..events import (
     AttemptEnded,
     ConcurrencyLimitUpdated,
@@ -44,8 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Metrics", "Telemetry", "serve_metrics"]
 
-_VERSION = "0.1.0"
-
 
 class Telemetry:
     __slots__ = ("_checked_at", "_tracing", "capture_content", "genai", "metrics", "provider",
@@ -65,23 +64,18 @@ class Telemetry:
         self.redact = Redactor() if redact is None else redact
         self.metrics = Metrics.on(metrics_registry)
         self.provider = tracer_provider
-        self.tracer = trace.get_tracer("toolrelay", _VERSION, tracer_provider=tracer_provider)
+        self.tracer = trace.get_tracer("toolrelay", __version__, tracer_provider=tracer_provider)
         self._tracing = False
         self._checked_at = -1.0
         self.capture_content = capture_content
         self.genai = execute_tool_duration(meter_provider)
-        """``gen_ai.execute_tool.duration`` (OTel metrics API: recorded once a meter provider
-        is configured, globally or ``meter_provider``): see :mod:`.semconv`."""
 
     def label(self, name: Any) -> str:
         return name if isinstance(name, str) and self.registry.owns(name) else UNKNOWN_TOOL
 
     def tracing(self) -> bool:
-        """Is anyone collecting spans? (No SDK configured: no span is even started.)
-
-        A global provider can be set once, later; until then this is re-checked at most
-        once a second (the check reads the environment).
-        """
+        """Is anyone collecting spans? Re-checked at most once a second until one is (a
+        global provider can be set later); without one no span is even started."""
         if self._tracing:
             return True
         now = time.monotonic()
@@ -101,11 +95,9 @@ class Telemetry:
         return self._measure(call_next, inv, tool, self.tracing())
 
     async def _measure(self, call_next: Next, inv: Invocation, tool: str, traced: bool) -> Outcome:
-        """Count the call and, when ``traced``, record its span: current while the call runs
-        (so the handler's spans are its children), ended once the answer is counted. What
-        ``start_as_current_span(record_exception=False, set_status_on_exception=False)``
-        does, without its two generator-based context managers (~3 µs a call); one
-        coroutine, no helper calls (each costs ~1 µs amid a dispatch: ``bench/run.py``)."""
+        """Count the call and, when ``traced``, record its span (current while the call runs,
+        so the handler's spans are its children). ``start_as_current_span`` by hand: its two
+        generator-based context managers cost ~3 µs a call (``bench/run.py``)."""
         span = self.tracer.start_span(f"execute_tool {tool}") if traced else None
         token = None if span is None else context.attach(trace.set_span_in_context(span))
         try:
@@ -166,12 +158,9 @@ class Telemetry:
 
     # -- observers and listeners --------------------------------------------------------
     def observe(self, inv: Invocation, event: Event) -> None:
-        """Stage events: metrics, and span events on the call's span.
-
-        Attempts are counted without ``AttemptEnded`` (the commonest event): a retried
-        attempt when its retry is scheduled, the last one from the call's answer. The
-        first attempt's end (every call has one) is not even a span event.
-        """
+        """Stage events: metrics, and span events on the call's span. Attempts are counted
+        without ``AttemptEnded`` (the commonest event): a retried one when its retry is
+        scheduled, the last from the call's answer."""
         if type(event) is AttemptEnded and event.attempt == 1:
             return
         if isinstance(event, RetryScheduled):
@@ -198,9 +187,8 @@ class Telemetry:
                 add_event(span, event)
 
     def _fallback_ended(self, inv: Invocation, event: FallbackEnded) -> None:
-        """``toolrelay_fallbacks_total``; the fallback's last attempt (its call has no span
-        or call count of its own) and, when it answered, the primary's; on the span, an
-        event per fallback tried and ``toolrelay.fallback.served_by``."""
+        """``toolrelay_fallbacks_total``, the fallback's last attempt (its call has no span
+        or call count of its own) and, when it answered, the primary's."""
         metrics = self.metrics
         tool = self.label(inv.name)
         fallback = self.label(event.fallback)

@@ -57,8 +57,7 @@ BREAKER_GAUGES: tuple[tuple[str, str], ...] = (
         "(above reset_timeout_s).",
     ),
 )
-"""Gauges per ``breaker_key`` read from the breakers (names without the ``toolrelay_`` prefix,
-help text), in the order of :func:`breaker_reading`'s values."""
+"""(name without ``toolrelay_``, help text), in the order of :func:`breaker_reading`'s values."""
 
 BREAKER_REFRESH_S = 5.0
 """Multiprocess mode: how often each process copies its breaker readings into the gauges."""
@@ -66,18 +65,10 @@ BREAKER_REFRESH_S = 5.0
 Reading = tuple[float | None, ...]
 
 
-def _multiprocess() -> bool:
-    """The test prometheus-client makes (at import) to pick its file-backed values."""
-    return "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ
-
-
 def breaker_reading(breaker: KeyBreaker) -> Reading:
     """One key's values of :data:`BREAKER_GAUGES` (``None``: no such series for the key).
-
-    Safe from any thread: it only reads (a time window is *peeked*, never advanced), so a
-    scrape racing the event loop may see a call half-counted; the rates are clamped to 0–1.
-    Like :meth:`KeyBreaker.rates`, other replicas' counts (shared storage) are included.
-    """
+    Safe from any thread: it only reads (a scrape racing the loop may see a call
+    half-counted; the rates are clamped to 0–1)."""
     options = breaker.options
     failure_rate = slow_rate = failure_limit = slow_limit = None
     if breaker.window is not None:
@@ -146,7 +137,10 @@ class BreakerGauges:
         self._watched: weakref.WeakSet[Breakers] = weakref.WeakSet()
         self._watch_lock = threading.Lock()
         self._refresh_lock = threading.Lock()
-        self._multiprocess = _multiprocess()
+        # the test prometheus-client makes (at import) to pick its file-backed values
+        self._multiprocess = any(
+            name in os.environ for name in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+        )
         self._refresher_pid = 0
         self._gauges: list[Gauge] = []
         self._reported: set[str] = set()
@@ -159,8 +153,7 @@ class BreakerGauges:
         _ALL.add(self)
 
     def watch(self, breakers: Breakers) -> None:
-        """Report ``breakers`` in the breaker gauges for as long as it lives (held weakly;
-        watching it again does nothing)."""
+        """Report ``breakers`` for as long as it lives (held weakly)."""
         with self._watch_lock:
             new = breakers not in self._watched
             self._watched.add(breakers)
@@ -170,8 +163,8 @@ class BreakerGauges:
                 self.refresh()
 
     def readings(self) -> dict[str, Reading]:
-        """Every watched key's :func:`breaker_reading`; a key several watched dispatchers
-        share reports, per gauge, the highest value."""
+        """Every watched key's :func:`breaker_reading` (the highest, per gauge, of a key
+        several watched dispatchers share)."""
         with self._watch_lock:
             watched = list(self._watched)
         out: dict[str, Reading] = {}
@@ -189,8 +182,7 @@ class BreakerGauges:
 
     def refresh(self) -> None:
         """Multiprocess mode: copy the readings into the ``livemax`` gauges. Keys no longer
-        watched (their dispatcher is gone) drop their rates and break to 0 (the series of a
-        file-backed gauge cannot be removed), so they neither show a stale break nor alert."""
+        watched drop their rates and break to 0 (a file-backed series cannot be removed)."""
         if not self._gauges:
             return
         with self._refresh_lock:
@@ -221,8 +213,7 @@ class BreakerGauges:
 
 
 def _after_fork_in_child() -> None:
-    """A forked worker (multiprocess mode) refreshes its own copy of the breaker gauges; the
-    parent's refresher thread did not survive the fork, and its locks may have been held."""
+    """The parent's refresher thread did not survive the fork, and its locks may be held."""
     for gauges in list(_ALL):
         gauges._watch_lock = threading.Lock()
         gauges._refresh_lock = threading.Lock()

@@ -45,14 +45,10 @@ Add = Callable[[float], None]
 def adder(child: Counter | Gauge) -> Add:
     """``child.inc`` of a bound counter or gauge child, without its per-call checks.
 
-    The one place toolrelay reaches past prometheus-client's public API, for the four updates
-    every dispatch makes (in-flight up and down, calls, attempts). The public ``inc``
-    re-checks on every call what cannot change for a bound child (that it has label values,
-    the gauge's mode, a counter's sign: toolrelay never adds a negative amount to one); that
-    is ~1.5 µs of a ~28 µs dispatch on the bench machine, a fifth of telemetry's share. This
-    calls the child's value store (``MutexValue``, or the file-backed value in multiprocess
-    mode), falling back to the public ``inc`` if a release moves it. What it relies on, that
-    an amount added there is what ``generate_latest`` reports in both modes, is pinned by
+    The public ``inc`` re-checks on every call what cannot change for a bound child: ~1.5 µs
+    of a ~28 µs dispatch, for the four updates every dispatch makes (see
+    :func:`toolrelay._compat.prometheus_client.value_inc`). That the amount added is what
+    ``generate_latest`` reports, in both modes, is pinned by
     ``tests/test_telemetry.py::test_adder_writes_what_prometheus_client_reports``.
     """
     inc = value_inc(child)
@@ -60,22 +56,15 @@ def adder(child: Counter | Gauge) -> Add:
 
 
 EXEMPLAR_INTERVAL_S = 1.0
-"""How often, at most, one bucket of one ``{tool, outcome}`` duration series takes a new
-exemplar (see :class:`ExemplarGate`)."""
 
 
 class ExemplarGate:
     """Which observations of one ``{tool, outcome}`` duration series carry an exemplar.
 
-    Prometheus keeps one exemplar per histogram bucket, the latest, so attaching one to
-    every observation is work thrown away (formatting the trace id and validating the
-    exemplar cost more than the observation itself). An observation carries one when its
-    bucket has taken none for :data:`EXEMPLAR_INTERVAL_S`: the first call of every series
-    (a failure's outcome is a series of its own), the first call to reach a bucket (a slow
-    call's bucket is seldom reached) and then at most one a second per bucket. A bucket's
-    exemplar is thus never from a call more than that interval older than its latest one.
-    ``now`` is any monotonic clock in seconds (the dispatch's ``perf_counter``); callers
-    racing from several threads may at worst attach one more or one fewer.
+    Prometheus keeps only the latest exemplar per bucket, and making one costs more than
+    the observation, so a bucket takes one only when it has taken none for
+    :data:`EXEMPLAR_INTERVAL_S`: the first call of every series and of every bucket, then at
+    most one a second per bucket. ``now`` is any monotonic clock in seconds.
     """
 
     __slots__ = ("_interval_s", "_next")
@@ -121,14 +110,17 @@ class Metrics:
                 multiprocess_mode=mode,
             )  # fmt: skip
 
+        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: Any) -> Histogram:
+            return Histogram(
+                name, doc, labels, namespace="toolrelay", registry=registry, buckets=buckets
+            )
+
         self.calls = counter("tool_calls", "Tool calls answered, by outcome.", ("tool", "outcome"))
-        self.duration = Histogram(
+        self.duration = histogram(
             "tool_call_duration_seconds",
             "Time from dispatch to answer.",
             ("tool", "outcome"),
-            namespace="toolrelay",
-            registry=registry,
-            buckets=DURATION_BUCKETS,
+            DURATION_BUCKETS,
         )
         self.attempts = counter(
             "tool_attempts", "Attempts made (retries included), by result.", ("tool", "result")
@@ -163,19 +155,14 @@ class Metrics:
             'Worker processes (isolation="process") killed at a deadline or a cancellation.',
             ("breaker_key",),
         )
-        self.overrun = Histogram(
+        self.overrun = histogram(
             "deadline_overrun_seconds",
             "For timeouts: answer time minus the call's deadline.",
-            namespace="toolrelay",
-            registry=registry,
-            buckets=OVERRUN_BUCKETS,
+            (),
+            OVERRUN_BUCKETS,
         )
-        self.slot_hold = Histogram(
-            "slot_hold_seconds",
-            "How long a model slot was held.",
-            namespace="toolrelay",
-            registry=registry,
-            buckets=SLOT_BUCKETS,
+        self.slot_hold = histogram(
+            "slot_hold_seconds", "How long a model slot was held.", (), SLOT_BUCKETS
         )
         self.slot_budget = gauge(
             "slot_budget_seconds", "Budget of the most recent model slot hold.", (), "livemax"
@@ -223,39 +210,37 @@ class Metrics:
         )
         self.breakers = BreakerGauges(registry, gauge)
         """The gauges read from the breakers (``watch`` a dispatcher's breakers there)."""
+        self._adders: dict[tuple[object, ...], Add] = {}
         self._call_children: dict[tuple[str, str], CallChildren] = {}
         self._inflight_children: dict[str, Add] = {}
-        self._attempt_children: dict[tuple[str, str], Add] = {}
-        self._key_children: dict[tuple[int, str], Add] = {}
+
+    def _adder(self, metric: Counter | Gauge, *labels: str) -> Add:
+        """The :func:`adder` of ``metric``'s child for ``labels``, bound once: the hot path
+        does no label lookups."""
+        add = self._adders.get((id(metric), *labels))
+        if add is None:
+            add = self._adders[(id(metric), *labels)] = adder(metric.labels(*labels))
+        return add
 
     def call_children(self, tool: str, outcome: str) -> CallChildren:
-        """(calls adder, duration histogram, attempts adder, the duration's exemplar gate) for
-        one label set, bound once."""
+        """(calls adder, duration histogram, attempts adder, the duration's exemplar gate)."""
         entry = self._call_children.get((tool, outcome))
         if entry is None:
-            entry = (
-                adder(self.calls.labels(tool, outcome)),
+            entry = self._call_children[(tool, outcome)] = (
+                self._adder(self.calls, tool, outcome),
                 self.duration.labels(tool, outcome),
-                adder(self.attempts.labels(tool, outcome)),
+                self._adder(self.attempts, tool, outcome),
                 ExemplarGate(),
             )
-            self._call_children[(tool, outcome)] = entry
         return entry
 
     def attempt_child(self, tool: str, result: str) -> Add:
-        add = self._attempt_children.get((tool, result))
-        if add is None:
-            add = self._attempt_children[(tool, result)] = adder(self.attempts.labels(tool, result))
-        return add
+        return self._adder(self.attempts, tool, result)
 
-    def key_child(self, metric: Any, key: str) -> Add:
-        """The :func:`adder` of a ``{breaker_key}`` counter's child, bound once."""
-        add = self._key_children.get((id(metric), key))
-        if add is None:
-            add = self._key_children[(id(metric), key)] = adder(metric.labels(key))
-        return add
+    def key_child(self, metric: Counter, key: str) -> Add:
+        return self._adder(metric, key)
 
-    def inflight_child(self, tool: str) -> Add:
+    def inflight_child(self, tool: str) -> Add:  # every dispatch: a plain lookup
         add = self._inflight_children.get(tool)
         if add is None:
             add = self._inflight_children[tool] = adder(self.inflight.labels(tool))

@@ -37,21 +37,10 @@ MCP_SERVER_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120,
 CHECK_INTERVAL_S = 1.0
 
 
-def configured(provider: metrics.MeterProvider) -> bool:
-    """Is this a provider that records (not the API's no-op, nor its proxy for a global
-    provider nobody has set yet)?"""
-    if isinstance(provider, metrics.NoOpMeterProvider):
-        return False
-    # the API's placeholder until set_meter_provider() is called (not exported)
-    return type(provider).__name__ != "_ProxyMeterProvider"
-
-
 class LazyHistogram:
-    """A histogram created once a meter provider records.
-
-    ``histogram`` is ``None`` until then; callers test it, and call :meth:`check` (with a
-    monotonic clock reading) only when ``now >= next_check``, so a process without an SDK
-    pays an attribute read and a comparison per observation.
+    """A histogram created once a meter provider records (``provider``, else the global
+    one). ``histogram`` is ``None`` until then; callers call :meth:`check` only when
+    ``now >= next_check``, so a process without an SDK pays a comparison per observation.
     """
 
     __slots__ = ("_buckets", "_description", "_name", "histogram", "next_check", "provider")
@@ -67,7 +56,6 @@ class LazyHistogram:
         self._description = description
         self._buckets = buckets
         self.provider = provider
-        """The meter provider given (``None``: the global one)."""
         self.histogram: metrics.Histogram | None = None
         self.next_check = float("-inf")
 
@@ -77,7 +65,10 @@ class LazyHistogram:
             return self.histogram
         self.next_check = now + CHECK_INTERVAL_S
         provider = self.provider or metrics.get_meter_provider()
-        if not configured(provider):
+        # the API's no-op, or its placeholder until set_meter_provider() (not exported)
+        if isinstance(provider, metrics.NoOpMeterProvider) or (
+            type(provider).__name__ == "_ProxyMeterProvider"
+        ):
             return None
         meter = provider.get_meter("toolrelay", __version__)
         self.histogram = meter.create_histogram(

@@ -20,16 +20,8 @@ from ..events import (
     WorkerKilled,
 )
 
-OPERATION = "gen_ai.operation.name"
-TOOL_NAME = "gen_ai.tool.name"
-CALL_ID = "gen_ai.tool.call.id"
-TOOL_TYPE = "gen_ai.tool.type"
-DESCRIPTION = "gen_ai.tool.description"
-ARGUMENTS = "gen_ai.tool.call.arguments"
-RESULT = "gen_ai.tool.call.result"
 ERROR_TYPE = "error.type"
 BREAKER_KEY = "toolrelay.breaker_key"
-ATTEMPTS = "toolrelay.attempts"
 OUTCOME = "toolrelay.outcome"
 
 MAX_CONTENT_CHARS = 8192
@@ -56,22 +48,22 @@ def finish(
 ) -> None:
     """Set the attributes known once the call has its answer (recording spans only)."""
     attributes: dict[str, Any] = {
-        OPERATION: "execute_tool",
-        TOOL_NAME: name[:128],
-        TOOL_TYPE: "function",
-        ATTEMPTS: attempts,
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": name[:128],
+        "gen_ai.tool.type": "function",
+        "toolrelay.attempts": attempts,
         OUTCOME: outcome,
     }
     if call_id is not None:
-        attributes[CALL_ID] = call_id
+        attributes["gen_ai.tool.call.id"] = call_id
     if description:
-        attributes[DESCRIPTION] = description[:1024]
+        attributes["gen_ai.tool.description"] = description[:1024]
     if key is not None:
         attributes[BREAKER_KEY] = key
     if content is not None:
-        attributes[ARGUMENTS] = _content(content[0])
+        attributes["gen_ai.tool.call.arguments"] = _content(content[0])
         if content[1] is not None:
-            attributes[RESULT] = _content(content[1])
+            attributes["gen_ai.tool.call.result"] = _content(content[1])
     if outcome != "ok":
         attributes[ERROR_TYPE] = outcome
         span.set_status(Status(StatusCode.ERROR, message))

@@ -3,6 +3,7 @@ and :class:`SyncScriptedPlugin` (plain ``def execute``, run on a worker thread).
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -38,17 +39,10 @@ class Step:
     carry both tracebacks)."""
 
     def answer(self) -> Any:
-        """The step's data, or its error raised."""
-        e = self.error
-        if e is None:
+        """The step's data, or a copy of its error raised."""
+        if self.error is None:
             return self.data
-        raise ToolError(
-            e.message,
-            error_type=e.error_type,
-            retryable=e.retryable,
-            counts_as_failure=e.counts_as_failure,
-            retry_after_s=e.retry_after_s,
-        )
+        raise copy.copy(self.error)
 
 
 def ok(data: Any = None) -> Step:
