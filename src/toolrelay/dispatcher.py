@@ -118,6 +118,7 @@ class Dispatcher:
                 probe_interval_s=storage.probe_interval_s,
                 sync_interval_s=storage.sync_interval_s,
                 on_change=None if tel is None else tel.storage_changed,
+                on_reject=None if tel is None else tel.storage_rejected,
             )
             factory = functools.partial(SharedStorage, link)
 
