@@ -156,7 +156,9 @@ class Dispatcher:
             self.bulkhead,
             self.faults,
         ]
-        self.processes = ProcessPools(places)
+        # a reply frame is pickled: up to twice the JSON cap, and room for a traceback
+        frame_cap = 2 * limits.max_output_bytes + 65536
+        self.processes = ProcessPools(places, options.isolation_env, frame_cap)
         invoke = Invoke(self.workers, self.redact, self.processes)
         # a fallback's call runs every stage but telemetry (the call's span and metrics are
         # the primary's) and the fallback stage (a fallback's fallbacks are not followed)

@@ -105,7 +105,9 @@ class DispatcherOptions(BaseModel):
     :class:`KeyPolicy`, ``default_key`` for the others; ``storage``: Redis shared by the
     replicas' breakers (``None``: each process alone); ``limits``: argument and output
     sizes; ``faults`` (and ``fault_seed`` for their dice): injected faults;
-    ``secret_patterns``: more names of secrets to redact; ``audit`` (one line per call
+    ``secret_patterns``: more names of secrets to redact; ``isolation_env``: environment
+    variables a worker process of an ``isolation="process"`` tool gets besides the minimal
+    ones (docs/isolation.md); ``audit`` (one line per call
     to the audit sink; ``audit_arguments`` adds the redacted arguments); ``telemetry``
     (spans and metrics; ``capture_content`` adds arguments and results to spans).
     Live parts on :meth:`~toolrelay.Dispatcher.reconfigure`: ``profiles``, ``keys``,
@@ -122,6 +124,7 @@ class DispatcherOptions(BaseModel):
     faults: tuple[Fault, ...] = ()
     fault_seed: Annotated[int, Strict()] | None = None
     secret_patterns: frozenset[str] = frozenset()
+    isolation_env: frozenset[str] = frozenset()
     audit: Flag = True
     audit_arguments: Flag = False
     telemetry: Flag = True
