@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -118,3 +119,50 @@ class Service:
     def run(self, args: dict[str, Any], ctx: AuthContext) -> str:
         """A bound method: its instance cannot be found by name."""
         return "service"
+
+
+def fork_then_hang(args: dict[str, Any], ctx: AuthContext) -> None:
+    """Fork a child that hangs too, note both ids (``pidfile``: the child's), and hang."""
+    child = os.fork()
+    if child == 0:
+        time.sleep(3600)
+        os._exit(0)
+    Path(f"{args['pidfile']}.tmp").write_text(str(child))
+    os.replace(f"{args['pidfile']}.tmp", args["pidfile"])
+    if args.get("hang", True):
+        time.sleep(3600)
+
+
+def spawn_sleep(args: dict[str, Any], ctx: AuthContext) -> int:
+    """Start ``sleep 77.5`` (not waited for), note its id, and hang (or answer with it)."""
+    child = subprocess.Popen(["sleep", "77.5"])
+    Path(f"{args['pidfile']}.tmp").write_text(str(child.pid))
+    os.replace(f"{args['pidfile']}.tmp", args["pidfile"])
+    if args.get("hang", True):
+        time.sleep(3600)
+    return child.pid
+
+
+def environment(args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
+    """The worker's environment (names only), and what a subprocess of it sees."""
+    seen = subprocess.run(["env"], capture_output=True, text=True, check=True).stdout
+    return {
+        "names": sorted(os.environ),
+        "values": {name: os.environ.get(name) for name in args.get("names", [])},
+        "subprocess": sorted(line.split("=", 1)[0] for line in seen.splitlines() if "=" in line),
+    }
+
+
+def big_result(args: dict[str, Any], ctx: AuthContext) -> str:
+    return "x" * args["size"]
+
+
+def forged_header(args: dict[str, Any], ctx: AuthContext) -> None:
+    """Announce a result of ``size`` bytes on the worker's socket, send none, and hang."""
+    import gc
+    import socket
+    import struct
+
+    (sock,) = (o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() >= 0)
+    sock.sendall(struct.pack("!Q", args["size"]))
+    time.sleep(3600)

@@ -93,6 +93,7 @@ CONTRACT: dict[str, Metric] = {
     "toolrelay_faults_injected_total": Metric("counter", ("tool", "fault")),
     "toolrelay_fallbacks_total": Metric("counter", ("tool", "fallback", "result")),
     "toolrelay_breaker_storage_up": Metric("gauge"),
+    "toolrelay_breaker_storage_rejected_total": Metric("counter", ("breaker_key", "field")),
     "toolrelay_hedges_total": Metric("counter", ("breaker_key", "hedge")),
     "toolrelay_retry_budget_exhausted_total": Metric("counter", ("breaker_key", "kind")),
     "toolrelay_concurrency_limit": Metric("gauge", ("breaker_key",)),
@@ -702,6 +703,8 @@ def sample_exposition() -> bytes:
         await dispatcher.dispatch("primary", "{}")  # served by its fallback
         await dispatcher.dispatch("describe", "{}")
         await dispatcher.dispatch("hung", "{}")  # its worker process killed
+        assert dispatcher.telemetry is not None  # what a link refusing a value in Redis says
+        dispatcher.telemetry.storage_rejected("open-meteo", "state")
         await dispatcher.aclose()  # and the warm one's
 
     anyio.run(calls)

@@ -106,11 +106,13 @@ class ToolOverride(BaseModel):
 @dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)
 class DispatcherSection(Limits):
     """``[dispatcher]``: the dispatcher's :class:`~toolrelay.options.Limits`, its faults'
-    seed, audit and redaction, and the registry's ``reserved_properties``."""
+    seed, audit and redaction, worker processes' ``isolation_env``, and the registry's
+    ``reserved_properties``."""
 
     fault_seed: Annotated[int, Strict()] | None = None
     reserved_properties: frozenset[str] | None = None
     secret_patterns: frozenset[str] = frozenset()
+    isolation_env: frozenset[str] = frozenset()
     audit: Flag = True
     audit_arguments: Flag = False
 
@@ -180,6 +182,7 @@ class Settings(BaseModel):
             faults=self.faults,
             fault_seed=section.fault_seed,
             secret_patterns=section.secret_patterns,
+            isolation_env=section.isolation_env,
             audit=section.audit,
             audit_arguments=section.audit_arguments,
             telemetry=self.telemetry.enabled,

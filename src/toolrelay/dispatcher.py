@@ -117,6 +117,7 @@ class Dispatcher:
                 probe_interval_s=storage.probe_interval_s,
                 sync_interval_s=storage.sync_interval_s,
                 on_change=None if tel is None else tel.storage_changed,
+                on_reject=None if tel is None else tel.storage_rejected,
             )
             factory = functools.partial(SharedStorage, link)
 
@@ -155,7 +156,9 @@ class Dispatcher:
             self.bulkhead,
             self.faults,
         ]
-        self.processes = ProcessPools(places)
+        # a reply frame is pickled: up to twice the JSON cap, and room for a traceback
+        frame_cap = 2 * limits.max_output_bytes + 65536
+        self.processes = ProcessPools(places, options.isolation_env, frame_cap)
         self._invoke = Invoke(self.workers, self.redact, self.processes)
         self._compose()
 

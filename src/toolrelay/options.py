@@ -95,7 +95,8 @@ class DispatcherOptions(BaseModel):
     ``profiles``; each breaker key's :class:`KeyPolicy` (``keys``, else ``default_key``);
     Redis ``storage`` shared by the replicas' breakers; argument and output ``limits``;
     injected ``faults`` (and their dice's ``fault_seed``); more ``secret_patterns`` to
-    redact; the ``audit`` line (with the redacted arguments: ``audit_arguments``);
+    redact; the environment variables an ``isolation="process"`` worker gets besides the
+    minimal ones (``isolation_env``, docs/isolation.md); the ``audit`` line (with the redacted arguments: ``audit_arguments``);
     ``telemetry`` (with arguments and results on spans: ``capture_content``).
     :meth:`~toolrelay.Dispatcher.reconfigure` may change ``profiles``, ``keys``,
     ``default_key`` (their reloadable options) and ``faults``.
@@ -111,6 +112,7 @@ class DispatcherOptions(BaseModel):
     faults: tuple[Fault, ...] = ()
     fault_seed: Annotated[int, Strict()] | None = None
     secret_patterns: frozenset[str] = frozenset()
+    isolation_env: frozenset[str] = frozenset()
     audit: Flag = True
     audit_arguments: Flag = False
     telemetry: Flag = True

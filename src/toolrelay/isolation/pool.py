@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import anyio
@@ -19,6 +20,7 @@ from .wire import frame, receive, send
 from .worker import start_context, worker_main
 
 __all__ = [
+    "BASE_ENV",
     "IDLE_S",
     "KILL_WAIT_S",
     "PoolFull",
@@ -36,6 +38,22 @@ IDLE_S = 30.0
 KILL_WAIT_S = 1.0
 """How long a call waits (shielded) for a killed worker to be gone before it answers; one
 still there after it (stuck in the kernel) is reaped later and keeps its place until then."""
+
+
+BASE_ENV = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR"}
+)
+"""The host's environment variables a worker process gets, with the ``env`` names of its
+pool (``isolation_env``); no other (the admin token, credentials) reaches it."""
+
+
+def _kill(process: Any) -> None:
+    """SIGKILL a worker's process group (the worker and whatever its handlers started), or
+    the worker alone if its group is not made yet (then it has started nothing)."""
+    with contextlib.suppress(OSError, ValueError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError, ValueError):
+        process.kill()
 
 
 class PoolFull(Exception):
@@ -116,11 +134,20 @@ class _Worker:
 class ProcessPool:
     """The worker processes of one breaker key. Used from the event loop only, except
     :meth:`_spawn` (on the spawner thread), which touches only the start queue and the
-    worker it starts."""
+    worker it starts. A worker gets the host's variables named in :data:`BASE_ENV` and
+    ``env``; a reply frame over ``max_frame_bytes`` is refused by its header."""
 
-    def __init__(self, key: str, max_processes: int) -> None:
+    def __init__(
+        self,
+        key: str,
+        max_processes: int,
+        env: Collection[str] = (),
+        max_frame_bytes: int | None = None,
+    ) -> None:
         self.key = key
         self.max_processes = max_processes
+        self.env = BASE_ENV | set(env)
+        self.max_frame_bytes = max_frame_bytes
         self.processes = 0
         """Workers started or starting and not yet gone (idle ones included): the places."""
         self.killed = 0
@@ -138,9 +165,10 @@ class ProcessPool:
         try:
             if _CONTEXT is None:
                 _CONTEXT = start_context()
+            env = {name: value for name, value in os.environ.items() if name in self.env}
             process = _CONTEXT.Process(
                 target=worker_main,
-                args=(worker.child, idle_s),
+                args=(worker.child, idle_s, env),
                 name=f"toolrelay-process[{self.key}]",
                 daemon=True,
             )
@@ -160,8 +188,9 @@ class ProcessPool:
     ) -> tuple[Any, ...]:
         """Run one call (:func:`encode_call`) in a worker process and return its reply:
         ``("ok", result)``, ``("tool_error", message, error_type, retryable,
-        counts_as_failure, retry_after_s)``, ``("raised", type_name, traceback)`` or
-        ``("unpicklable", type_name)``.
+        counts_as_failure, retry_after_s)``, ``("raised", type_name, traceback)``,
+        ``("unpicklable", type_name)`` or ``("too_large", size, max_frame_bytes)`` (the
+        worker, killed, is gone).
 
         Cancellable: a worker already given the call is then killed, and gone, before the
         cancellation goes on (``on_kill`` is called). Raises :class:`PoolFull`,
@@ -176,7 +205,7 @@ class ProcessPool:
                 # A worker gone before it read the call may still have said "idle": the
                 # reply is read even when sending failed.
                 await send(worker.sock, message)
-                reply = await receive(worker.sock)
+                reply = await receive(worker.sock, self.max_frame_bytes)
                 answered = True
             finally:
                 if not answered:  # cancelled, at the deadline or by the host
@@ -189,6 +218,9 @@ class ProcessPool:
             if reply[0] == "idle":  # it left before reading the call, which never ran
                 await self._bury(worker, kill=False)
                 continue
+            if reply[0] == "too_large":  # the rest of the frame is never read
+                await self._bury(worker, kill=True)
+                return tuple(reply)
             worker.idle_since = time.monotonic()
             self._idle.append(worker)
             return tuple(reply)
@@ -261,8 +293,7 @@ class ProcessPool:
         the second waits for the first."""
         process = worker.process
         if kill and process is not None and not worker.closed:
-            with contextlib.suppress(OSError, ValueError):
-                process.kill()
+            _kill(process)
         if worker.closed or process is None:
             self._close(worker)
             return worker.exitcode
@@ -291,8 +322,7 @@ class ProcessPool:
         workers = list(self._workers)
         for worker in workers:  # all at once, then wait for each: they end in parallel
             if worker.process is not None and not worker.closed:
-                with contextlib.suppress(OSError, ValueError):
-                    worker.process.kill()
+                _kill(worker.process)
         for worker in workers:
             await self._bury(worker, kill=False)
 
@@ -300,14 +330,23 @@ class ProcessPool:
 class ProcessPools:
     """One :class:`ProcessPool` per breaker key, created on first use."""
 
-    def __init__(self, max_processes_for: Callable[[str], int]) -> None:
+    def __init__(
+        self,
+        max_processes_for: Callable[[str], int],
+        env: Collection[str] = (),
+        max_frame_bytes: int | None = None,
+    ) -> None:
         self._max_processes_for = max_processes_for
         self._pools: dict[str, ProcessPool] = {}
+        self._env = env
+        self._max_frame_bytes = max_frame_bytes
 
     def get(self, key: str) -> ProcessPool:
         pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools[key] = ProcessPool(key, self._max_processes_for(key))
+            pool = self._pools[key] = ProcessPool(
+                key, self._max_processes_for(key), self._env, self._max_frame_bytes
+            )
         return pool
 
     def processes(self) -> dict[str, int]:

@@ -78,12 +78,17 @@ async def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
     return bytes(buf)
 
 
-async def receive(sock: socket.socket) -> Any:
-    """The next message from a worker; ``None`` when it has gone away."""
+async def receive(sock: socket.socket, max_bytes: int | None = None) -> Any:
+    """The next message from a worker; ``None`` when it has gone away;
+    ``("too_large", size, max_bytes)`` when its header announces more than ``max_bytes``
+    (nothing more is read: the socket is then useless)."""
     header = await _recv_exact(sock, _HEADER.size)
     if header is None:
         return None
-    payload = await _recv_exact(sock, _HEADER.unpack(header)[0])
+    size = _HEADER.unpack(header)[0]
+    if max_bytes is not None and size > max_bytes:
+        return ("too_large", size, max_bytes)
+    payload = await _recv_exact(sock, size)
     if payload is None:
         return None
     try:

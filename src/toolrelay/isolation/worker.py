@@ -12,8 +12,8 @@ import signal
 import socket
 import threading
 import traceback
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 from .. import typed
 from ..contract import CURRENT_ATTEMPT, ToolError
@@ -24,6 +24,14 @@ from .wire import frame, receive_blocking
 __all__ = ["start_context", "worker_main"]
 
 
+def _leave() -> NoReturn:
+    """End the process and whatever its handlers started (its process group), if the group
+    is its own (never the host's)."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os._exit(0)
+
+
 def _watch(sock: socket.socket) -> None:
     """In the worker: end the process when the host's end of the socket closes (the host
     died, or dropped the worker), even while a handler hangs."""
@@ -32,7 +40,7 @@ def _watch(sock: socket.socket) -> None:
     while True:
         for _, mask in poller.poll():
             if mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                os._exit(0)
+                _leave()
 
 
 def _load(target: ProcessTarget) -> Handler:
@@ -67,8 +75,12 @@ def _run(handlers: dict[ProcessTarget, Callable[..., Any]], payload: bytes) -> A
         CURRENT_ATTEMPT.reset(token)
 
 
-def worker_main(sock: socket.socket, idle_s: float) -> None:
-    """A worker process: run calls until idle for ``idle_s`` or the host goes away."""
+def worker_main(sock: socket.socket, idle_s: float, env: Mapping[str, str]) -> None:
+    """A worker process: run calls until idle for ``idle_s`` or the host goes away, in a
+    process group of its own (the host kills the group), with the environment ``env``."""
+    os.setpgid(0, 0)
+    os.environ.clear()  # the forkserver's (the host's, when it started): not the handler's
+    os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the host's to handle
     sock.setblocking(True)
     threading.Thread(target=_watch, args=(sock,), name="toolrelay-watch", daemon=True).start()
@@ -93,7 +105,7 @@ def worker_main(sock: socket.socket, idle_s: float) -> None:
             sock.sendall(data)
     except OSError:  # the host went away
         pass
-    os._exit(0)
+    _leave()
 
 
 def start_context() -> Any:

@@ -170,4 +170,11 @@ class Invoke:
         if kind == "raised":
             redact = self.redact or _DEFAULT_REDACTOR  # raised in the worker process
             return raised_outcome(inv, reply[1], redact(reply[2].rstrip()))
+        if kind == "too_large":
+            return failure(
+                ErrorType.INVALID_OUTPUT,
+                f"{name}'s result is {reply[1]:,} bytes as it leaves its worker process, "
+                f"over the output cap ({reply[2]:,} bytes)",
+                inv,
+            )
         return failure(ErrorType.INVALID_OUTPUT, f"{name} returned a non-JSON value", inv)

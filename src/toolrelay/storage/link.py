@@ -4,6 +4,7 @@ replicate them beside the event loop, and the link's health."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -16,16 +17,19 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ..breakers import NOBODY
 from ..budget import RetryBudgets
 from .lua import (
     CHANNEL,
     CLAIM,
     TRANSITION,
     TRIAL_DONE,
+    Rejected,
     ms,
     read_budget_others,
     read_others,
     read_remote,
+    read_state,
     text,
 )
 from .shared import SharedStorage
@@ -61,6 +65,7 @@ class RedisLink:
         lease_s: float = 60.0,
         prefix: str = "toolrelay:",
         on_change: Callable[[bool], None] | None = None,
+        on_reject: Callable[[str, str], None] | None = None,
     ) -> None:
         try:
             import redis
@@ -84,6 +89,9 @@ class RedisLink:
         self.lease_ms = ms(lease_s)
         self.prefix = prefix
         self.on_change = on_change
+        self.on_reject = on_reject
+        """Told ``(key, field)`` of each value read from Redis and refused."""
+        self._warned: set[str] = set()
         self.replica = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.serial = itertools.count(1)
         self.up = True
@@ -161,6 +169,18 @@ class RedisLink:
         if self.on_change is not None:
             self.on_change(True)
 
+    def reject(self, key: str, field: str) -> None:
+        """A value of ``key``'s shared state was refused: the key decides alone on it."""
+        if self.on_reject is not None:
+            self.on_reject(key, field)
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(
+                "toolrelay: breaker storage %s holds a bad %s for %r (not written by toolrelay "
+                "%s); ignored: the key decides on its local state until a replica rewrites it",
+                self.url, field, key, "or an older version",
+            )  # fmt: skip
+
     # -- the replication thread ------------------------------------------------------------------
     def _write(self) -> None:
         ops = self._ops
@@ -211,23 +231,29 @@ class RedisLink:
             elif kind == "transition":  # the last item is the decision's serial, not an ARGV
                 args = (CHANNEL, storage.key, *op[2:7])
             self._scripts[kind](keys=storage.redis_keys, args=args, client=pipe)
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=False)  # a script's error is its key's alone
         self.commands += 1
         for op, reply in zip(batch, replies, strict=True):
             kind, storage = op[0], op[1]
             breaker = storage.breaker
             if breaker is None:
                 continue
-            done = bool(int(reply[0]))
-            if kind == "transition":
-                # a refused local decision: Redis's state wins
-                authoritative = not done or op[6] == 1
-                remote = read_remote(reply, authoritative=authoritative, decision=op[7])
-                breaker.inbox.append(remote)
-            elif kind == "claim":
-                breaker.inbox.append(read_remote(reply, authoritative=False, permit=done))
-            else:
-                breaker.inbox.append(read_remote(reply, authoritative=False))
+            try:
+                if isinstance(reply, self.error_type):  # arithmetic on a bad value
+                    raise Rejected("script")
+                done = reply[0] == 1
+                if kind == "transition":
+                    # a refused local decision: Redis's state wins
+                    authoritative = not done or op[6] == 1
+                    remote = read_remote(reply, authoritative=authoritative, decision=op[7])
+                elif kind == "claim":
+                    remote = read_remote(reply, authoritative=False, permit=done)
+                else:
+                    remote = read_remote(reply, authoritative=False)
+            except Rejected as exc:
+                self.reject(storage.key, exc.field)
+                continue
+            breaker.inbox.append(remote)
 
     def _active(self) -> list[SharedStorage]:
         now = time.monotonic()
@@ -275,14 +301,19 @@ class RedisLink:
             breaker = storage.breaker
             assert breaker is not None
             fields, counts = replies[1 + 4 * index + 2], replies[1 + 4 * index + 3]
-            gen, state, opened_ms, break_ms, pinned = fields
-            if gen is not None:
-                reply = [1, gen, state, opened_ms or 0, break_ms or 0, pinned or 0, now_ms, ""]
-                breaker.inbox.append(read_remote(reply, authoritative=False))
-            breaker.others = read_others(counts, self.replica, int(gen or 0), stale)
+            reject = functools.partial(self.reject, storage.key)
+            try:
+                remote = read_state(fields, now_ms, authoritative=False)
+            except Rejected as exc:  # the key decides alone: nothing of Redis's is used
+                reject(exc.field)
+                breaker.others = NOBODY
+                continue
+            if fields[0] is not None:  # gen: Redis knows the key
+                breaker.inbox.append(remote)
+            breaker.others = read_others(counts, self.replica, remote.period, stale, reject)
             budget = None if self.budgets is None else self.budgets.known(storage.key)
             if budget is not None:
-                budget.share(*read_budget_others(counts, self.replica, stale))
+                budget.share(*read_budget_others(counts, self.replica, stale, reject))
 
     def _resync(self) -> None:
         """Redis is back: push a local open state Redis lacks, else adopt Redis's state."""
@@ -300,15 +331,17 @@ class RedisLink:
         for storage, fields in zip(storages, replies[1:], strict=True):
             breaker = storage.breaker
             assert breaker is not None
-            gen, state, opened_ms, break_ms, pinned = fields
-            remote_state = text(state) if state is not None else "closed"
-            if breaker.known == "open" and remote_state == "closed":
+            try:
+                remote = read_state(fields, now_ms, authoritative=True)
+            except Rejected as exc:
+                self.reject(storage.key, exc.field)
+                continue
+            if breaker.known == "open" and remote.state == "closed":
                 pin = int(breaker.pinned_open)
                 brk = ms(breaker.break_s)
-                pushes.append(("transition", storage, int(gen or 0), "open", brk, pin, 0, 0))
+                pushes.append(("transition", storage, remote.period, "open", brk, pin, 0, 0))
             else:
-                reply = [1, gen or 0, remote_state, opened_ms or 0, break_ms or 0, pinned or 0]
-                breaker.inbox.append(read_remote([*reply, now_ms, ""], authoritative=True))
+                breaker.inbox.append(remote)
         if pushes:
             self._apply(pushes)
 
@@ -343,9 +376,13 @@ class RedisLink:
                         pubsub.close()
 
     def _announced(self, data: str) -> None:
-        gen, state, opened_ms, break_ms, pinned, now_ms, key = data.split("|", 6)
+        *state, key = data.split("|", 6)
         storage = self._storages.get(key)
-        if storage is None or storage.breaker is None:
+        if storage is None or storage.breaker is None or len(state) != 6:
+            return  # not about a key of ours (nor from a replica)
+        try:
+            remote = read_remote([1, *state, ""], authoritative=False)
+        except Rejected as exc:
+            self.reject(key, exc.field)
             return
-        reply = [1, gen, state, opened_ms, break_ms, pinned, now_ms, ""]
-        storage.breaker.inbox.append(read_remote(reply, authoritative=False))
+        storage.breaker.inbox.append(remote)

@@ -10,7 +10,10 @@ replica (``period,calls,failures,slow,consecutive,at``) and one per replica's re
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import re
+from collections.abc import Callable
+from typing import Any, get_args
 
 from ..breakers import Others, Remote, State
 
@@ -18,11 +21,13 @@ __all__ = [
     "CHANNEL",
     "CLAIM",
     "TRANSITION",
+    "Rejected",
     "TRIAL_DONE",
     "read_budget_others",
     "ms",
     "read_others",
     "read_remote",
+    "read_state",
     "text",
 ]
 
@@ -36,8 +41,8 @@ local function now_ms()
 end
 local function snap(ok, extra)
   local s = redis.call('HMGET', KEYS[1], 'gen', 'state', 'opened_ms', 'break_ms', 'pinned')
-  return {ok, tonumber(s[1] or 0), s[2] or 'closed', tonumber(s[3] or 0),
-          tonumber(s[4] or 0), tonumber(s[5] or 0), now_ms(), extra or ''}
+  return {ok, s[1] or '0', s[2] or 'closed', s[3] or '0', s[4] or '0', s[5] or '0',
+          now_ms(), extra or ''}
 end
 local function set_state(gen, state, break_ms, pinned)
   local now = now_ms()
@@ -108,46 +113,100 @@ def ms(seconds: float) -> int:
 
 
 def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class Rejected(ValueError):
+    """A value in Redis this replica refuses: written by something else (a bad deploy, an
+    old version, someone with access to Redis). ``field`` names it, never its value."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(field)
+        self.field = field
+
+
+_COUNT = re.compile(r"[0-9]{1,15}")
+_STATES: frozenset[str] = frozenset(get_args(State))
+
+
+def _count(value: Any, field: str) -> int:
+    """A non-negative integer below 10**15, written in decimal digits (else :class:`Rejected`)."""
+    raw = text(value)
+    if not _COUNT.fullmatch(raw):
+        raise Rejected(field)
+    return int(raw)
+
+
+def _seconds(value: Any, field: str) -> float:
+    try:
+        seconds = float(text(value))
+    except ValueError:
+        raise Rejected(field) from None
+    if not math.isfinite(seconds):
+        raise Rejected(field)
+    return seconds
 
 
 def read_remote(
     reply: list[Any], *, authoritative: bool, permit: bool = False, decision: int = 0
 ) -> Remote:
-    """A script's reply (``snap`` in the Lua prelude) as a :class:`Remote`."""
+    """A script's reply (``snap`` in the Lua prelude) as a :class:`Remote`; raises
+    :class:`Rejected` for a value no replica writes."""
     _, gen, state, opened_ms, break_ms, pinned, now_ms, extra = reply
-    state_name: State = text(state)  # type: ignore[assignment]
+    state_name = text(state)
+    if state_name not in _STATES:
+        raise Rejected("state")
+    if text(pinned) not in ("0", "1"):
+        raise Rejected("pinned")
     return Remote(
-        int(gen),
-        state_name,
-        max(0.0, (int(now_ms) - int(opened_ms)) / 1000),
-        int(break_ms) / 1000,
-        bool(int(pinned)),
+        _count(gen, "gen"),
+        state_name,  # type: ignore[arg-type]
+        max(0.0, (_count(now_ms, "now_ms") - _count(opened_ms, "opened_ms")) / 1000),
+        _count(break_ms, "break_ms") / 1000,
+        text(pinned) == "1",
         text(extra) if permit and extra else None,
         authoritative,
         decision,
     )
 
 
-def read_others(counts: dict[Any, Any], replica: str, gen: int, stale: float) -> Others:
-    calls = failures = slow = consecutive = 0
+def read_state(fields: list[Any], now_ms: int, *, authoritative: bool) -> Remote:
+    """A key's hash (``gen``, ``state``, ``opened_ms``, ``break_ms``, ``pinned``) as a
+    :class:`Remote` (a missing field as a fresh key has it). Raises :class:`Rejected`."""
+    gen, state, opened_ms, break_ms, pinned = fields
+    reply = [1, gen or 0, state or "closed", opened_ms or 0, break_ms or 0, pinned or 0]
+    return read_remote([*reply, now_ms, ""], authoritative=authoritative)
+
+
+Reject = Callable[[str], None]
+"""Told the field of a value that was refused (``counts``, ``budget``)."""
+
+
+def read_others(
+    counts: dict[Any, Any], replica: str, gen: int, stale: float, reject: Reject
+) -> Others:
+    """The other replicas' fresh counts of period ``gen`` (``reject`` told of a bad one)."""
+    totals = [0, 0, 0, 0]
     for field, value in counts.items():
-        if text(field) == replica:
+        name = text(field)
+        if name == replica or name.endswith("|budget"):
             continue
         try:
-            period, c, f, s, n, at = text(value).split(",")
-            if int(period) != gen or float(at) < stale:
-                continue
-            calls += int(c)
-            failures += int(f)
-            slow += int(s)
-            consecutive += int(n)
-        except ValueError:
-            continue
-    return Others(gen, calls, failures, slow, consecutive)
+            period, *values, at = text(value).split(",")
+            numbers = [_count(v, "counts") for v in values if len(values) == 4]
+            fresh = _count(period, "counts") == gen and _seconds(at, "counts") >= stale
+        except ValueError:  # Rejected, or too few values
+            numbers = []
+        if len(numbers) != 4:
+            reject("counts")
+        elif fresh:
+            totals = [a + b for a, b in zip(totals, numbers, strict=True)]
+    return Others(gen, *totals)
 
 
-def read_budget_others(counts: dict[Any, Any], replica: str, stale: float) -> tuple[int, int]:
+def read_budget_others(
+    counts: dict[Any, Any], replica: str, stale: float, reject: Reject
+) -> tuple[int, int]:
     """The other replicas' fresh retry-budget counts: (calls, extras)."""
     calls = extras = 0
     mine = f"{replica}|budget"
@@ -157,10 +216,9 @@ def read_budget_others(counts: dict[Any, Any], replica: str, stale: float) -> tu
             continue
         try:
             c, e, at = text(value).split(",")
-            if float(at) < stale:
-                continue
-            calls += int(c)
-            extras += int(e)
-        except ValueError:
-            continue
+            spent = _count(c, "budget"), _count(e, "budget")
+            if _seconds(at, "budget") >= stale:
+                calls, extras = calls + spent[0], extras + spent[1]
+        except ValueError:  # Rejected, or not three values
+            reject("budget")
     return calls, extras

@@ -240,6 +240,9 @@ class Telemetry:
     def storage_changed(self, up: bool) -> None:
         self.metrics.storage_up.set(1 if up else 0)
 
+    def storage_rejected(self, key: str, field: str) -> None:
+        self.metrics.storage_rejected.labels(key, field).inc()
+
 
 def serve_metrics(
     port: int = 9464, host: str = "127.0.0.1", registry: CollectorRegistry | None = None

@@ -175,6 +175,11 @@ class Metrics:
             "livemin",
         )
         self.storage_up.set(1)
+        self.storage_rejected = counter(
+            "breaker_storage_rejected",
+            "Values read from the shared breaker storage and refused (not written by toolrelay).",
+            ("breaker_key", "field"),
+        )
         self.hedges = counter(
             "hedges",
             "Hedged attempts: won (its answer was used), lost, or skipped (not started).",
