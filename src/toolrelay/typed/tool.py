@@ -15,7 +15,7 @@ from pydantic_core import PydanticUndefined
 
 from ..contract import AuthContext, CallContext
 from ..handler import Handler, is_async
-from .convert import caller, dump, dump_foreign, input_plan, output_plan
+from .convert import caller, converts, dump, input_plan
 from .docstrings import docstring
 from .schema import tidy
 from .signature import EMPTY, SignatureError, call_parameters, is_context, read_signature, split
@@ -124,11 +124,10 @@ def _first_line(exc: Exception) -> str:
 
 def _output(annotation: Any) -> tuple[dict[str, Any] | None, Callable[[Any], Any] | None]:
     """The output schema a return annotation implies (objects only: a model, dataclass or
-    TypedDict), and how a returned value is made JSON-safe (``None``: it already is)."""
-    plan = output_plan(annotation)
-    convert = None if plan else dump if plan is False else dump_foreign
-    if plan is not False:
-        return None, convert
+    TypedDict), and how a returned value is made JSON-safe before its schema is checked
+    (``None``: the shape stage converts what it must)."""
+    if not converts(annotation):
+        return None, None
     try:
         schema = TypeAdapter(annotation).json_schema(mode="serialization")
     except Exception as exc:
@@ -136,4 +135,4 @@ def _output(annotation: Any) -> tuple[dict[str, Any] | None, Callable[[Any], Any
             f"its return annotation has no JSON Schema: {_first_line(exc)}"
         ) from exc
     schema = tidy(schema, close_objects=False)
-    return (schema if schema.get("type") == "object" else None), convert
+    return (schema if schema.get("type") == "object" else None), dump
