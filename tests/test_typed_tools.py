@@ -476,6 +476,42 @@ async def test_schema_refusals_keep_their_messages() -> None:
         assert typed_answer == legacy_answer
 
 
+class Person(BaseModel):
+    name: str
+
+
+@pytest.mark.anyio
+async def test_a_union_that_fails_names_the_branch_that_came_closest() -> None:
+    """An ``Optional``/union argument is refused with the reason of the branch that came
+    closest (the non-null one of an ``Optional``), at its path, not "is not valid under any
+    of the schemas listed in the 'anyOf' keyword"."""
+
+    def fn(
+        days: Annotated[int, Field(ge=1)] | None = None,
+        who: Person | None = None,
+        code: int | Annotated[str, Field(max_length=2)] = 0,
+        flag: int | bool = 0,
+    ) -> str:
+        return "ran"
+
+    d = registry_with(fn)
+    for raw, reason in (
+        ('{"days": 0}', "/days: <value> is less than the minimum of 1"),
+        ('{"days": "x"}', '/days: <value> is not of type "integer"'),
+        ('{"who": {"name": 3}}', '/who/name: <value> is not of type "string"'),
+        ('{"who": {}}', '/who: "name" is a required property'),
+        ('{"code": "abc"}', "/code: <value> is longer than 2 characters"),
+        (
+            '{"flag": "x"}',
+            '/flag: <value> is not of type "integer"; /flag: <value> is not of type "boolean"',
+        ),
+    ):
+        result = await d.dispatch("t", raw, CTX)
+        assert result.error_type is ErrorType.VALIDATION_ERROR, raw
+        assert result.message == "arguments do not match the schema: " + reason, raw
+    assert (await d.dispatch("t", '{"days": null, "who": {"name": "Ann"}}', CTX)).ok
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 async def test_values_the_schema_admits_and_pydantic_refuses_are_invalid_arguments(

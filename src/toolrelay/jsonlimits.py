@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+
+from jsonschema_rs import ValidationErrorKind
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -207,6 +209,8 @@ def truncated(text: str, size: int, cap: int) -> dict[str, object]:
 
 # -- schema failures -------------------------------------------------------------------
 MAX_REPORTED = 3
+_UNIONS = (ValidationErrorKind.AnyOf, ValidationErrorKind.OneOfNotValid)
+_TYPE = ValidationErrorKind.Type
 
 
 def failures(errors: Iterable[tuple[Iterable[object], str]]) -> str:
@@ -221,5 +225,27 @@ def failures(errors: Iterable[tuple[Iterable[object], str]]) -> str:
 
 
 def schema_errors(validator: Any, instance: Any) -> str:
-    """Up to three failing paths, each with its (value-masked) reason."""
-    return failures((e.instance_path, e.message) for e in validator.iter_errors(instance))
+    """Up to three failing paths, each with its (value-masked) reason. A union (``anyOf``,
+    ``oneOf``) no branch of which fits says why the closest branch failed, as pydantic
+    does, rather than "is not valid under any of the schemas listed"."""
+    return failures((e.instance_path, e.message) for e in _closest(validator.iter_errors(instance)))
+
+
+def _closest(errors: Iterable[Any]) -> Iterator[Any]:
+    """Each error, a failed union's replaced by its closest branch's: a branch that took
+    the value's type and broke a constraint (the one with the fewest errors), else every
+    branch but ``null`` (an ``Optional``'s other branch: "is not of type \"integer\"")."""
+    for error in errors:
+        if not isinstance(error.kind, _UNIONS):
+            yield error
+            continue
+        here = error.instance_path
+        branches = [
+            (all(isinstance(e.kind, _TYPE) and e.instance_path == here for e in b), b)
+            for b in error.kind.context
+        ]
+        near = [b for wrong_type, b in branches if not wrong_type]
+        if near:
+            yield from _closest(min(near, key=len))
+        else:
+            yield from [e for _, b in branches for e in b if e.kind.types != ["null"]] or [error]
