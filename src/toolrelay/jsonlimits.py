@@ -210,7 +210,6 @@ def truncated(text: str, size: int, cap: int) -> dict[str, object]:
 # -- schema failures -------------------------------------------------------------------
 MAX_REPORTED = 3
 _UNIONS = (ValidationErrorKind.AnyOf, ValidationErrorKind.OneOfNotValid)
-_TYPE = ValidationErrorKind.Type
 
 
 def failures(errors: Iterable[tuple[Iterable[object], str]]) -> str:
@@ -239,13 +238,14 @@ def _closest(errors: Iterable[Any]) -> Iterator[Any]:
         if not isinstance(error.kind, _UNIONS):
             yield error
             continue
-        here = error.instance_path
-        branches = [
-            (all(isinstance(e.kind, _TYPE) and e.instance_path == here for e in b), b)
-            for b in error.kind.context
-        ]
-        near = [b for wrong_type, b in branches if not wrong_type]
+        branches: list[list[Any]] = [list(branch) for branch in error.kind.context]
+        near = [b for b in branches if not all(_wrong_type(e, error.instance_path) for e in b)]
         if near:
-            yield from _closest(min(near, key=len))
+            fewest: list[Any] = min(near, key=len)
+            yield from _closest(fewest)
         else:
-            yield from [e for _, b in branches for e in b if e.kind.types != ["null"]] or [error]
+            yield from [e for b in branches for e in b if e.kind.types != ["null"]] or [error]
+
+
+def _wrong_type(error: Any, path: list[str | int]) -> bool:
+    return isinstance(error.kind, ValidationErrorKind.Type) and error.instance_path == path
