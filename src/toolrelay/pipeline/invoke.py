@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Coroutine, Generator
+from time import perf_counter
+from typing import Any
 
 import anyio
 
 from .. import isolation
 from ..contract import CURRENT_ATTEMPT, ErrorType, ToolError
-from ..events import WorkerAbandoned, WorkerKilled
+from ..events import LoopBlocked, WorkerAbandoned, WorkerKilled
 from ..outcome import (
     Outcome,
     Verdict,
@@ -37,9 +40,42 @@ SUCCESS = Verdict.SUCCESS  # an answer built positionally: ~0.1 µs less than by
 
 log = logging.getLogger("toolrelay")
 
+BLOCKING_STEP_S = 0.02
+"""A step of an async handler (from one ``await`` that suspends to the next) that holds the
+event loop this long is a blocking call, counted in ``toolrelay_loop_blocked_seconds_total``."""
+
+
+@types.coroutine
+def _timed(
+    coro: Coroutine[Any, Any, Any], signal: Any, held: list[float], first: float
+) -> Generator[Any, Any, Any]:
+    """``await`` the rest of ``coro``, whose first step (``first`` seconds) gave ``signal``,
+    adding each step of ``BLOCKING_STEP_S`` or more to ``held[0]`` (as ``yield from``: what
+    the loop sends or throws — a cancellation — goes to ``coro``)."""
+    if first >= BLOCKING_STEP_S:
+        held[0] += first
+    while True:
+        try:
+            sent = yield signal
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # noqa: BLE001 - delivered to the handler, as await does
+            step, value = coro.throw, exc
+        else:
+            step, value = coro.send, sent
+        start = perf_counter()
+        try:
+            signal = step(value)
+        except StopIteration as done:
+            return done.value
+        finally:
+            if perf_counter() - start >= BLOCKING_STEP_S:
+                held[0] += perf_counter() - start
+
 
 class Invoke:
-    __slots__ = ("processes", "redact", "workers")
+    __slots__ = ("blocking", "processes", "redact", "workers")
 
     def __init__(
         self,
@@ -49,6 +85,7 @@ class Invoke:
     ) -> None:
         self.workers = workers
         self.redact = redact
+        self.blocking: set[str] = set()  # tools logged as holding the loop
         self.processes = processes or isolation.ProcessPools(
             lambda key: workers.get(key).max_threads
         )
@@ -62,10 +99,25 @@ class Invoke:
             return await self._run_sync(inv)
         # ``CallContext.current()`` reads the attempt from here (built only when asked for)
         attempt = CURRENT_ATTEMPT.set([inv, None])
+        held = [0.0]  # seconds its steps held the loop, counting steps of BLOCKING_STEP_S+
         try:
             with anyio.CancelScope(deadline=inv.deadline) as scope:
                 try:
-                    data = await tool.fn(inv.args, inv.ctx)
+                    coro = tool.fn(inv.args, inv.ctx)
+                    suspended = False
+                    start = perf_counter()
+                    try:  # the first step, run here as ``await`` would: timed
+                        signal = coro.send(None)
+                    except StopIteration as done:
+                        data = done.value
+                    else:
+                        suspended = True
+                        data = await _timed(coro, signal, held, perf_counter() - start)
+                    finally:
+                        if not suspended and perf_counter() - start >= BLOCKING_STEP_S:
+                            held[0] = perf_counter() - start
+                        if held[0]:
+                            self._blocked(inv, held[0])
                 except Exception as exc:
                     if scope.cancel_called:
                         return timeout_outcome(inv)
@@ -75,6 +127,21 @@ class Invoke:
         if scope.cancel_called:
             return timeout_outcome(inv)
         return Outcome(True, data, None, "", False, None, SUCCESS, False, False, None, inv)
+
+    def _blocked(self, inv: Invocation, seconds: float) -> None:
+        """The handler's steps held the loop ``seconds`` in all: counted, and the tool
+        named in the log once."""
+        name = inv.name
+        if name not in self.blocking:
+            self.blocking.add(name)
+            log.warning(
+                "toolrelay: the async handler of %s held the event loop for %.3f s: a "
+                "blocking call in an async def (no deadline can fire while it runs; make it "
+                "a sync handler, or run the call in a thread)",
+                name, seconds,
+            )  # fmt: skip
+        if inv.observers:
+            inv.emit(LoopBlocked(seconds))
 
     async def _run_sync(self, inv: Invocation) -> Outcome:
         tool = inv.tool
