@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -731,8 +732,8 @@ async def test_an_async_handler_that_blocks_the_loop_is_counted_and_logged_once(
 
     @registry.tool(name="stall", parameters=OBJ, timeout_s=0.05)
     async def stall(args: dict[str, Any], ctx: AuthContext) -> str:
-        await anyio.sleep(0)  # the second step holds the loop, not the first
-        time.sleep(0.12)
+        await anyio.lowlevel.checkpoint()  # the second step holds the loop, not the first
+        time.sleep(0.12)  # noqa: ASYNC251 - the blocking call under test
         return "late"
 
     @registry.tool(name="waits", parameters=OBJ)
@@ -750,6 +751,8 @@ async def test_an_async_handler_that_blocks_the_loop_is_counted_and_logged_once(
     assert [a.data for a in answers] == ["late", "late"]  # answered, late: see deadlines.md
     blocked = value(metrics, "toolrelay_loop_blocked_seconds_total", tool="stall")
     assert 0.24 <= blocked < 0.5, blocked
-    assert metrics.get_sample_value("toolrelay_loop_blocked_seconds_total", {"tool": "waits"}) is None
+    assert (
+        metrics.get_sample_value("toolrelay_loop_blocked_seconds_total", {"tool": "waits"}) is None
+    )
     logged = [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
     assert len(logged) == 2 and all("stall" in line for line in logged), logged  # once each

@@ -46,24 +46,13 @@ event loop this long is a blocking call, counted in ``toolrelay_loop_blocked_sec
 
 
 @types.coroutine
-def _timed(
-    coro: Coroutine[Any, Any, Any], signal: Any, held: list[float], first: float
-) -> Generator[Any, Any, Any]:
-    """``await`` the rest of ``coro``, whose first step (``first`` seconds) gave ``signal``,
-    adding each step of ``BLOCKING_STEP_S`` or more to ``held[0]`` (as ``yield from``: what
-    the loop sends or throws — a cancellation — goes to ``coro``)."""
-    if first >= BLOCKING_STEP_S:
-        held[0] += first
+def _stepped(coro: Coroutine[Any, Any, Any], held: list[float]) -> Generator[Any, Any, Any]:
+    """``await coro``, adding each step (from one suspension to the next) that held the
+    loop ``BLOCKING_STEP_S`` or more to ``held[0]``. As ``await`` does, what the loop sends
+    or throws (a cancellation) goes to ``coro``."""
+    step: Callable[[Any], Any] = coro.send
+    value: Any = None
     while True:
-        try:
-            sent = yield signal
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:  # noqa: BLE001 - delivered to the handler, as await does
-            step, value = coro.throw, exc
-        else:
-            step, value = coro.send, sent
         start = perf_counter()
         try:
             signal = step(value)
@@ -72,10 +61,17 @@ def _timed(
         finally:
             if perf_counter() - start >= BLOCKING_STEP_S:
                 held[0] += perf_counter() - start
+        try:
+            value, step = (yield signal), coro.send
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # delivered to the handler (a cancellation), as await does
+            value, step = exc, coro.throw
 
 
 class Invoke:
-    __slots__ = ("blocking", "processes", "redact", "workers")
+    __slots__ = ("blocking", "processes", "redact", "timed", "workers")
 
     def __init__(
         self,
@@ -86,6 +82,7 @@ class Invoke:
         self.workers = workers
         self.redact = redact
         self.blocking: set[str] = set()  # tools logged as holding the loop
+        self.timed: dict[str, bool] = {}  # tool → are its next call's steps timed?
         self.processes = processes or isolation.ProcessPools(
             lambda key: workers.get(key).max_threads
         )
@@ -99,49 +96,47 @@ class Invoke:
             return await self._run_sync(inv)
         # ``CallContext.current()`` reads the attempt from here (built only when asked for)
         attempt = CURRENT_ATTEMPT.set([inv, None])
-        held = [0.0]  # seconds its steps held the loop, counting steps of BLOCKING_STEP_S+
+        # its steps are timed unless its last call ended within BLOCKING_STEP_S (a call
+        # that short cannot have held the loop that long): fast tools cost nothing more
+        timed = self.timed.get(tool.decl.name, True)
+        held = [0.0]
         try:
             with anyio.CancelScope(deadline=inv.deadline) as scope:
+                start = perf_counter()
                 try:
-                    coro = tool.fn(inv.args, inv.ctx)
-                    suspended = False
-                    start = perf_counter()
-                    try:  # the first step, run here as ``await`` would: timed
-                        signal = coro.send(None)
-                    except StopIteration as done:
-                        data = done.value
+                    if timed:
+                        data = await _stepped(tool.fn(inv.args, inv.ctx), held)
                     else:
-                        suspended = True
-                        data = await _timed(coro, signal, held, perf_counter() - start)
-                    finally:
-                        if not suspended and perf_counter() - start >= BLOCKING_STEP_S:
-                            held[0] = perf_counter() - start
-                        if held[0]:
-                            self._blocked(inv, held[0])
+                        data = await tool.fn(inv.args, inv.ctx)
                 except Exception as exc:
                     if scope.cancel_called:
                         return timeout_outcome(inv)
                     return error_outcome(inv, exc, self.redact)
+                finally:
+                    if timed or perf_counter() - start >= BLOCKING_STEP_S:
+                        self._timed(tool.decl.name, perf_counter() - start, held[0], inv)
         finally:
             CURRENT_ATTEMPT.reset(attempt)
         if scope.cancel_called:
             return timeout_outcome(inv)
         return Outcome(True, data, None, "", False, None, SUCCESS, False, False, None, inv)
 
-    def _blocked(self, inv: Invocation, seconds: float) -> None:
-        """The handler's steps held the loop ``seconds`` in all: counted, and the tool
-        named in the log once."""
-        name = inv.name
+    def _timed(self, name: str, took: float, held: float, inv: Invocation) -> None:
+        """After a call that was step-timed or took ``BLOCKING_STEP_S`` or more: whether
+        the next is timed; the time its steps held the loop counted, the tool logged once."""
+        self.timed[name] = took >= BLOCKING_STEP_S
+        if not held:
+            return
         if name not in self.blocking:
             self.blocking.add(name)
             log.warning(
                 "toolrelay: the async handler of %s held the event loop for %.3f s: a "
                 "blocking call in an async def (no deadline can fire while it runs; make it "
                 "a sync handler, or run the call in a thread)",
-                name, seconds,
+                name, held,
             )  # fmt: skip
         if inv.observers:
-            inv.emit(LoopBlocked(seconds))
+            inv.emit(LoopBlocked(held))
 
     async def _run_sync(self, inv: Invocation) -> Outcome:
         tool = inv.tool
