@@ -304,7 +304,8 @@ def test_legacy_handlers_registered_without_parameters_keep_the_empty_schema() -
 
     for fn in (bare, annotated_legacy, mapping_legacy, any_legacy, unresolvable):
         assert convention(fn) == EMPTY, fn.__name__
-    assert convention(lambda a, c: a) == EMPTY
+    assert convention(lambda args, ctx: args) == EMPTY
+    assert convention(lambda _args, context: None) == EMPTY
 
 
 def test_typed_when_the_signature_is_not_args_and_ctx() -> None:
@@ -374,6 +375,9 @@ def test_signatures_that_cannot_be_tools_are_refused() -> None:
     def two_calls(a: CallContext, b: CallContext | None, city: str) -> str:
         return ""
 
+    def unannotated_pair(a, b):  # type: ignore[no-untyped-def]
+        return a + b  # (args, ctx) or a typed add? not guessed
+
     for fn, why in (
         (star_args, "variadic"),
         (star_kwargs, "variadic"),
@@ -384,6 +388,8 @@ def test_signatures_that_cannot_be_tools_are_refused() -> None:
         (unresolved, "cannot be evaluated"),
         (not_json, "."),
         (private, "."),
+        (unannotated_pair, r"no annotations.*annotate.*\(args, ctx\)"),
+        (lambda a, c: a, "no annotations"),
     ):
         with pytest.raises(RegistrationError, match=f"tool 't': .*{why}"):
             convention(fn)

@@ -91,8 +91,10 @@ def is_legacy(fn: Callable[..., Any], *, explicit_schema: bool) -> bool:
     plainly cannot be one raises :class:`SignatureError`. Without one, it is when it has
     exactly two parameters, both positional, the first unannotated or a mapping (``dict``,
     ``dict[str, Any]``, ``Mapping[…]``, ``Any``) and the second unannotated, ``Any`` or
-    ``AuthContext`` (``| None``). Anything else is typed. Parameters a ``functools.partial``
-    binds by keyword do not count.
+    ``AuthContext`` (``| None``); when neither is annotated, they must be named ``args``
+    (``arguments``) and ``ctx`` (``context``, ``auth``), else :class:`SignatureError`: not
+    guessed. Anything else is typed. Parameters a ``functools.partial`` binds by keyword do
+    not count.
     """
     sig, resolved = read_signature(fn)
     if sig is None:
@@ -108,7 +110,19 @@ def is_legacy(fn: Callable[..., Any], *, explicit_schema: bool) -> bool:
             )
         return True
     params = call_parameters(fn, sig)
-    return fits and len(params) == 2 and all(p.kind in _POSITIONAL for p in params)
+    legacy = fits and len(params) == 2 and all(p.kind in _POSITIONAL for p in params)
+    if legacy and all(p.annotation is EMPTY for p in params) and not _named_args_ctx(params):
+        raise SignatureError(
+            f"{sig} has no annotations, so it could be a typed tool or an (args, ctx) "
+            "handler: annotate its parameters for a typed tool, or name them (args, ctx) "
+            "or give parameters= for an (args, ctx) handler"
+        )
+    return legacy
+
+
+def _named_args_ctx(params: list[inspect.Parameter]) -> bool:
+    first, second = (p.name.lstrip("_") for p in params)
+    return first in ("args", "arguments") and second in ("ctx", "context", "auth")
 
 
 def _fits_args_and_ctx(sig: inspect.Signature, resolved: bool) -> bool:
