@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -393,6 +394,36 @@ def test_signatures_that_cannot_be_tools_are_refused() -> None:
     ):
         with pytest.raises(RegistrationError, match=f"tool 't': .*{why}"):
             convention(fn)
+
+
+class Stop(typing.TypedDict):
+    city: str
+    nights: typing.NotRequired[int]
+
+
+class Trip(typing.TypedDict, total=False):
+    stops: list[Stop]
+    note: str | None
+
+
+@pytest.mark.anyio
+async def test_typing_typed_dicts_are_accepted_on_every_python() -> None:
+    """``typing.TypedDict`` (which pydantic refuses before Python 3.12, asking for
+    ``typing_extensions.TypedDict``), nested too, as a parameter and as a return."""
+
+    def plan(trip: Trip, first: Stop | None = None) -> Stop:
+        return trip["stops"][0]
+
+    d = registry_with(plan)
+    decl = d.registry.resolve("t").decl  # type: ignore[union-attr]
+    stop = decl.parameters["properties"]["trip"]["properties"]["stops"]["items"]
+    assert stop["required"] == ["city"] and set(stop["properties"]) == {"city", "nights"}
+    assert decl.parameters["properties"]["trip"].get("required") is None  # total=False
+    assert decl.output_schema is not None and decl.output_schema["required"] == ["city"]
+    answer = await d.dispatch("t", {"trip": {"stops": [{"city": "Oslo", "nights": 2}]}}, CTX)
+    assert answer.data == {"city": "Oslo", "nights": 2}, answer.to_model()
+    refused = await d.dispatch("t", {"trip": {"stops": [{"nights": 2}]}}, CTX)
+    assert refused.error_type is ErrorType.VALIDATION_ERROR
 
 
 def test_reserved_identity_properties_are_refused_for_typed_tools() -> None:

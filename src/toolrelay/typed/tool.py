@@ -18,7 +18,15 @@ from ..handler import Handler, is_async
 from .convert import caller, converts, dump, input_plan
 from .docstrings import docstring
 from .schema import tidy
-from .signature import EMPTY, SignatureError, call_parameters, is_context, read_signature, split
+from .signature import (
+    EMPTY,
+    SignatureError,
+    call_parameters,
+    is_context,
+    modern,
+    read_signature,
+    split,
+)
 
 __all__ = ["TypedTool", "typed_tool"]
 
@@ -52,7 +60,7 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
     call: str | None = None
     python_defaults: dict[str, Any] = {}
     for param in call_parameters(fn, sig):
-        annotation = Any if param.annotation is EMPTY else param.annotation
+        annotation = Any if param.annotation is EMPTY else modern(param.annotation)
         if is_context(annotation, AuthContext) or is_context(annotation, CallContext):
             is_auth = is_context(annotation, AuthContext)
             if (auth if is_auth else call) is not None:
@@ -108,7 +116,7 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
                 (field_name, functools.partial(field.get_default, call_default_factory=True))
             )
 
-    output_schema, convert_output = _output(sig.return_annotation)
+    output_schema, convert_output = _output(modern(sig.return_annotation))
     run = caller(
         fn, name, is_async(fn), auth, call, tuple(converters), tuple(fills), convert_output
     )
