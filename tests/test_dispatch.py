@@ -808,6 +808,7 @@ def test_spec_formats() -> None:
             "name": "get_weather",
             "description": "Current weather for a city.",
             "parameters": CITY,
+            "strict": True,  # closed, every property required: strict as it is
         },
     }
     (anthropic,) = dispatcher.specs(format="anthropic")

@@ -426,6 +426,48 @@ async def test_typing_typed_dicts_are_accepted_on_every_python() -> None:
     assert refused.error_type is ErrorType.VALIDATION_ERROR
 
 
+@pytest.mark.anyio
+async def test_defaulted_parameters_give_a_strict_openai_schema_where_null_means_the_default() -> (
+    None
+):
+    """OpenAI's strict mode makes every property required: a defaulted parameter is also
+    nullable, and ``null`` (what a strict model sends for "the default") gets the default."""
+    seen: list[tuple[Any, ...]] = []
+
+    def forecast(
+        city: str,
+        days: Annotated[int, Field(ge=1)] = 3,
+        units: Literal["metric", "imperial"] = "metric",
+        note: str | None = None,
+    ) -> str:
+        seen.append((days, units, note))
+        return city
+
+    d = registry_with(forecast)
+    (chat,) = d.specs(format="openai")
+    (responses,) = d.specs(format="openai-responses")
+    params = chat["function"]["parameters"]
+    assert chat["function"]["strict"] is True and responses["strict"] is True
+    assert responses["parameters"] == params
+    assert params["required"] == ["city", "days", "units", "note"]
+    assert params["properties"]["days"] == {
+        "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+        "default": 3,
+    }
+    nulls = {"city": "Oslo", "days": None, "units": None, "note": None}
+    assert (await d.dispatch("t", nulls, CTX)).data == "Oslo"
+    assert (await d.dispatch("t", {"city": "Oslo"}, CTX)).ok  # omitted: as before
+    assert seen == [(3, "metric", None)] * 2
+    assert (await d.dispatch("t", {"days": None}, CTX)).error_type is ErrorType.VALIDATION_ERROR
+
+    registry = ToolRegistry()  # an optional property that refuses null cannot be strict
+    loose = {"type": "object", "properties": {"q": {"type": "string"}},
+             "additionalProperties": False}  # fmt: skip
+    registry.tool(name="loose", parameters=loose)(lambda args, ctx: None)
+    (spec,) = Dispatcher(registry).specs(format="openai")
+    assert "strict" not in spec["function"] and spec["function"]["parameters"] == loose
+
+
 def test_reserved_identity_properties_are_refused_for_typed_tools() -> None:
     def by_argument(user_id: str, city: str) -> str:
         return city
@@ -727,9 +769,12 @@ async def test_cancellation_propagates_and_clears_the_call_context() -> None:
 async def test_specs_show_the_inferred_declaration() -> None:
     registry = ToolRegistry()
     registry.tool()(google)
-    (spec,) = Dispatcher(registry, DispatcherOptions(telemetry=False)).specs(format="openai")
-    assert spec["function"]["description"] == "Forecast for a city."
-    assert spec["function"]["parameters"]["required"] == ["city"]
+    dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False))
+    (spec,) = dispatcher.specs(format="anthropic")
+    assert spec["description"] == "Forecast for a city."
+    assert spec["input_schema"]["required"] == ["city"]
+    (strict,) = dispatcher.specs(format="openai")  # every property required, days nullable
+    assert strict["function"]["parameters"]["required"] == ["city", "days"]
 
 
 @pytest.mark.anyio

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .contract import ToolDeclaration
+from .schemas import strict_form
 
 __all__ = [
     "FORMATS",
@@ -17,15 +18,20 @@ __all__ = [
 ]
 
 
+def _openai_parameters(decl: ToolDeclaration) -> dict[str, Any]:
+    """``parameters``, and ``strict: true`` with the strict form of a schema that has one
+    (:func:`~toolrelay.schemas.strict_form`: toolrelay accepts all a strict model sends)."""
+    strict = strict_form(decl.parameters)
+    if strict is None:
+        return {"parameters": dict(decl.parameters)}
+    return {"parameters": strict, "strict": True}
+
+
 def to_openai(decl: ToolDeclaration, description: str) -> dict[str, Any]:
     """OpenAI Chat Completions ``tools`` entry."""
     return {
         "type": "function",
-        "function": {
-            "name": decl.name,
-            "description": description,
-            "parameters": dict(decl.parameters),
-        },
+        "function": {"name": decl.name, "description": description, **_openai_parameters(decl)},
     }
 
 
@@ -35,7 +41,7 @@ def to_openai_responses(decl: ToolDeclaration, description: str) -> dict[str, An
         "type": "function",
         "name": decl.name,
         "description": description,
-        "parameters": dict(decl.parameters),
+        **_openai_parameters(decl),
     }
 
 

@@ -103,12 +103,17 @@ def caller(
     call: str | None,
     converters: tuple[tuple[str, frozenset[type], Callable[[Any], Any]], ...],
     fills: tuple[tuple[str, Callable[[], Any]], ...],
+    nulls: tuple[str, ...],
     dump: Callable[[Any], Any] | None,
 ) -> Handler:
-    """``call(args, ctx)``: the handler the pipeline runs, as lean as the signature allows."""
+    """``call(args, ctx)``: the handler the pipeline runs, as lean as the signature allows.
+    A parameter in ``nulls`` sent as ``null`` gets its default."""
 
     def prepare(args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
         kwargs = dict(args)
+        for name in nulls:
+            if name in kwargs and kwargs[name] is None:
+                del kwargs[name]
         if auth is not None:
             kwargs[auth] = ctx
         if call is not None:
@@ -127,7 +132,7 @@ def caller(
         return kwargs
 
     run: Handler
-    if converters or fills or call is not None:
+    if converters or fills or nulls or call is not None:
 
         def run(args: dict[str, Any], ctx: AuthContext) -> Any:
             return fn(**prepare(args, ctx))

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import jsonschema_rs
 from pydantic import ConfigDict, Field, TypeAdapter, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
@@ -95,6 +96,7 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
         parameters = tidy(model.model_json_schema(), close_objects=True)
     except Exception as exc:  # pydantic's errors for what it cannot model are many
         raise SignatureError(_first_line(exc)) from exc
+    nulls = _nullable_defaults(parameters)
     for missing in fields.keys() - model.model_fields.keys():  # pydantic's private names
         raise SignatureError(f"parameter {missing!r} cannot be an argument: rename it")
     for field_name, field in model.model_fields.items():
@@ -118,11 +120,27 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
 
     output_schema, convert_output = _output(modern(sig.return_annotation))
     run = caller(
-        fn, name, is_async(fn), auth, call, tuple(converters), tuple(fills), convert_output
-    )
+        fn, name, is_async(fn), auth, call, tuple(converters), tuple(fills), nulls,
+        convert_output,
+    )  # fmt: skip
     return TypedTool(
         parameters, output_schema, summary if description is None else description, run
     )
+
+
+def _nullable_defaults(parameters: dict[str, Any]) -> tuple[str, ...]:
+    """Each optional parameter whose schema refuses ``null`` is made to admit it, meaning
+    its default (OpenAI's strict mode makes every property required: ``null`` is how a
+    model asks for the default); their names."""
+    properties: dict[str, Any] = parameters["properties"]
+    optional = [name for name in properties if name not in parameters.get("required", ())]
+    errors = jsonschema_rs.validator_for(parameters).iter_errors(dict.fromkeys(optional))
+    refused = {str(error.instance_path[0]) for error in errors if error.instance_path}
+    for name in refused:
+        schema = properties[name]
+        outer = {key: schema.pop(key) for key in ("description", "default") if key in schema}
+        properties[name] = {"anyOf": [schema, {"type": "null"}], **outer}
+    return tuple(name for name in optional if name in refused)
 
 
 def _first_line(exc: Exception) -> str:
