@@ -1,6 +1,5 @@
-"""Reading JSON Schemas: one walker over a schema's every part, the rule that keeps
-identity out of a tool's arguments (its reserved properties), and a schema's form for
-OpenAI's strict mode.
+"""Reading JSON Schemas: one walker over a schema's every part, and the rule that keeps
+identity out of a tool's arguments (its reserved properties).
 
 :func:`nodes` is the only JSON walker of the registry and of typed tools; it never
 recurses, so no nesting is too deep to walk.
@@ -13,7 +12,7 @@ from typing import Any
 
 import jsonschema_rs
 
-__all__ = ["identity_properties", "nodes", "strict_form"]
+__all__ = ["identity_properties", "nodes"]
 
 
 def nodes(
@@ -99,55 +98,3 @@ def identity_properties(schema: Any, reserved: frozenset[str]) -> set[str]:
         if "propertyNames" in node:
             found.update(_named_by(node["propertyNames"], reserved))
     return found
-
-
-class _NotStrict(Exception):
-    pass
-
-
-_NOT_STRICT = frozenset({"oneOf", "allOf", "not", "if", "patternProperties", "prefixItems",
-                         "dependentSchemas", "propertyNames", "unevaluatedProperties"})  # fmt: skip
-
-
-def strict_form(schema: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``schema`` as OpenAI's strict mode wants it — every object closed, every property
-    required — when that changes nothing toolrelay accepts: each optional property already
-    admits ``null`` (a typed tool's defaulted parameter does: ``null`` means the default).
-    ``None`` when it cannot be (an open object, an optional property that refuses ``null``,
-    a keyword strict mode lacks)."""
-    try:
-        return _strict(schema)
-    except _NotStrict:
-        return None
-
-
-def _strict(node: Any) -> dict[str, Any]:
-    if not isinstance(node, Mapping) or _NOT_STRICT & node.keys():
-        raise _NotStrict
-    out = dict(node)
-    properties = node.get("properties", {})
-    if "properties" in node or node.get("type") == "object":
-        required = node.get("required", ())
-        if node.get("additionalProperties") is not False or any(
-            name not in required and not _admits_null(sub) for name, sub in properties.items()
-        ):
-            raise _NotStrict
-        if properties:
-            out["properties"] = {name: _strict(sub) for name, sub in properties.items()}
-            out["required"] = list(properties)
-    if "items" in node:
-        out["items"] = _strict(node["items"])
-    if "anyOf" in node:
-        out["anyOf"] = [_strict(sub) for sub in node["anyOf"]]
-    if "$defs" in node:
-        out["$defs"] = {name: _strict(sub) for name, sub in node["$defs"].items()}
-    return out
-
-
-def _admits_null(node: Any) -> bool:
-    kind = node.get("type") if isinstance(node, Mapping) else None
-    return (
-        kind == "null"
-        or (isinstance(kind, list) and "null" in kind)
-        or any(_admits_null(sub) for sub in node.get("anyOf", ()))
-    )
