@@ -88,7 +88,7 @@ def unpicklable(args: dict[str, Any], ctx: AuthContext) -> Any:
 
 
 def a_set(args: dict[str, Any], ctx: AuthContext) -> Any:
-    """A value that leaves the process but is no JSON."""
+    """A value that leaves the process and is no JSON until converted (a list)."""
     return {1, 2, 3}
 
 

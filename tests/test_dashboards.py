@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,7 @@ CONTRACT: dict[str, Metric] = {
     "toolrelay_bulkhead_rejected_total": Metric("counter", ("breaker_key",)),
     "toolrelay_abandoned_workers": Metric("gauge", ("breaker_key",)),
     "toolrelay_worker_processes_killed_total": Metric("counter", ("breaker_key",)),
+    "toolrelay_loop_blocked_seconds_total": Metric("counter", ("tool",)),
     "toolrelay_deadline_overrun_seconds": Metric("histogram", (), OVERRUN_BUCKETS),
     "toolrelay_slot_hold_seconds": Metric("histogram", (), SLOT_BUCKETS),
     "toolrelay_slot_budget_seconds": Metric("gauge"),
@@ -651,6 +653,10 @@ def sample_exposition() -> bytes:
     async def backup(args: dict[str, Any], ctx: Any) -> Any:
         return "backup"
 
+    @registry.tool(name="stalls", parameters={"type": "object"})
+    async def stalls(args: dict[str, Any], ctx: Any) -> Any:
+        time.sleep(0.025)  # noqa: ASYNC251 - holds the loop: loop_blocked_seconds_total
+
     metrics = CollectorRegistry()
     dispatcher = Dispatcher(
         registry,
@@ -699,6 +705,7 @@ def sample_exposition() -> bytes:
         await dispatcher.dispatch("slow", "{}")  # its hedge skipped: the budget is spent
         for _ in range(10):  # the adaptive limit's first window ends
             await dispatcher.dispatch("adaptive", "{}")
+        await dispatcher.dispatch("stalls", "{}")
         dispatcher.breakers.force_open("primary-svc")
         await dispatcher.dispatch("primary", "{}")  # served by its fallback
         await dispatcher.dispatch("describe", "{}")

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
 import json
 import threading
+import uuid
 from typing import Any
 
 import anyio
+import pydantic
 import pytest
 
 from helpers import CITY, OBJ, MutablePlugin, SyncPlugin, wait_until
@@ -603,9 +608,9 @@ def _no_retry() -> Any:
 @pytest.mark.parametrize(
     ("value", "needle"),
     [
-        ({"x": {1, 2}}, "non-JSON"),
+        ({"x": [1, {"y": object()}]}, "a non-JSON value at /x/1/y (object)"),
         ({"x": float("nan")}, "not finite"),
-        (object(), "non-JSON"),
+        (object(), "a non-JSON value (object)"),
     ],
 )
 async def test_non_json_output_is_invalid_output(value: Any, needle: str) -> None:
@@ -618,6 +623,40 @@ async def test_non_json_output_is_invalid_output(value: Any, needle: str) -> Non
     result = await Dispatcher(registry).dispatch("odd", "{}")
     assert result.error_type is ErrorType.INVALID_OUTPUT
     assert needle in result.message
+
+
+class _Mood(enum.Enum):
+    CALM = "calm"
+
+
+class _Reading(pydantic.BaseModel):
+    at: datetime.datetime
+
+
+async def test_nested_values_pydantic_can_serialise_come_back_as_json() -> None:
+    """A dict holding a date, UUID, Decimal, Enum, set or model is converted as a bare one
+    is (pydantic's JSON mode), for an ``(args, ctx)`` handler as for a typed one."""
+    when = datetime.datetime(2026, 12, 3, 10, 0, tzinfo=datetime.UTC)
+    value = {
+        "day": when.date(), "id": uuid.UUID(int=1), "price": decimal.Decimal("1.50"),
+        "mood": _Mood.CALM, "tags": {"a"}, "readings": [_Reading(at=when)],
+    }  # fmt: skip
+    registry = ToolRegistry()
+    registry.tool(name="raw", parameters=OBJ)(lambda args, ctx: value)
+
+    @registry.tool()
+    async def typed() -> dict[str, Any]:
+        return value
+
+    dispatcher = Dispatcher(registry)
+    for name in ("raw", "typed"):
+        result = await dispatcher.dispatch(name, "{}")
+        assert result.ok, result.to_model()
+        assert json.loads(json.dumps(result.to_model()))["data"] == {
+            "day": "2026-12-03", "id": "00000000-0000-0000-0000-000000000001",
+            "price": "1.50", "mood": "calm", "tags": ["a"],
+            "readings": [{"at": "2026-12-03T10:00:00Z"}],
+        }  # fmt: skip
 
 
 async def test_circular_output_is_invalid_output() -> None:
@@ -769,6 +808,7 @@ def test_spec_formats() -> None:
             "name": "get_weather",
             "description": "Current weather for a city.",
             "parameters": CITY,
+            "strict": True,  # closed, every property required: strict as it is
         },
     }
     (anthropic,) = dispatcher.specs(format="anthropic")

@@ -9,11 +9,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -717,3 +719,40 @@ def test_multiprocess_mode_breaker_gauges_take_the_worst_process(tmp_path: Path)
         check=True,
     ).stdout.split()  # fmt: skip
     assert [float(v) for v in out] == [0.75, 30.0, 60.0, 0.5]
+
+
+# -- a blocking async handler -------------------------------------------------------------
+async def test_an_async_handler_that_blocks_the_loop_is_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``time.sleep`` (a sync client) in an ``async def`` holds the event loop: no deadline
+    can fire. Its time is counted per tool, and the tool is named in the log once; a handler
+    that waits as long without holding the loop is not counted."""
+    registry = ToolRegistry()
+
+    @registry.tool(name="stall", parameters=OBJ, timeout_s=0.05)
+    async def stall(args: dict[str, Any], ctx: AuthContext) -> str:
+        await anyio.lowlevel.checkpoint()  # the second step holds the loop, not the first
+        time.sleep(0.12)  # noqa: ASYNC251 - the blocking call under test
+        return "late"
+
+    @registry.tool(name="waits", parameters=OBJ)
+    async def waits(args: dict[str, Any], ctx: AuthContext) -> str:
+        await anyio.sleep(0.12)
+        return "fine"
+
+    metrics = CollectorRegistry()
+    dispatcher = Dispatcher(registry, metrics_registry=metrics)
+    quiet = Dispatcher(registry, DispatcherOptions(telemetry=False))
+    with caplog.at_level("WARNING", logger="toolrelay"):
+        answers = [await dispatcher.dispatch("stall", {}) for _ in range(2)]
+        assert (await dispatcher.dispatch("waits", {})).data == "fine"
+        await quiet.dispatch("stall", {})
+    assert [a.data for a in answers] == ["late", "late"]  # answered, late: see deadlines.md
+    blocked = value(metrics, "toolrelay_loop_blocked_seconds_total", tool="stall")
+    assert 0.24 <= blocked < 0.5, blocked
+    assert (
+        metrics.get_sample_value("toolrelay_loop_blocked_seconds_total", {"tool": "waits"}) is None
+    )
+    logged = [r.getMessage() for r in caplog.records if "held the event loop" in r.getMessage()]
+    assert len(logged) == 2 and all("stall" in line for line in logged), logged  # once each

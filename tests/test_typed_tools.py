@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -304,7 +305,8 @@ def test_legacy_handlers_registered_without_parameters_keep_the_empty_schema() -
 
     for fn in (bare, annotated_legacy, mapping_legacy, any_legacy, unresolvable):
         assert convention(fn) == EMPTY, fn.__name__
-    assert convention(lambda a, c: a) == EMPTY
+    assert convention(lambda args, ctx: args) == EMPTY
+    assert convention(lambda _args, context: None) == EMPTY
 
 
 def test_typed_when_the_signature_is_not_args_and_ctx() -> None:
@@ -374,6 +376,9 @@ def test_signatures_that_cannot_be_tools_are_refused() -> None:
     def two_calls(a: CallContext, b: CallContext | None, city: str) -> str:
         return ""
 
+    def unannotated_pair(a, b):  # type: ignore[no-untyped-def]
+        return a + b  # (args, ctx) or a typed add? not guessed
+
     for fn, why in (
         (star_args, "variadic"),
         (star_kwargs, "variadic"),
@@ -384,9 +389,83 @@ def test_signatures_that_cannot_be_tools_are_refused() -> None:
         (unresolved, "cannot be evaluated"),
         (not_json, "."),
         (private, "."),
+        (unannotated_pair, r"no annotations.*annotate.*\(args, ctx\)"),
+        (lambda a, c: a, "no annotations"),
     ):
         with pytest.raises(RegistrationError, match=f"tool 't': .*{why}"):
             convention(fn)
+
+
+class Stop(typing.TypedDict):
+    city: str
+    nights: typing.NotRequired[int]
+
+
+class Trip(typing.TypedDict, total=False):
+    stops: list[Stop]
+    note: str | None
+
+
+@pytest.mark.anyio
+async def test_typing_typed_dicts_are_accepted_on_every_python() -> None:
+    """``typing.TypedDict`` (which pydantic refuses before Python 3.12, asking for
+    ``typing_extensions.TypedDict``), nested too, as a parameter and as a return."""
+
+    def plan(trip: Trip, first: Stop | None = None) -> Stop:
+        return trip["stops"][0]
+
+    d = registry_with(plan)
+    decl = d.registry.resolve("t").decl  # type: ignore[union-attr]
+    stop = decl.parameters["properties"]["trip"]["properties"]["stops"]["items"]
+    assert stop["required"] == ["city"] and set(stop["properties"]) == {"city", "nights"}
+    assert decl.parameters["properties"]["trip"].get("required") is None  # total=False
+    assert decl.output_schema is not None and decl.output_schema["required"] == ["city"]
+    answer = await d.dispatch("t", {"trip": {"stops": [{"city": "Oslo", "nights": 2}]}}, CTX)
+    assert answer.data == {"city": "Oslo", "nights": 2}, answer.to_model()
+    refused = await d.dispatch("t", {"trip": {"stops": [{"nights": 2}]}}, CTX)
+    assert refused.error_type is ErrorType.VALIDATION_ERROR
+
+
+@pytest.mark.anyio
+async def test_defaulted_parameters_give_a_strict_openai_schema_where_null_means_the_default() -> (
+    None
+):
+    """OpenAI's strict mode makes every property required: a defaulted parameter is also
+    nullable, and ``null`` (what a strict model sends for "the default") gets the default."""
+    seen: list[tuple[Any, ...]] = []
+
+    def forecast(
+        city: str,
+        days: Annotated[int, Field(ge=1)] = 3,
+        units: Literal["metric", "imperial"] = "metric",
+        note: str | None = None,
+    ) -> str:
+        seen.append((days, units, note))
+        return city
+
+    d = registry_with(forecast)
+    (chat,) = d.specs(format="openai")
+    (responses,) = d.specs(format="openai-responses")
+    params = chat["function"]["parameters"]
+    assert chat["function"]["strict"] is True and responses["strict"] is True
+    assert responses["parameters"] == params
+    assert params["required"] == ["city", "days", "units", "note"]
+    assert params["properties"]["days"] == {
+        "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+        "default": 3,
+    }
+    nulls = {"city": "Oslo", "days": None, "units": None, "note": None}
+    assert (await d.dispatch("t", nulls, CTX)).data == "Oslo"
+    assert (await d.dispatch("t", {"city": "Oslo"}, CTX)).ok  # omitted: as before
+    assert seen == [(3, "metric", None)] * 2
+    assert (await d.dispatch("t", {"days": None}, CTX)).error_type is ErrorType.VALIDATION_ERROR
+
+    registry = ToolRegistry()  # an optional property that refuses null cannot be strict
+    loose = {"type": "object", "properties": {"q": {"type": "string"}},
+             "additionalProperties": False}  # fmt: skip
+    registry.tool(name="loose", parameters=loose)(lambda args, ctx: None)
+    (spec,) = Dispatcher(registry).specs(format="openai")
+    assert "strict" not in spec["function"] and spec["function"]["parameters"] == loose
 
 
 def test_reserved_identity_properties_are_refused_for_typed_tools() -> None:
@@ -474,6 +553,42 @@ async def test_schema_refusals_keep_their_messages() -> None:
         legacy_answer = (await d.dispatch("legacy", raw, CTX)).to_model()
         assert typed_answer["error_type"] == "validation_error"
         assert typed_answer == legacy_answer
+
+
+class Person(BaseModel):
+    name: str
+
+
+@pytest.mark.anyio
+async def test_a_union_that_fails_names_the_branch_that_came_closest() -> None:
+    """An ``Optional``/union argument is refused with the reason of the branch that came
+    closest (the non-null one of an ``Optional``), at its path, not "is not valid under any
+    of the schemas listed in the 'anyOf' keyword"."""
+
+    def fn(
+        days: Annotated[int, Field(ge=1)] | None = None,
+        who: Person | None = None,
+        code: int | Annotated[str, Field(max_length=2)] = 0,
+        flag: int | bool = 0,
+    ) -> str:
+        return "ran"
+
+    d = registry_with(fn)
+    for raw, reason in (
+        ('{"days": 0}', "/days: <value> is less than the minimum of 1"),
+        ('{"days": "x"}', '/days: <value> is not of type "integer"'),
+        ('{"who": {"name": 3}}', '/who/name: <value> is not of type "string"'),
+        ('{"who": {}}', '/who: "name" is a required property'),
+        ('{"code": "abc"}', "/code: <value> is longer than 2 characters"),
+        (
+            '{"flag": "x"}',
+            '/flag: <value> is not of type "integer"; /flag: <value> is not of type "boolean"',
+        ),
+    ):
+        result = await d.dispatch("t", raw, CTX)
+        assert result.error_type is ErrorType.VALIDATION_ERROR, raw
+        assert result.message == "arguments do not match the schema: " + reason, raw
+    assert (await d.dispatch("t", '{"days": null, "who": {"name": "Ann"}}', CTX)).ok
 
 
 @pytest.mark.anyio
@@ -654,9 +769,12 @@ async def test_cancellation_propagates_and_clears_the_call_context() -> None:
 async def test_specs_show_the_inferred_declaration() -> None:
     registry = ToolRegistry()
     registry.tool()(google)
-    (spec,) = Dispatcher(registry, DispatcherOptions(telemetry=False)).specs(format="openai")
-    assert spec["function"]["description"] == "Forecast for a city."
-    assert spec["function"]["parameters"]["required"] == ["city"]
+    dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False))
+    (spec,) = dispatcher.specs(format="anthropic")
+    assert spec["description"] == "Forecast for a city."
+    assert spec["input_schema"]["required"] == ["city"]
+    (strict,) = dispatcher.specs(format="openai")  # every property required, days nullable
+    assert strict["function"]["parameters"]["required"] == ["city", "days"]
 
 
 @pytest.mark.anyio

@@ -16,6 +16,7 @@ __all__ = [
     "FallbackEnded",
     "FaultInjected",
     "HedgeEnded",
+    "LoopBlocked",
     "RetryBudgetExhausted",
     "RetryScheduled",
     "WorkerAbandoned",
@@ -71,6 +72,14 @@ class WorkerKilled:
     deadline or cancellation, and is gone."""
 
     breaker_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoopBlocked:
+    """An async handler's steps held the event loop for ``seconds`` (each step counted
+    that held it for ``BLOCKING_STEP_S`` or more): a blocking call in an ``async def``."""
+
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +149,7 @@ Event = (
     | FaultInjected
     | WorkerAbandoned
     | WorkerKilled
+    | LoopBlocked
     | ConcurrencyLimited
     | ConcurrencyLimitUpdated
 )

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+
+from jsonschema_rs import ValidationErrorKind
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -207,6 +209,7 @@ def truncated(text: str, size: int, cap: int) -> dict[str, object]:
 
 # -- schema failures -------------------------------------------------------------------
 MAX_REPORTED = 3
+_UNIONS = (ValidationErrorKind.AnyOf, ValidationErrorKind.OneOfNotValid)
 
 
 def failures(errors: Iterable[tuple[Iterable[object], str]]) -> str:
@@ -221,5 +224,28 @@ def failures(errors: Iterable[tuple[Iterable[object], str]]) -> str:
 
 
 def schema_errors(validator: Any, instance: Any) -> str:
-    """Up to three failing paths, each with its (value-masked) reason."""
-    return failures((e.instance_path, e.message) for e in validator.iter_errors(instance))
+    """Up to three failing paths, each with its (value-masked) reason. A union (``anyOf``,
+    ``oneOf``) no branch of which fits says why the closest branch failed, as pydantic
+    does, rather than "is not valid under any of the schemas listed"."""
+    return failures((e.instance_path, e.message) for e in _closest(validator.iter_errors(instance)))
+
+
+def _closest(errors: Iterable[Any]) -> Iterator[Any]:
+    """Each error, a failed union's replaced by its closest branch's: a branch that took
+    the value's type and broke a constraint (the one with the fewest errors), else every
+    branch but ``null`` (an ``Optional``'s other branch: "is not of type \"integer\"")."""
+    for error in errors:
+        if not isinstance(error.kind, _UNIONS):
+            yield error
+            continue
+        branches: list[list[Any]] = [list(branch) for branch in error.kind.context]
+        near = [b for b in branches if not all(_wrong_type(e, error.instance_path) for e in b)]
+        if near:
+            fewest: list[Any] = min(near, key=len)
+            yield from _closest(fewest)
+        else:
+            yield from [e for b in branches for e in b if e.kind.types != ["null"]] or [error]
+
+
+def _wrong_type(error: Any, path: list[str | int]) -> bool:
+    return isinstance(error.kind, ValidationErrorKind.Type) and error.instance_path == path

@@ -96,7 +96,8 @@ class DispatcherOptions(BaseModel):
     Redis ``storage`` shared by the replicas' breakers; argument and output ``limits``;
     injected ``faults`` (and their dice's ``fault_seed``); more ``secret_patterns`` to
     redact; the environment variables an ``isolation="process"`` worker gets besides the
-    minimal ones (``isolation_env``, docs/isolation.md); the ``audit`` line (with the redacted arguments: ``audit_arguments``);
+    minimal ones (``isolation_env``, docs/isolation.md); the ``audit`` line (with the
+    redacted arguments: ``audit_arguments``);
     ``telemetry`` (with arguments and results on spans: ``capture_content``).
     :meth:`~toolrelay.Dispatcher.reconfigure` may change ``profiles``, ``keys``,
     ``default_key`` (their reloadable options) and ``faults``.

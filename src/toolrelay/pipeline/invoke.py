@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Coroutine, Generator
+from time import perf_counter
+from typing import Any
 
 import anyio
 
 from .. import isolation
 from ..contract import CURRENT_ATTEMPT, ErrorType, ToolError
-from ..events import WorkerAbandoned, WorkerKilled
+from ..events import LoopBlocked, WorkerAbandoned, WorkerKilled
 from ..outcome import (
     Outcome,
     Verdict,
@@ -37,9 +40,38 @@ SUCCESS = Verdict.SUCCESS  # an answer built positionally: ~0.1 µs less than by
 
 log = logging.getLogger("toolrelay")
 
+BLOCKING_STEP_S = 0.02
+"""A step of an async handler (from one ``await`` that suspends to the next) that holds the
+event loop this long is a blocking call, counted in ``toolrelay_loop_blocked_seconds_total``."""
+
+
+@types.coroutine
+def _stepped(coro: Coroutine[Any, Any, Any], held: list[float]) -> Generator[Any, Any, Any]:
+    """``await coro``, adding each step (from one suspension to the next) that held the
+    loop ``BLOCKING_STEP_S`` or more to ``held[0]``. As ``await`` does, what the loop sends
+    or throws (a cancellation) goes to ``coro``."""
+    step: Callable[[Any], Any] = coro.send
+    value: Any = None
+    while True:
+        start = perf_counter()
+        try:
+            signal = step(value)
+        except StopIteration as done:
+            return done.value
+        finally:
+            if perf_counter() - start >= BLOCKING_STEP_S:
+                held[0] += perf_counter() - start
+        try:
+            value, step = (yield signal), coro.send
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # delivered to the handler (a cancellation), as await does
+            value, step = exc, coro.throw
+
 
 class Invoke:
-    __slots__ = ("processes", "redact", "workers")
+    __slots__ = ("blocking", "processes", "redact", "timed", "workers")
 
     def __init__(
         self,
@@ -49,6 +81,8 @@ class Invoke:
     ) -> None:
         self.workers = workers
         self.redact = redact
+        self.blocking: set[str] = set()  # tools logged as holding the loop
+        self.timed: dict[str, bool] = {}  # tool → are its next call's steps timed?
         self.processes = processes or isolation.ProcessPools(
             lambda key: workers.get(key).max_threads
         )
@@ -62,19 +96,47 @@ class Invoke:
             return await self._run_sync(inv)
         # ``CallContext.current()`` reads the attempt from here (built only when asked for)
         attempt = CURRENT_ATTEMPT.set([inv, None])
+        # its steps are timed unless its last call ended within BLOCKING_STEP_S (a call
+        # that short cannot have held the loop that long): fast tools cost nothing more
+        timed = self.timed.get(tool.decl.name, True)
+        held = [0.0]
         try:
             with anyio.CancelScope(deadline=inv.deadline) as scope:
+                start = perf_counter()
                 try:
-                    data = await tool.fn(inv.args, inv.ctx)
+                    if timed:
+                        data = await _stepped(tool.fn(inv.args, inv.ctx), held)
+                    else:
+                        data = await tool.fn(inv.args, inv.ctx)
                 except Exception as exc:
                     if scope.cancel_called:
                         return timeout_outcome(inv)
                     return error_outcome(inv, exc, self.redact)
+                finally:
+                    if timed or perf_counter() - start >= BLOCKING_STEP_S:
+                        self._timed(tool.decl.name, perf_counter() - start, held[0], inv)
         finally:
             CURRENT_ATTEMPT.reset(attempt)
         if scope.cancel_called:
             return timeout_outcome(inv)
         return Outcome(True, data, None, "", False, None, SUCCESS, False, False, None, inv)
+
+    def _timed(self, name: str, took: float, held: float, inv: Invocation) -> None:
+        """After a call that was step-timed or took ``BLOCKING_STEP_S`` or more: whether
+        the next is timed; the time its steps held the loop counted, the tool logged once."""
+        self.timed[name] = took >= BLOCKING_STEP_S
+        if not held:
+            return
+        if name not in self.blocking:
+            self.blocking.add(name)
+            log.warning(
+                "toolrelay: the async handler of %s held the event loop for %.3f s: a "
+                "blocking call in an async def (no deadline can fire while it runs; make it "
+                "a sync handler, or run the call in a thread)",
+                name, held,
+            )  # fmt: skip
+        if inv.observers:
+            inv.emit(LoopBlocked(held))
 
     async def _run_sync(self, inv: Invocation) -> Outcome:
         tool = inv.tool

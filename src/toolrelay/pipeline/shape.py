@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from pydantic_core import to_jsonable_python
+
 from ..contract import ErrorType
 from ..jsonlimits import DEFAULT_MAX_OUTPUT_BYTES, ENCODER, schema_errors, truncated
 from ..outcome import Outcome, failure
@@ -31,11 +33,15 @@ class Shape:
         name = inv.tool.decl.name
         try:
             text = ENCODER.encode(out.data)
-        except (TypeError, ValueError, RecursionError) as exc:
-            why = "a value that is not finite" if "Out of range" in str(exc) else "a non-JSON value"
-            if isinstance(exc, RecursionError) or "Circular" in str(exc):
-                why = "a circular or too deeply nested value"
-            return failure(ErrorType.INVALID_OUTPUT, f"{name} returned {why}", out.request)
+        except TypeError:  # a date, UUID, model… anywhere: converted as pydantic's JSON mode
+            try:
+                data = to_jsonable_python(out.data)
+                text = ENCODER.encode(data)
+            except (TypeError, ValueError, RecursionError) as exc:
+                return failure(ErrorType.INVALID_OUTPUT, _why(name, exc, out.data), out.request)
+            out = dataclasses.replace(out, data=data)
+        except (ValueError, RecursionError) as exc:
+            return failure(ErrorType.INVALID_OUTPUT, _why(name, exc, out.data), out.request)
         size = (
             len(text) if len(text) * 4 <= self.max_bytes else len(text.encode("utf-8", "replace"))
         )
@@ -56,3 +62,27 @@ class Shape:
                 out.request,
             )
         return out
+
+
+def _why(name: str, exc: BaseException, data: object) -> str:
+    """Why ``data`` cannot be JSON, naming the path of a value nothing converts."""
+    if "Out of range" in str(exc):
+        return f"{name} returned a value that is not finite"
+    if isinstance(exc, RecursionError) or "ircular" in str(exc) or "ecursion" in str(exc):
+        return f"{name} returned a circular or too deeply nested value"
+    stack: list[tuple[tuple[object, ...], object]] = [((), data)]
+    seen: set[int] = set()
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict | list | tuple):
+            if id(node) not in seen:
+                seen.add(id(node))
+                items = node.items() if isinstance(node, dict) else enumerate(node)
+                stack.extend(((*path, key), value) for key, value in reversed(list(items)))
+            continue
+        try:
+            to_jsonable_python(node)
+        except (TypeError, ValueError, RecursionError):
+            where = f" at /{'/'.join(map(str, path))}" if path else ""
+            return f"{name} returned a non-JSON value{where} ({type(node).__name__})"
+    return f"{name} returned a non-JSON value"

@@ -88,6 +88,18 @@ def _risk(annotations: mcp_types.ToolAnnotations | None) -> tuple[Risk, bool | N
     return "write", idempotent
 
 
+def _normal(name: str) -> str:
+    """A name as per-tool floors match it: case and ``-``, ``.``, space vs ``_`` ignored."""
+    return name.casefold().replace("-", "_").replace(".", "_").replace(" ", "_")
+
+
+def _riskier(a: Risk, b: Risk | None) -> Risk:
+    """The higher of two risks (``read`` < ``write`` < ``dangerous``)."""
+    if b is None:
+        return a
+    return a if RISKS.index(a) >= RISKS.index(b) else b
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     remote: str
@@ -171,11 +183,16 @@ class ToolMap:
         if parameters is None:
             self._skip(tool.name, "its input schema is not an object schema")
             return None
-        hinted, idempotent = _risk(tool.annotations)
-        floors = self.options.risk, *map(self.options.tool_risk.get, (tool.name, name))
-        risk = max((hinted, *(r for r in floors if r is not None)), key=RISKS.index)
-        overrides = self.options.tool_risk_override  # the operator's word: above the floors
-        override = overrides.get(tool.name) or overrides.get(name) or self.options.risk_override
+        risk, idempotent = _risk(tool.annotations)
+        risk = _riskier(risk, self.options.risk)  # the operator's floors: hints cannot go below
+        names = {_normal(tool.name), _normal(name)}
+        floors = [self._floors[key] for key in names if key in self._floors]
+        for floor in floors:
+            risk = _riskier(risk, floor)
+        overrides = self.options.tool_risk_override  # the operator's word: above all of that
+        override = overrides.get(tool.name) or overrides.get(name)
+        new = not floors and override is None and self._new_risk is not None
+        override = override or self.options.risk_override
         risk = risk if override is None else override
         if new:  # named by no rule: renamed or added since the rules were written
             risk = _riskier(risk, self._new_risk)

@@ -27,6 +27,7 @@ from ..events import (
     FallbackEnded,
     FaultInjected,
     HedgeEnded,
+    LoopBlocked,
     RetryBudgetExhausted,
     RetryScheduled,
     WorkerKilled,
@@ -181,6 +182,8 @@ class Telemetry:
             self._fallback_ended(inv, event)
         elif isinstance(event, WorkerKilled):
             self.metrics.key_child(self.metrics.processes_killed, event.breaker_key)(1)
+        elif isinstance(event, LoopBlocked):
+            self.metrics.loop_blocked.labels(self.label(inv.name)).inc(event.seconds)
         if self._tracing:
             span = trace.get_current_span()
             if span.is_recording():

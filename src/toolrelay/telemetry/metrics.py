@@ -155,6 +155,11 @@ class Metrics:
             'Worker processes (isolation="process") killed at a deadline or a cancellation.',
             ("breaker_key",),
         )
+        self.loop_blocked = counter(
+            "loop_blocked_seconds",
+            "Seconds async handlers held the event loop in steps of 20 ms or more.",
+            ("tool",),
+        )
         self.overrun = histogram(
             "deadline_overrun_seconds",
             "For timeouts: answer time minus the call's deadline.",

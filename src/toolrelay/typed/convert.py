@@ -17,7 +17,7 @@ from ..handler import ASYNC_MARK, Handler
 from ..jsonlimits import failures
 from .signature import EMPTY, NONE, is_union, split
 
-__all__ = ["caller", "dump", "dump_foreign", "input_plan", "output_plan"]
+__all__ = ["caller", "converts", "dump", "input_plan"]
 
 _JSON_TYPES: frozenset[type] = frozenset({dict, list, str, int, float, bool, NONE})
 
@@ -55,27 +55,23 @@ def input_plan(tp: Any) -> tuple[bool, frozenset[type]]:
     return False, frozenset()
 
 
-def output_plan(tp: Any) -> bool | None:
-    """Is ``tp``'s value JSON already (True), never (False: it holds a model, a dataclass,
-    a datetime…), or only as far as the value's own type says (None: ``Any`` inside)?"""
+def converts(tp: Any) -> bool:
+    """Does a value of ``tp`` hold what is not JSON (a model, a dataclass, a datetime…), to
+    be converted before its output schema is checked? (Other values the shape stage
+    converts where it must.)"""
     base, _ = split(tp)
-    if base in (EMPTY, Any, object):
-        return None
-    if base in (str, bool, int, float, NONE, None):
-        return True
+    if base in (EMPTY, Any, object, dict, list, str, bool, int, float, NONE, None):
+        return False
     origin, args = get_origin(base), get_args(base)
     if origin is Literal:
-        return all(type(a) in _JSON_TYPES for a in args)
-    if base in (dict, list) or (origin in (dict, list) and not args):
-        return None
-    if origin is list or (origin is dict and args and args[0] is str):
-        return output_plan(args[-1])
+        return any(type(a) not in _JSON_TYPES for a in args)
+    if origin in (dict, list) and not args:
+        return False
+    if origin is list or (origin is dict and args[0] is str):
+        return converts(args[-1])
     if is_union(base):
-        plans = [output_plan(a) for a in args]
-        if False in plans:
-            return False
-        return True if all(plans) else None
-    return False
+        return any(converts(a) for a in args)
+    return True
 
 
 def dump(value: Any) -> Any:
@@ -85,10 +81,6 @@ def dump(value: Any) -> Any:
         return to_jsonable_python(value)
     except (PydanticSerializationError, TypeError, ValueError):
         return value
-
-
-def dump_foreign(value: Any) -> Any:
-    return value if type(value) in _JSON_TYPES else dump(value)
 
 
 def _refusal(tool: str, name: str, exc: ValidationError) -> ToolError:
@@ -111,12 +103,17 @@ def caller(
     call: str | None,
     converters: tuple[tuple[str, frozenset[type], Callable[[Any], Any]], ...],
     fills: tuple[tuple[str, Callable[[], Any]], ...],
+    nulls: tuple[str, ...],
     dump: Callable[[Any], Any] | None,
 ) -> Handler:
-    """``call(args, ctx)``: the handler the pipeline runs, as lean as the signature allows."""
+    """``call(args, ctx)``: the handler the pipeline runs, as lean as the signature allows.
+    A parameter in ``nulls`` sent as ``null`` gets its default."""
 
     def prepare(args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
         kwargs = dict(args)
+        for name in nulls:
+            if name in kwargs and kwargs[name] is None:
+                del kwargs[name]
         if auth is not None:
             kwargs[auth] = ctx
         if call is not None:
@@ -135,7 +132,7 @@ def caller(
         return kwargs
 
     run: Handler
-    if converters or fills or call is not None:
+    if converters or fills or nulls or call is not None:
 
         def run(args: dict[str, Any], ctx: AuthContext) -> Any:
             return fn(**prepare(args, ctx))

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import types
+import typing
 from collections.abc import Callable, Mapping, MutableMapping
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, NotRequired, Required, Union, get_args, get_origin
+
+import typing_extensions
 
 from ..contract import AuthContext
 
@@ -19,6 +23,7 @@ __all__ = [
     "is_context",
     "is_legacy",
     "is_union",
+    "modern",
     "read_signature",
     "split",
 ]
@@ -59,6 +64,44 @@ def split(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
     return annotation, metadata
 
 
+_MODERN: dict[type, Any] = {}
+
+
+def modern(tp: Any) -> Any:
+    """``tp`` with every ``typing.TypedDict`` in it (nested too) made a
+    ``typing_extensions.TypedDict``, which pydantic asks for before Python 3.12."""
+    if sys.version_info >= (3, 12):
+        return tp
+    if typing.is_typeddict(tp) and type(tp).__module__ == "typing":
+        if tp not in _MODERN:
+            _MODERN[tp] = tp  # a recursive one stays as it is (pydantic names it)
+            hints = typing.get_type_hints(tp, include_extras=True)
+            fields = {
+                name: (Required if name in tp.__required_keys__ else NotRequired)[
+                    modern(get_args(hint)[0] if get_origin(hint) in (Required, NotRequired)
+                           else hint)
+                ]
+                for name, hint in hints.items()
+            }  # fmt: skip
+            made: Any = typing_extensions.TypedDict(tp.__name__, fields)  # type: ignore[misc]
+            made.__doc__, made.__module__ = tp.__doc__, tp.__module__
+            _MODERN[tp] = made
+        return _MODERN[tp]
+    args = get_args(tp)
+    if not args or get_origin(tp) is typing.Literal:
+        return tp
+    new = tuple(modern(arg) for arg in args)
+    if new == args:
+        return tp
+    if get_origin(tp) is Annotated:
+        return typing.cast(Any, Annotated)[new]
+    if is_union(tp):
+        return Union[new]  # noqa: UP007 - built from a tuple
+    if isinstance(tp, types.GenericAlias):
+        return types.GenericAlias(get_origin(tp), new)
+    return tp.copy_with(new)
+
+
 def is_union(tp: Any) -> bool:
     return get_origin(tp) in (Union, types.UnionType)
 
@@ -91,8 +134,10 @@ def is_legacy(fn: Callable[..., Any], *, explicit_schema: bool) -> bool:
     plainly cannot be one raises :class:`SignatureError`. Without one, it is when it has
     exactly two parameters, both positional, the first unannotated or a mapping (``dict``,
     ``dict[str, Any]``, ``Mapping[…]``, ``Any``) and the second unannotated, ``Any`` or
-    ``AuthContext`` (``| None``). Anything else is typed. Parameters a ``functools.partial``
-    binds by keyword do not count.
+    ``AuthContext`` (``| None``); when neither is annotated, they must be named ``args``
+    (``arguments``) and ``ctx`` (``context``, ``auth``), else :class:`SignatureError`: not
+    guessed. Anything else is typed. Parameters a ``functools.partial`` binds by keyword do
+    not count.
     """
     sig, resolved = read_signature(fn)
     if sig is None:
@@ -108,7 +153,19 @@ def is_legacy(fn: Callable[..., Any], *, explicit_schema: bool) -> bool:
             )
         return True
     params = call_parameters(fn, sig)
-    return fits and len(params) == 2 and all(p.kind in _POSITIONAL for p in params)
+    legacy = fits and len(params) == 2 and all(p.kind in _POSITIONAL for p in params)
+    if legacy and all(p.annotation is EMPTY for p in params) and not _named_args_ctx(params):
+        raise SignatureError(
+            f"{sig} has no annotations, so it could be a typed tool or an (args, ctx) "
+            "handler: annotate its parameters for a typed tool, or name them (args, ctx) "
+            "or give parameters= for an (args, ctx) handler"
+        )
+    return legacy
+
+
+def _named_args_ctx(params: list[inspect.Parameter]) -> bool:
+    first, second = (p.name.lstrip("_") for p in params)
+    return first in ("args", "arguments") and second in ("ctx", "context", "auth")
 
 
 def _fits_args_and_ctx(sig: inspect.Signature, resolved: bool) -> bool:

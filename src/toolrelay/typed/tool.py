@@ -9,16 +9,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import jsonschema_rs
 from pydantic import ConfigDict, Field, TypeAdapter, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from ..contract import AuthContext, CallContext
 from ..handler import Handler, is_async
-from .convert import caller, dump, dump_foreign, input_plan, output_plan
+from .convert import caller, converts, dump, input_plan
 from .docstrings import docstring
 from .schema import tidy
-from .signature import EMPTY, SignatureError, call_parameters, is_context, read_signature, split
+from .signature import (
+    EMPTY,
+    SignatureError,
+    call_parameters,
+    is_context,
+    modern,
+    read_signature,
+    split,
+)
 
 __all__ = ["TypedTool", "typed_tool"]
 
@@ -52,7 +61,7 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
     call: str | None = None
     python_defaults: dict[str, Any] = {}
     for param in call_parameters(fn, sig):
-        annotation = Any if param.annotation is EMPTY else param.annotation
+        annotation = Any if param.annotation is EMPTY else modern(param.annotation)
         if is_context(annotation, AuthContext) or is_context(annotation, CallContext):
             is_auth = is_context(annotation, AuthContext)
             if (auth if is_auth else call) is not None:
@@ -87,6 +96,7 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
         parameters = tidy(model.model_json_schema(), close_objects=True)
     except Exception as exc:  # pydantic's errors for what it cannot model are many
         raise SignatureError(_first_line(exc)) from exc
+    nulls = _nullable_defaults(parameters)
     for missing in fields.keys() - model.model_fields.keys():  # pydantic's private names
         raise SignatureError(f"parameter {missing!r} cannot be an argument: rename it")
     for field_name, field in model.model_fields.items():
@@ -108,13 +118,29 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
                 (field_name, functools.partial(field.get_default, call_default_factory=True))
             )
 
-    output_schema, convert_output = _output(sig.return_annotation)
+    output_schema, convert_output = _output(modern(sig.return_annotation))
     run = caller(
-        fn, name, is_async(fn), auth, call, tuple(converters), tuple(fills), convert_output
-    )
+        fn, name, is_async(fn), auth, call, tuple(converters), tuple(fills), nulls,
+        convert_output,
+    )  # fmt: skip
     return TypedTool(
         parameters, output_schema, summary if description is None else description, run
     )
+
+
+def _nullable_defaults(parameters: dict[str, Any]) -> tuple[str, ...]:
+    """Each optional parameter whose schema refuses ``null`` is made to admit it, meaning
+    its default (OpenAI's strict mode makes every property required: ``null`` is how a
+    model asks for the default); their names."""
+    properties: dict[str, Any] = parameters["properties"]
+    optional = [name for name in properties if name not in parameters.get("required", ())]
+    errors = jsonschema_rs.validator_for(parameters).iter_errors(dict.fromkeys(optional))
+    refused = {str(error.instance_path[0]) for error in errors if error.instance_path}
+    for name in refused:
+        schema = properties[name]
+        outer = {key: schema.pop(key) for key in ("description", "default") if key in schema}
+        properties[name] = {"anyOf": [schema, {"type": "null"}], **outer}
+    return tuple(name for name in optional if name in refused)
 
 
 def _first_line(exc: Exception) -> str:
@@ -124,11 +150,10 @@ def _first_line(exc: Exception) -> str:
 
 def _output(annotation: Any) -> tuple[dict[str, Any] | None, Callable[[Any], Any] | None]:
     """The output schema a return annotation implies (objects only: a model, dataclass or
-    TypedDict), and how a returned value is made JSON-safe (``None``: it already is)."""
-    plan = output_plan(annotation)
-    convert = None if plan else dump if plan is False else dump_foreign
-    if plan is not False:
-        return None, convert
+    TypedDict), and how a returned value is made JSON-safe before its schema is checked
+    (``None``: the shape stage converts what it must)."""
+    if not converts(annotation):
+        return None, None
     try:
         schema = TypeAdapter(annotation).json_schema(mode="serialization")
     except Exception as exc:
@@ -136,4 +161,4 @@ def _output(annotation: Any) -> tuple[dict[str, Any] | None, Callable[[Any], Any
             f"its return annotation has no JSON Schema: {_first_line(exc)}"
         ) from exc
     schema = tidy(schema, close_objects=False)
-    return (schema if schema.get("type") == "object" else None), convert
+    return (schema if schema.get("type") == "object" else None), dump
