@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -82,12 +83,10 @@ class Dispatcher:
         meter_provider: MeterProvider | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``options``: the settings (:class:`~toolrelay.options.DispatcherOptions`; the
-        defaults when ``None``). The keyword arguments are live objects: who approves
-        (``approver``), where audit lines go (``audit``; ``None``: nowhere, as
-        ``options.audit = False``), who observes stage events, and the metric registry and
-        OpenTelemetry providers telemetry uses, and the breakers' ``clock`` (seconds, as
-        ``time.monotonic``; ``toolrelay.testing.FrozenClock`` in tests)."""
+        """``options``: the settings (defaults when ``None``). The keyword arguments are live
+        objects: who approves, where audit lines go (``None``: nowhere), who observes stage
+        events, the metric registry and OpenTelemetry providers telemetry uses, and the
+        breakers' ``clock`` (``toolrelay.testing.FrozenClock`` in tests)."""
         self.registry = registry
         self.options = options = DispatcherOptions() if options is None else options
         self.redact = Redactor(options.secret_patterns)
@@ -112,10 +111,7 @@ class Dispatcher:
         storage = options.storage
         if storage is not None:
             self.storage_link = link = RedisLink(
-                storage.url,
-                timeout_s=storage.timeout_s,
-                probe_interval_s=storage.probe_interval_s,
-                sync_interval_s=storage.sync_interval_s,
+                **dataclasses.asdict(storage),
                 on_change=None if tel is None else tel.storage_changed,
                 on_reject=None if tel is None else tel.storage_rejected,
             )
@@ -163,13 +159,11 @@ class Dispatcher:
         self._compose()
 
     def _compose(self) -> None:
-        """Compose the chain (again on reload, and when the first fault comes in force or
-        the last goes): a stage with nothing to do for any call (hedging that no key turns
-        on, faults while none is in force) is left out, so a call does not pay for it."""
+        """Compose the chain (again on reload and when faults come or go), leaving out a
+        stage with nothing to do (hedging no key turns on; faults while none is in force)."""
         options = self.options
-        policies = (options.default_key, *options.keys.values())
         left_out: set[type] = set()
-        if all(policy.hedge.after_s is None for policy in policies):
+        if all(p.hedge.after_s is None for p in (options.default_key, *options.keys.values())):
             left_out.add(Hedge)
         if not self.faults:
             left_out.add(FaultInjector)
@@ -202,8 +196,8 @@ class Dispatcher:
         config = source if isinstance(source, Settings) else load_config(source)
         if registry is None:
             reserved = config.dispatcher.reserved_properties
-            registry = (
-                ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
+            registry = ToolRegistry(
+                **({} if reserved is None else {"reserved_properties": reserved})
             )
         load_configured_plugins(registry, config)
         options = config.dispatcher_options()
@@ -218,9 +212,8 @@ class Dispatcher:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close what the dispatcher holds: plugins' ``aclose()``, the storage link, the
-        worker processes of ``isolation="process"`` tools (killed, and gone) and the worker
-        threads of sync tools (idle ones end now, busy ones when their handler returns)."""
+        """Close plugins (``aclose()``), the storage link, worker processes (killed, and
+        gone) and sync tools' threads (idle ones now, busy ones when their handler returns)."""
         self.workers.close()
         await self.processes.aclose()
         for plugin in self.registry.plugins():
@@ -249,16 +242,11 @@ class Dispatcher:
         return ModelSlot(budget_s, listeners=listeners)
 
     def reconfigure(self, options: DispatcherOptions) -> list[str]:
-        """Apply new options to later calls (hot reload): ``profiles``, ``keys`` and
-        ``default_key``, and ``faults`` when they differ from those in force (they replace
-        the faults in force, admin-added ones included; the dice keep rolling). The rest
-        (storage, limits, audit, telemetry) is kept as built.
-
-        A call in flight keeps the profile it started with; breakers keep their state
-        (:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`). A key's bulkhead and retry
-        budget keep the options of its first call (``RELOADABLE = False``). Returns the
-        keys of the breakers reconfigured.
-        """
+        """Apply new options to later calls (hot reload): ``profiles``, ``keys``,
+        ``default_key``, and ``faults`` when they differ (replacing admin-added ones too).
+        The rest is kept as built; calls in flight keep their profile, breakers their state,
+        and a key's bulkhead and retry budget the options of its first call
+        (``RELOADABLE = False``). Returns the keys of the breakers reconfigured."""
         old = self.options
         live = {"profiles", "keys", "default_key", "faults"}
         self.options = old.replace(**{name: getattr(options, name) for name in live})
@@ -285,7 +273,6 @@ class Dispatcher:
             return EVERYTHING
         return self.options.profiles.get(name, NOTHING)
 
-    # -- dispatch -----------------------------------------------------------------------
     async def dispatch(
         self,
         name: str,
@@ -365,7 +352,6 @@ class Dispatcher:
                 tg.start_soon(run, index, call)
         return [r for r in results if r is not None]
 
-    # -- specs --------------------------------------------------------------------------
     def specs(
         self,
         profile: str | None = None,
@@ -376,11 +362,9 @@ class Dispatcher:
     ) -> list[dict[str, Any]]:
         """The tools a caller with ``profile`` may call, in ``format``.
 
-        Tools whose breaker is open (and not yet due a trial) are hidden, marked as
-        unavailable in their description ("[unavailable for about N s]", or "[unavailable:
-        paused by an operator]" while pinned by ``force_open``), or shown anyway, as
-        ``unavailable`` says — unless one of their fallbacks can answer for them (known,
-        allowed, its breaker not open).
+        Tools whose breaker is open are hidden, marked unavailable in their description
+        ("[unavailable for about N s]", "[unavailable: paused by an operator]") or shown, as
+        ``unavailable`` says — unless a fallback can answer for them (:meth:`describe`).
         ``hide_fallbacks`` leaves out every tool another listed tool names as a fallback.
         """
         render = formatter(format)
@@ -407,12 +391,10 @@ class Dispatcher:
 
     def _stands_in(self, decl: ToolDeclaration, profile: Profile) -> bool:
         """Can a fallback of ``decl`` answer for it now (known, allowed, breaker not open)?"""
-        for name in decl.fallback:
-            tool = find(self.registry, name)
-            if (
-                tool is not None
-                and profile.permits(tool.decl)
-                and self.breakers.blocked_for(tool.decl.key) is None
-            ):
-                return True
-        return False
+        tools = (find(self.registry, name) for name in decl.fallback)
+        return any(
+            t is not None
+            and profile.permits(t.decl)
+            and self.breakers.blocked_for(t.decl.key) is None
+            for t in tools
+        )
