@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import need_binary
-from redis_server import free_port
+from redis_server import RedisServer, free_port
 from test_serve_mcp import (
     TOKEN,
     HttpServer,
@@ -46,9 +46,9 @@ SUBSTITUTIONS = {
 RATE_WORKLOAD = textwrap.dedent(
     """
     import random, sys, threading, time
-    import anyio
+    import anyio, redis
     from toolrelay import (BreakerOptions, Dispatcher, DispatcherOptions, KeyPolicy,
-                           RetryOptions, ToolError, ToolRegistry)
+                           RetryOptions, StorageOptions, ToolError, ToolRegistry)
     from toolrelay.telemetry import serve_metrics
 
     registry = ToolRegistry()
@@ -62,23 +62,35 @@ RATE_WORKLOAD = textwrap.dedent(
         await anyio.sleep(0.03 if roll < 0.6 else 0.001)
         return {"hits": []}
 
+    @registry.tool(name="ledger", parameters={"type": "object"}, breaker_key="ledger")
+    async def ledger(args, ctx):
+        time.sleep(0.03)  # a blocking async handler: it holds the event loop
+        return {}
+
     async def main(port, seconds):
         search_api = KeyPolicy(
             breaker=BreakerOptions(window="count", window_size=20, minimum_calls=10,
                                    failure_rate=0.5, slow_call_s=0.02, slow_call_rate=0.8,
                                    reset_timeout_s=0.2, reset_timeout_max_s=0.8),
             retry=RetryOptions(max_attempts=1))
-        options = DispatcherOptions(keys={"search-api": search_api})
+        # a value no toolrelay wrote, in the shared state of the ledger key
+        redis.Redis.from_url(url).hset("toolrelay:ledger", mapping={"gen": "1", "state": "?"})
+        options = DispatcherOptions(
+            keys={"search-api": search_api},
+            storage=StorageOptions(url=url, sync_interval_s=0.05),
+        )
         dispatcher = Dispatcher(registry, options, audit=None)
         server = serve_metrics(port)
         stop_at = time.monotonic() + seconds
         try:
             while time.monotonic() < stop_at:
                 await dispatcher.dispatch("search", "{}")
+                await dispatcher.dispatch("ledger", "{}")
                 await anyio.sleep(0.01)
         finally:
             server.shutdown()
 
+    url = sys.argv[3]
     anyio.run(main, int(sys.argv[1]), float(sys.argv[2]))
     """
 )
@@ -127,7 +139,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
     workload = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "workload.py"), str(target_port), "120"]
     )
-    rate_workload = subprocess.Popen([sys.executable, "-c", RATE_WORKLOAD, str(rate_port), "120"])
+    redis = RedisServer().start()  # the rate workload's breaker storage, one key poisoned
+    rate_workload = subprocess.Popen(
+        [sys.executable, "-c", RATE_WORKLOAD, str(rate_port), "120", redis.url]
+    )
     config = tmp / "prometheus.yml"
     config.write_text(
         # Scrapes twice a second: the eight scrapes awaited below take 4 s, not 8.
@@ -185,6 +200,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
             proc.terminate()
             proc.wait(20)
         stack.close()
+        redis.kill()
 
 
 def test_targets_are_up(prometheus: Prometheus) -> None:
