@@ -374,6 +374,19 @@ def test_strict_only_when_the_schema_is_strict_already() -> None:
     assert all(not t.strict_json_schema for t in function_tools(d, strict=False))
 
 
+def test_a_typed_tool_with_a_default_is_strict_and_null_means_the_default() -> None:
+    registry = ToolRegistry()
+
+    @registry.tool(name="forecast")
+    def forecast(city: str, days: int = 3) -> dict[str, Any]:
+        return {"city": city, "days": days}
+
+    tool = function_tools(new_dispatcher(registry))[0]
+    assert tool.strict_json_schema is True
+    schema = tool.params_json_schema
+    assert sorted(schema["required"]) == ["city", "days"] and not schema["additionalProperties"]
+
+
 # -- cancellation --------------------------------------------------------------------------
 def hanging_registry(started: asyncio.Event, stopped: list[BaseException]) -> ToolRegistry:
     registry = ToolRegistry()

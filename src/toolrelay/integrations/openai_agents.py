@@ -14,15 +14,12 @@ See ``docs/integrations/openai-agents.md``.
 
 from __future__ import annotations
 
-import copy
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 try:
     from agents import FunctionTool, RunContextWrapper
-    from agents.exceptions import UserError
-    from agents.strict_schema import ensure_strict_json_schema
     from agents.tool import set_function_tool_failure_error_function
     from agents.tool_context import ToolContext
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -33,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..contract import AuthContext, ToolDeclaration
 from ..dispatcher import Dispatcher
-from ..formats import Unavailable, checked_unavailable
+from ..formats import Unavailable, checked_unavailable, strict_form
 from ..policy import Profile
 from ._common import envelope_text
 
@@ -65,8 +62,9 @@ def function_tools(
     with a marked description (``"mark"``) — a call is answered ``circuit_open`` — or left
     out (``"hide"``: a call to it from the conversation fails the run, unless the host runs
     with ``RunConfig(tool_not_found_behavior="return_error_to_model")``). ``strict``: ``None``
-    marks a tool strict only when its schema is strict already (every object closed, every
-    property required), so the Agents SDK's conversion would change nothing; ``True`` asks
+    marks a tool strict when its schema has a strict form that toolrelay accepts whole
+    (:func:`toolrelay.formats.strict_form`: every object closed, every property required,
+    an optional one as nullable — a typed tool's defaulted parameter); ``True`` asks
     for the conversion (the SDK raises ``UserError`` for a schema it cannot convert);
     ``False`` never.
 
@@ -82,13 +80,13 @@ def function_tools(
         if not chosen.permits(decl):
             continue
         invoker = _Invoker(dispatcher, decl.name, profile, auth or context_auth)
-        schema = dict(decl.parameters)
+        strict_schema = None if strict is False else strict_form(decl.parameters)
         tool = FunctionTool(
             name=decl.name,
             description=decl.description,
-            params_json_schema=schema,
+            params_json_schema=strict_schema or dict(decl.parameters),
             on_invoke_tool=invoker,
-            strict_json_schema=_is_strict(schema) if strict is None else strict,
+            strict_json_schema=strict_schema is not None if strict is None else strict,
         )
         if health is not None:
             tool.is_enabled = health.checker(tool, decl)
@@ -96,14 +94,6 @@ def function_tools(
         # (by default the SDK turns a tool task's CancelledError into an error message).
         out.append(set_function_tool_failure_error_function(tool, None))
     return out
-
-
-def _is_strict(schema: dict[str, Any]) -> bool:
-    """Is the schema strict already (the SDK's strict conversion would leave it as it is)?"""
-    try:
-        return ensure_strict_json_schema(copy.deepcopy(schema)) == schema
-    except (UserError, TypeError, ValueError):
-        return False
 
 
 class _Invoker:
