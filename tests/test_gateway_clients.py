@@ -13,28 +13,20 @@ three calls, and each must hand over, without throwing:
   an ``invalid_output`` envelope, then the cut output as text — never ``structuredContent``
   that breaks the schema.
 
-The npm packages (pinned in ``tests/node/package.json`` and its lock file) are installed once
-into a cache outside the repository, keyed by those files and the Node version:
-``$TOOLRELAY_NODE_CACHE``, else ``$XDG_CACHE_HOME/toolrelay/node-clients``, else
-``~/.cache/toolrelay/node-clients``. Without ``node``/``npm``, or when the registry cannot be
-reached, the Node tests are skipped — or fail with ``TOOLRELAY_REQUIRE_SERVERS=1``. Every
-connection stays on loopback; the Node clients run offline (``npm_config_offline``).
+The npm packages are pinned in ``tests/node/package.json`` and installed once per machine by
+``tests/node_packages.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib.util
 import json
 import os
-import platform
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,23 +39,17 @@ import pytest
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from conftest import REQUIRE_SERVERS
+import node_packages
 from toolrelay import AuthContext, ToolRegistry
 from toolrelay.contract import ErrorType
 from toolrelay.jsonlimits import TRUNCATION_MARKER, truncated
 from toolrelay.result import ToolResult
 
 ROOT = Path(__file__).resolve().parent.parent
-NODE_SOURCES = ROOT / "tests" / "node"
+NODE_SOURCES = node_packages.NODE_SOURCES
 ADMIN_TOKEN = "admin-token-for-the-client-tests-0123"
 CAP = 160  # bytes: get_current_time (~105) fits, convert_time (~250) is cut
 MCP_LINE = re.compile(r"(admin API on|MCP on) (http://[0-9.:]+(?:/mcp)?)")
-NETWORK_ERRORS = re.compile(
-    r"ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT|ENETUNREACH|EHOSTUNREACH|"
-    r"network|socket hang up|request to https?://\S+ failed",
-    re.IGNORECASE,
-)
-
 GOOD = ("time__get_current_time", {"timezone": "Europe/Oslo"})
 BAD = ("time__get_current_time", {"timezone": "Nowhere/Bad"})
 CUT = (
@@ -71,13 +57,6 @@ CUT = (
     {"source_timezone": "Europe/Oslo", "time": "12:00", "target_timezone": "Asia/Tokyo"},
 )
 CALLS = [GOOD, BAD, CUT]
-
-
-def unavailable(message: str) -> None:
-    """Skip, or fail with TOOLRELAY_REQUIRE_SERVERS=1 (as tests/conftest.py does)."""
-    if REQUIRE_SERVERS:
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 # -- what every client must have handed over --------------------------------------------------
@@ -125,7 +104,7 @@ def check_calls(calls: list[dict[str, Any]], who: str, made: list[Any] = CALLS) 
 def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A toolrelay.toml with mcp-server-time behind the gateway and a small output cap."""
     if importlib.util.find_spec("mcp_server_time") is None:
-        unavailable("mcp-server-time is not installed (pip install mcp-server-time)")
+        node_packages.unavailable("mcp-server-time is not installed (pip install mcp-server-time)")
     upstream = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]
     path = tmp_path_factory.mktemp("gateway") / "toolrelay.toml"
     path.write_text(f"""
@@ -204,65 +183,13 @@ def http_gateway(config: Path) -> Iterator[HttpGateway]:
 
 
 # -- the Node clients ---------------------------------------------------------------------------
-def _cache_root() -> Path:
-    explicit = os.environ.get("TOOLRELAY_NODE_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "toolrelay" / "node-clients"
-
-
-def _npm_install(dest: Path, npm: str) -> None:
-    """``npm install`` the pinned packages into ``dest`` (atomically: staged, then renamed)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=dest.name + ".partial-", dir=dest.parent))
-    try:
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy2(NODE_SOURCES / name, staging / name)
-        env = {**os.environ, "npm_config_update_notifier": "false"}
-        proc = subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error"],
-            cwd=staging,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if proc.returncode != 0:
-            output = (proc.stdout + proc.stderr).strip()
-            network = NETWORK_ERRORS.search(output)
-            if network is not None:
-                line = output[output.rfind("\n", 0, network.start()) + 1 :].split("\n", 1)[0]
-                unavailable(f"npm install of tests/node: the registry cannot be reached ({line})")
-            pytest.fail(f"npm install of tests/node/package.json failed:\n{output[-3000:]}")
-        (staging / ".complete").write_text(dest.name)
-        try:
-            staging.rename(dest)
-        except OSError:  # another session installed the same key meanwhile
-            if not (dest / ".complete").exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _prune(root: Path, keep: Path, max_age_s: float = 14 * 86400) -> None:
-    """Remove installs of other package versions not used for two weeks."""
-    now = time.time()
-    for entry in root.iterdir():
-        if entry == keep or not entry.is_dir():
-            continue
-        with contextlib.suppress(OSError):
-            if now - entry.stat().st_mtime > max_age_s:
-                shutil.rmtree(entry, ignore_errors=True)
-
-
 @dataclass
 class NodeClients:
     """The installed npm packages, and a workspace whose node_modules links to them."""
 
     workspace: Path
     node: str
-    npx: str
+    npx: list[str]
 
     def env(self) -> dict[str, str]:
         home = self.workspace / "home"
@@ -291,7 +218,7 @@ class NodeClients:
         (side by side): ``{"result": ...}`` when it handed a result over, else its error."""
         procs = []
         for name, arguments in calls:
-            command = [self.npx, "--no", "--", "@modelcontextprotocol/inspector", "--cli"]
+            command = [*self.npx, "--no", "--", "@modelcontextprotocol/inspector", "--cli"]
             command += ["--method", "tools/call", "--tool-name", name, "--tool-arg"]
             command += [f"{key}={value}" for key, value in arguments.items()]
             command += ["--format", "json", "--quiet", "--", *target]
@@ -320,27 +247,12 @@ class NodeClients:
 
 @pytest.fixture(scope="session")
 def node_clients(tmp_path_factory: pytest.TempPathFactory) -> NodeClients:
-    node, npm, npx = (shutil.which(name) for name in ("node", "npm", "npx"))
-    if node is None or npm is None or npx is None:
-        unavailable("Node.js (node, npm, npx) is not installed: the Node MCP clients cannot run")
-    assert node is not None and npm is not None and npx is not None
-    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True)
-    key = hashlib.sha256()
-    for name in ("package.json", "package-lock.json"):
-        key.update((NODE_SOURCES / name).read_bytes())
-    key.update(f"{version.stdout.strip()} {platform.system()} {platform.machine()}".encode())
-    root = _cache_root()
-    dest = root / key.hexdigest()[:16]
-    if not (dest / ".complete").exists():
-        shutil.rmtree(dest, ignore_errors=True)
-        _npm_install(dest, npm)
-    os.utime(dest)
-    _prune(root, dest)
+    packages = node_packages.installed()
     workspace = tmp_path_factory.mktemp("node-clients")
-    (workspace / "node_modules").symlink_to(dest / "node_modules", target_is_directory=True)
+    (workspace / "node_modules").symlink_to(packages.modules, target_is_directory=True)
     shutil.copy2(NODE_SOURCES / "package.json", workspace / "package.json")
     shutil.copy2(NODE_SOURCES / "mcp_call.mjs", workspace / "mcp_call.mjs")
-    return NodeClients(workspace, node, npx)
+    return NodeClients(workspace, packages.node, packages.npx)
 
 
 @pytest.mark.servers
