@@ -21,6 +21,7 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
+from ..catalog import Catalog, LockError
 from ..dispatcher import Dispatcher
 from ..net import is_loopback
 from ..registry import ToolRegistry
@@ -108,6 +109,8 @@ class Service:
             approver=self.approvals,
         )
         self.metrics = GatewayMetrics(self.metrics_registry)
+        self.catalog = catalog(config, settings, self.metrics_registry)
+        registry.gate = self.catalog
         self.callers = Callers(settings.profile, clients)
         self.watcher = ToolListWatcher(
             self.dispatcher,
@@ -133,7 +136,11 @@ class Service:
             None
             if self.admin_token is None
             else AdminState(
-                self.dispatcher, self.metrics_registry, self.admin_token, upstreams=self.health
+                self.dispatcher,
+                self.metrics_registry,
+                self.admin_token,
+                upstreams=self.health,
+                catalog=self.catalog,
             )
         )
         self.upstreams = Upstreams(self.dispatcher.registry, self.environ, self.health)
@@ -276,6 +283,20 @@ class Service:
             async for _ in signals:
                 with contextlib.suppress(ReloadRefused):  # logged; the old config serves
                     await self.reloader.reload()
+
+
+def catalog(
+    config: GatewaySettings, settings: ServeSection, metrics: CollectorRegistry
+) -> Catalog | None:
+    """The tool catalog of ``[serve.catalog]`` (``None`` without a ``lock``)."""
+    lock = settings.catalog.lock
+    if lock is None:
+        return None
+    path = lock if config.path is None else config.path.parent / lock
+    try:
+        return Catalog(path, settings.catalog, metrics)
+    except LockError as exc:
+        raise ServeError(f"{exc} (write it with: toolrelay lock)") from None
 
 
 def _exit_later(delay_s: float) -> None:

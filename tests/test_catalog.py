@@ -1,0 +1,151 @@
+"""The tool catalog end to end: ``toolrelay lock``, drift refused by a running gateway, and
+``toolrelay lock --update`` bringing the tool back (``docs/catalog.md``).
+
+A real ``toolrelay serve`` with the SDK test server as its upstream, talked to with the MCP
+SDK's client; the upstream changes a tool's input schema while the gateway runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from test_gateway_reload import changed, envelope
+from test_serve_mcp import (
+    ROOT,
+    TOKEN,
+    HttpServer,
+    http_session,
+    names,
+    stop_http_server,
+    wait_for_http_server,
+)
+from toolrelay.cli import main
+
+TEST_SERVER = [sys.executable, str(ROOT / "tests" / "servers" / "mcp_test_server.py")]
+NEW_SCHEMA = {
+    "type": "object",
+    "properties": {"message": {"type": "string"}, "mode": {"enum": ["loud", "quiet"]}},
+    "required": ["message", "mode"],
+    "additionalProperties": False,
+}
+
+
+def config(tmp: Path, *, on_drift: str = "refuse") -> Path:
+    command = [*TEST_SERVER, "--record", str(tmp / "record")]
+    path = tmp / "toolrelay.toml"
+    path.write_text(f"""
+[profiles.all]
+require_approval = []
+[serve]
+transport = "http"
+profile = "all"
+watch_interval_s = 0.2
+[serve.admin]
+port = 0
+[serve.http]
+port = 0
+[serve.upstreams.test]
+command = {json.dumps(command)}
+breaker_key = "mcp-test"
+prefix = "up"
+[serve.catalog]
+lock = "tools.lock"
+on_drift = "{on_drift}"
+""")
+    return path
+
+
+def lock(path: Path, *args: str) -> int:
+    return main(["lock", "--config", str(path), *args])
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[HttpServer]:
+    path = config(tmp_path)
+    assert lock(path) == 0
+    errlog = tmp_path / "serve.err"
+    with errlog.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "toolrelay", "serve", "--config", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, "TOOLRELAY_ADMIN_TOKEN": TOKEN},
+        )
+    started = wait_for_http_server(proc, errlog)
+    yield started
+    stop_http_server(started)
+
+
+def test_lock_is_deterministic_and_refuses_a_stale_file(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    path = config(tmp_path)
+    assert lock(path) == 0
+    first = (tmp_path / "tools.lock").read_bytes()
+    data = json.loads(first)
+    text = data["tools"]["up__text"]
+    assert text["risk"] == "read" and text["version"] == "1"
+    assert text["sha256"].startswith("sha256:") and text["definition"]["inputSchema"]["required"]
+    assert lock(path) == 0
+    assert (tmp_path / "tools.lock").read_bytes() == first  # byte for byte
+    assert "up to date" in capfd.readouterr().out
+    stale = json.loads(first)
+    stale["tools"]["up__text"]["definition"]["description"] = "Something else."
+    (tmp_path / "tools.lock").write_text(json.dumps(stale))
+    assert lock(path) == 1  # without --update: shows the diff, writes nothing
+    assert "up__text: description: changed" in capfd.readouterr().out
+    assert lock(path, "--update") == 0
+    assert (tmp_path / "tools.lock").read_bytes() == first
+    (tmp_path / "tools.lock").write_text("{not json")
+    assert lock(path) == 2  # one line, no traceback
+    assert "cannot read the lock file" in capfd.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_a_changed_upstream_tool_is_refused_until_the_lock_is_updated(
+    gateway: HttpServer, tmp_path: Path
+) -> None:
+    path, admin = tmp_path / "toolrelay.toml", gateway.admin
+    async with http_session(gateway.mcp_url) as (session, notes):
+        assert "up__text" in names(await session.list_tools())
+        assert not (await session.call_tool("up__text", {"message": "hi"})).is_error
+        assert await admin.metric("toolrelay_tool_drift_total") == 0
+        # the upstream changes the tool: a new required parameter (breaking)
+        changing = {"name": "text", "input_schema": NEW_SCHEMA}
+        assert not (await session.call_tool("up__add_tool", changing)).is_error
+        await changed(notes)
+        assert "up__text" not in names(await session.list_tools())
+        refused = await envelope(session, "up__text", {"message": "hi", "mode": "loud"})
+        assert refused["error_type"] == "tool_policy"
+        assert "its definition changed since it was locked" in refused["message"]
+        assert await admin.metric("toolrelay_tool_drift_total", tool="up__text") == 1
+        assert await admin.metric("toolrelay_tool_drift_total", kind="breaking") == 1
+        drift = await admin.call("GET", "/tools/up__text/drift")
+        assert drift["kind"] == "breaking" and drift["offered"] is False
+        assert {"where": "inputSchema.properties.mode", "what": "required parameter added",
+                "breaking": True} in drift["changes"]  # fmt: skip
+        assert drift["live"]["definition"]["inputSchema"] == NEW_SCHEMA
+        assert (await admin.call("GET", "/tools/up__pid/drift"))["changes"] == []
+        # reviewed and accepted: the gateway reads the new lock and offers the tool again
+        assert await anyio.to_thread.run_sync(lock, path) == 1  # stale: refused
+        assert await anyio.to_thread.run_sync(lock, path, "--update") == 0
+        await changed(notes)
+        assert "up__text" in names(await session.list_tools())
+        answer = await session.call_tool("up__text", {"message": "hi", "mode": "loud"})
+        assert not answer.is_error
+        assert await admin.metric("toolrelay_tool_drift_total") == 1  # counted once
