@@ -60,6 +60,14 @@ prefix = "up"
 [serve.catalog]
 lock = "tools.lock"
 on_drift = "{on_drift}"
+[serve.catalog.deprecated.up__pid]
+since = "2026-01-01"
+sunset = "2999-01-01"
+use = "up__structured"
+[serve.catalog.deprecated.up__multi]
+since = "2026-01-01"
+sunset = "2026-02-01T12:00:00Z"
+use = "up__text"
 """)
     return path
 
@@ -149,3 +157,24 @@ async def test_a_changed_upstream_tool_is_refused_until_the_lock_is_updated(
         answer = await session.call_tool("up__text", {"message": "hi", "mode": "loud"})
         assert not answer.is_error
         assert await admin.metric("toolrelay_tool_drift_total") == 1  # counted once
+
+
+@pytest.mark.anyio
+async def test_a_deprecated_tool_answers_with_a_hint_until_its_sunset(
+    gateway: HttpServer,
+) -> None:
+    async with http_session(gateway.mcp_url) as (session, _):
+        listing = names(await session.list_tools())
+        assert "up__pid" in listing and "up__multi" not in listing  # past its sunset
+        answer = await session.call_tool("up__pid", {})
+        assert not answer.is_error
+        hint = {"use": "up__structured", "sunset": "2999-01-01"}
+        assert answer.meta == {"toolrelay/deprecated": hint}
+        labels = {"tool": "up__pid", "caller": "default"}
+        assert await gateway.admin.metric("toolrelay_deprecated_calls_total", **labels) == 1
+        retired = await envelope(session, "up__multi", {})
+        assert retired["error_type"] == "unknown_tool"
+        assert retired["message"] == (
+            "tool 'up__multi' was retired on 2026-02-01T12:00:00Z: use 'up__text'"
+        )
+        assert retired["deprecated"] == {"use": "up__text", "sunset": "2026-02-01T12:00:00Z"}

@@ -291,6 +291,7 @@ class ToolRegistry:
         cached = self._compiled.get(decl.name)
         if cached is not None and (cached.source is decl or cached.source == decl):
             return cached
+        self._compiled.pop(decl.name, None)  # a refused change back is asked again
         compiled = self._compiled[decl.name] = self._build(plugin, decl)
         return compiled
 

@@ -1,4 +1,4 @@
-"""Drift: a tool whose live definition differs from its lock entry, and what is done about it.
+"""The catalog gate: drift from the lock file, deprecation windows, description checks.
 
 :class:`Catalog` is a registry gate (:class:`toolrelay.registry.Gate`): the registry asks it
 once per declaration content whether the tool is offered. A tool whose hash matches its
@@ -9,6 +9,8 @@ lock entry is; one that drifted follows ``on_drift``, one the lock does not name
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import logging
 import os
 from pathlib import Path
@@ -19,7 +21,9 @@ from pydantic import BaseModel
 
 from ..contract import ToolDeclaration
 from ..registry import ToolRefused
+from ..result import ToolResult
 from ..settings import MODEL, Text
+from .deprecation import DEPRECATED_TAG, Deprecation
 from .diff import Change, diff_entries
 from .lock import entry, load
 
@@ -29,7 +33,7 @@ log = logging.getLogger("toolrelay.catalog")
 
 
 class CatalogSettings(BaseModel):
-    """``[serve.catalog]``: the tool lock and what drift from it does."""
+    """``[serve.catalog]``: the tool lock, what drift from it does, deprecation windows."""
 
     model_config = MODEL
 
@@ -40,25 +44,33 @@ class CatalogSettings(BaseModel):
     offered and logged once (``warn``), or offered only when every change is compatible."""
     on_new: Literal["refuse", "warn"] = "refuse"
     """A tool the lock does not name: not offered, or offered and logged once."""
+    deprecated: dict[str, Deprecation] = {}
+    """Tool name → its deprecation window."""
+
+    @property
+    def active(self) -> bool:
+        """Is there anything for a gate to do?"""
+        return self.lock is not None or bool(self.deprecated)
 
 
 class Catalog:
-    """The registry gate of a lock file; re-reads the file when it changes."""
+    """The registry gate of ``[serve.catalog]``; re-reads the lock file when it changes."""
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
-        settings: CatalogSettings | None = None,
+        settings: CatalogSettings,
+        base: str | os.PathLike[str] = ".",
         metrics_registry: CollectorRegistry | None = None,
     ) -> None:
-        self.path = Path(path)
-        self.settings = settings or CatalogSettings()
+        self.settings = settings
+        self.path = None if settings.lock is None else Path(base) / settings.lock
         self.drifted: dict[str, dict[str, Any]] = {}
         """Tools whose definition differs from the lock now, by name: what :meth:`drift` shows."""
         self._counted: set[tuple[str, str]] = set()
         self._stamp: tuple[int, int] | None = None
         self.locked: dict[str, dict[str, Any]] = {}
-        self._read()  # a lock that cannot be read stops the start (LockError)
+        if self.path is not None:
+            self._read()  # a lock that cannot be read stops the start (LockError)
         self.drift_total = Counter(
             "toolrelay_tool_drift_total",
             "Tool definitions that differ from the lock file, each counted once, by kind "
@@ -66,9 +78,16 @@ class Catalog:
             ["tool", "kind"],
             registry=metrics_registry,
         )
+        self.deprecated_calls = Counter(
+            "toolrelay_deprecated_calls_total",
+            "Calls of deprecated tools, by caller.",
+            ["tool", "caller"],
+            registry=metrics_registry,
+        )
 
     def _read(self) -> None:
         """Load the lock again when its size or modification time changed."""
+        assert self.path is not None
         try:
             stat = self.path.stat()
         except OSError:
@@ -82,18 +101,29 @@ class Catalog:
         self.locked, self._stamp = locked, stamp
 
     def __call__(self, decl: ToolDeclaration) -> ToolDeclaration:
+        if self.path is not None:
+            self._pin(decl)
+        window = self.settings.deprecated.get(decl.name)
+        if window is None:
+            return decl
+        if window.retired():
+            why = f"tool {decl.name!r} was retired on {window.sunset}: use {window.use!r}"
+            raise ToolRefused(why, "unknown_tool")
+        return dataclasses.replace(decl, tags=decl.tags | {DEPRECATED_TAG})
+
+    def _pin(self, decl: ToolDeclaration) -> None:
+        """Raise :class:`ToolRefused` when ``decl`` differs from its lock entry and the
+        policy refuses it."""
         try:
             self._read()
         except ValueError as exc:  # a half-written lock: keep the one read before
             log.warning("toolrelay: %s (the lock read before stays in force)", exc)
         live = entry(decl)
         locked = self.locked.get(decl.name)
-        if locked is not None and (locked.get("sha256"), locked.get("version")) == (
-            live["sha256"],
-            live["version"],
-        ):
+        pinned = None if locked is None else (locked.get("sha256"), locked.get("version"))
+        if pinned == (live["sha256"], live["version"]):
             self.drifted.pop(decl.name, None)
-            return decl
+            return
         changes = [] if locked is None else diff_entries(decl.name, locked, live)
         policy: str
         if locked is None:
@@ -103,14 +133,11 @@ class Catalog:
             policy = self.settings.on_drift
         offered = policy == "warn" or (policy == "accept_compatible" and kind == "compatible")
         self._note(decl.name, kind, offered, locked, live, changes)
-        if offered:
-            return decl
-        why = (
-            "it is not in the lock file"
-            if locked is None
-            else ("its definition changed since it was locked")
-        )
-        raise ToolRefused(f"tool {decl.name!r} is not offered: {why}")
+        if not offered:
+            why = "it is not in the lock file"
+            if locked is not None:
+                why = "its definition changed since it was locked"
+            raise ToolRefused(f"tool {decl.name!r} is not offered: {why}")
 
     def _note(
         self,
@@ -151,3 +178,19 @@ class Catalog:
         if name in self.locked:
             return {"tool": name, "kind": None, "offered": True, "changes": []}
         return None
+
+    def annotate(self, result: ToolResult, caller: str) -> ToolResult:
+        """The answer of a deprecated tool with its hint, the call counted for ``caller``;
+        any other answer as it is."""
+        window = self.settings.deprecated.get(result.tool)
+        if window is None:
+            return result
+        self.deprecated_calls.labels(result.tool, caller).inc()
+        return dataclasses.replace(result, deprecated=window.hint())
+
+    def next_sunset(self, now: dt.datetime | None = None) -> float | None:
+        """Seconds until the next sunset (``None``: none to come). A gate's verdicts are
+        kept by the registry: set ``registry.gate`` again then, to have them asked again."""
+        now = now or dt.datetime.now(dt.UTC)
+        due = [w.sunset_at for w in self.settings.deprecated.values() if w.sunset_at > now]
+        return None if not due else (min(due) - now).total_seconds()

@@ -126,6 +126,7 @@ class Service:
         self.gateway = Gateway(
             self.dispatcher, self.callers, self.watcher, self.metrics, limits=self.limits
         )
+        self.gateway.catalog = self.catalog
         if self.approvals is not None:  # asks the client of the tools/call being served
             self.approvals.redact = self.dispatcher.redact
             self.gateway.server.middleware.append(self.approvals.middleware)
@@ -177,6 +178,7 @@ class Service:
                     tg.start_soon(self._signals)
                     tg.start_soon(self._reload_signals)
                 tg.start_soon(self.reloader.watch)
+                tg.start_soon(self._sunsets)
                 admin = await self._start_admin(tg)
                 try:
                     async with self.upstreams as upstreams:
@@ -196,6 +198,12 @@ class Service:
             for running in (metrics, self.tracer_provider, self.meter_provider):
                 if running is not None:
                     running.shutdown()
+
+    async def _sunsets(self) -> None:
+        """At each deprecated tool's sunset, have the catalog's verdicts asked again."""
+        while self.catalog is not None and (due := self.catalog.next_sunset()) is not None:
+            await anyio.sleep(due + 0.001)
+            self.dispatcher.registry.gate = self.catalog
 
     async def _start_admin(self, tg: anyio.abc.TaskGroup) -> HttpService | None:
         state, admin = self.admin_state, self.settings.admin
@@ -288,13 +296,12 @@ class Service:
 def catalog(
     config: GatewaySettings, settings: ServeSection, metrics: CollectorRegistry
 ) -> Catalog | None:
-    """The tool catalog of ``[serve.catalog]`` (``None`` without a ``lock``)."""
-    lock = settings.catalog.lock
-    if lock is None:
+    """The tool catalog of ``[serve.catalog]`` (``None`` when it sets nothing)."""
+    if not settings.catalog.active:
         return None
-    path = lock if config.path is None else config.path.parent / lock
+    base = "." if config.path is None else config.path.parent
     try:
-        return Catalog(path, settings.catalog, metrics)
+        return Catalog(settings.catalog, base, metrics)
     except LockError as exc:
         raise ServeError(f"{exc} (write it with: toolrelay lock)") from None
 
