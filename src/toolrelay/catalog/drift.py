@@ -1,4 +1,4 @@
-"""The catalog gate: drift from the lock file, deprecation windows, description checks.
+"""The catalog gate: drift from the lock file, description checks, deprecation windows.
 
 :class:`Catalog` is a registry gate (:class:`toolrelay.registry.Gate`): the registry asks it
 once per declaration content whether the tool is offered. A tool whose hash matches its
@@ -14,16 +14,17 @@ import datetime as dt
 import logging
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ..contract import ToolDeclaration
 from ..registry import ToolRefused
 from ..result import ToolResult
 from ..settings import MODEL, Text
 from .deprecation import DEPRECATED_TAG, Deprecation
+from .descriptions import flags
 from .diff import Change, diff_entries
 from .lock import entry, load
 
@@ -46,11 +47,16 @@ class CatalogSettings(BaseModel):
     """A tool the lock does not name: not offered, or offered and logged once."""
     deprecated: dict[str, Deprecation] = {}
     """Tool name → its deprecation window."""
+    descriptions: Literal["refuse", "warn", "off"] = "warn"
+    """A tool whose descriptions break a rule (:mod:`.descriptions`): not offered, or
+    offered; either way logged and counted once per definition."""
+    max_description_chars: Annotated[int, Field(strict=True, ge=1)] = 1024
+    """A tool description longer than this is flagged ``too_long``."""
 
     @property
     def active(self) -> bool:
         """Is there anything for a gate to do?"""
-        return self.lock is not None or bool(self.deprecated)
+        return self.lock is not None or bool(self.deprecated) or self.descriptions != "off"
 
 
 class Catalog:
@@ -66,16 +72,20 @@ class Catalog:
         self.path = None if settings.lock is None else Path(base) / settings.lock
         self.drifted: dict[str, dict[str, Any]] = {}
         """Tools whose definition differs from the lock now, by name: what :meth:`drift` shows."""
-        self._counted: set[tuple[str, str]] = set()
+        self._counted: set[tuple[str, ...]] = set()
         self._stamp: tuple[int, int] | None = None
         self.locked: dict[str, dict[str, Any]] = {}
-        if self.path is not None:
-            self._read()  # a lock that cannot be read stops the start (LockError)
         self.drift_total = Counter(
             "toolrelay_tool_drift_total",
             "Tool definitions that differ from the lock file, each counted once, by kind "
             "(breaking, compatible, new).",
             ["tool", "kind"],
+            registry=metrics_registry,
+        )
+        self.flagged_total = Counter(
+            "toolrelay_tool_descriptions_flagged_total",
+            "Tool definitions whose descriptions break a rule, each counted once, by rule.",
+            ["tool", "rule"],
             registry=metrics_registry,
         )
         self.deprecated_calls = Counter(
@@ -84,6 +94,8 @@ class Catalog:
             ["tool", "caller"],
             registry=metrics_registry,
         )
+        if self.path is not None:
+            self._read()  # a lock that cannot be read stops the start (LockError)
 
     def _read(self) -> None:
         """Load the lock again when its size or modification time changed."""
@@ -99,10 +111,16 @@ class Catalog:
         if self._stamp is not None:
             log.info("toolrelay: the lock file %s changed: read again", self.path)
         self.locked, self._stamp = locked, stamp
+        for name in locked:  # at 0, so that the first drift of a locked tool is an increase
+            for kind in ("breaking", "compatible"):
+                self.drift_total.labels(name, kind)
 
     def __call__(self, decl: ToolDeclaration) -> ToolDeclaration:
+        live = entry(decl)
         if self.path is not None:
-            self._pin(decl)
+            self._pin(decl, live)
+        if self.settings.descriptions != "off":
+            self._check(decl.name, live)
         window = self.settings.deprecated.get(decl.name)
         if window is None:
             return decl
@@ -111,14 +129,27 @@ class Catalog:
             raise ToolRefused(why, "unknown_tool")
         return dataclasses.replace(decl, tags=decl.tags | {DEPRECATED_TAG})
 
-    def _pin(self, decl: ToolDeclaration) -> None:
+    def _check(self, name: str, live: dict[str, Any]) -> None:
+        """Flag (and by policy refuse) descriptions that break a rule."""
+        rules = flags(live["definition"], self.settings.max_description_chars)
+        if not rules:
+            return
+        if (name, live["sha256"], "flags") not in self._counted:
+            self._counted.add((name, live["sha256"], "flags"))
+            for rule in rules:
+                self.flagged_total.labels(name, rule).inc()
+            log.warning("toolrelay: tool %s: its description is flagged: %s", name, rules)
+        if self.settings.descriptions == "refuse":
+            why = f"its description was flagged ({', '.join(rules)})"
+            raise ToolRefused(f"tool {name!r} is not offered: {why}")
+
+    def _pin(self, decl: ToolDeclaration, live: dict[str, Any]) -> None:
         """Raise :class:`ToolRefused` when ``decl`` differs from its lock entry and the
         policy refuses it."""
         try:
             self._read()
         except ValueError as exc:  # a half-written lock: keep the one read before
             log.warning("toolrelay: %s (the lock read before stays in force)", exc)
-        live = entry(decl)
         locked = self.locked.get(decl.name)
         pinned = None if locked is None else (locked.get("sha256"), locked.get("version"))
         if pinned == (live["sha256"], live["version"]):
