@@ -7,8 +7,10 @@ import dataclasses
 import datetime as dt
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -17,7 +19,9 @@ from toolrelay import Dispatcher, Profile, ToolDeclaration, ToolRegistry
 from toolrelay.catalog import Catalog, CatalogSettings, Deprecation, dumps, lock_of
 from toolrelay.catalog.descriptions import flags
 from toolrelay.catalog.lock import definition
+from toolrelay.cli import main
 from toolrelay.options import DispatcherOptions
+from toolrelay.serve.runner import Service
 
 SEARCH = ToolDeclaration(
     name="search",
@@ -237,3 +241,32 @@ async def test_flagged_descriptions_are_counted_and_refused_by_policy(
     assert [r.getMessage() for r in caplog.records].count(
         "toolrelay: tool fetch: its description is flagged: ['html_comment']"
     ) == 2  # once per gate
+
+
+# -- toolrelay serve ------------------------------------------------------------------------
+def test_serve_refuses_to_start_without_its_lock_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "toolrelay.toml"
+    config.write_text('[plugins.weather]\n[serve.catalog]\nlock = "missing.lock"\n')
+    assert main(["serve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the lock file" in err and "missing.lock" in err
+    assert "toolrelay lock" in err and "Traceback" not in err
+
+
+@pytest.mark.anyio
+async def test_the_gateway_asks_the_gate_again_at_a_sunset(tmp_path: Path) -> None:
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.3)
+    window = Deprecation(since="2026-01-01", sunset=soon.isoformat(), use="search")
+    registry = ToolRegistry()
+    registry.register(MutablePlugin([SEARCH, FETCH]))
+    catalog = Catalog(CatalogSettings(deprecated={"fetch": window}), tmp_path)
+    registry.gate = catalog
+    dispatcher = Dispatcher(registry, DispatcherOptions(telemetry=False))
+    assert listed(dispatcher) == {"search", "fetch"}  # its verdict kept by the registry
+    service = SimpleNamespace(catalog=catalog, dispatcher=dispatcher)
+    with anyio.fail_after(5):
+        await Service._sunsets(service)  # type: ignore[arg-type]  # returns: no sunset to come
+    assert listed(dispatcher) == {"search"}
+    assert (await dispatcher.dispatch("fetch", {})).error_type == "unknown_tool"
