@@ -270,3 +270,16 @@ async def test_the_gateway_asks_the_gate_again_at_a_sunset(tmp_path: Path) -> No
         await Service._sunsets(service)  # type: ignore[arg-type]  # returns: no sunset to come
     assert listed(dispatcher) == {"search"}
     assert (await dispatcher.dispatch("fetch", {})).error_type == "unknown_tool"
+
+
+def test_every_format_character_is_flagged() -> None:
+    """``invisible`` and ``bidi`` together cover Unicode category Cf (the planes it uses)."""
+    import unicodedata
+
+    planes = [*range(0x20000), *range(0xE0000, 0xE1000)]
+    missed = [
+        hex(code)
+        for code in planes
+        if unicodedata.category(chr(code)) == "Cf" and not flags({"description": f"a{chr(code)}b"})
+    ]
+    assert missed == []

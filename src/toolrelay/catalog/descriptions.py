@@ -22,14 +22,19 @@ tool (logged and counted once per definition), and ``[serve.catalog] description
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = ["RULES", "flags"]
 
 RULES = ("invisible", "bidi", "html_comment", "imperative", "too_long")
-_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
+_INVISIBLE = re.compile(  # Unicode category Cf (15.0) but the bidi controls; variation selectors
+    "[\u00ad\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200d"
+    "\u2060-\u2064\u206a-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+    "\U000e0020-\U000e007f\ufe00-\ufe0f\U000e0100-\U000e01ef]"
+)
 _IMPERATIVE = re.compile(
     r"\b(ignore|disregard|forget|override)\b[^.\n]{0,40}?\b(previous|prior|above|earlier|all"
     r"|other|your)\b[^.\n]{0,20}?\b(instructions?|prompts?|rules|messages|directions)\b"
@@ -58,22 +63,13 @@ def _texts(defn: Mapping[str, Any]) -> Iterator[str]:
             stack.extend(node)
 
 
-def _invisible(ch: str) -> bool:
-    code = ord(ch)
-    return (
-        (unicodedata.category(ch) == "Cf" and ch not in _BIDI)
-        or 0xFE00 <= code <= 0xFE0F
-        or 0xE0100 <= code <= 0xE01EF
-    )
-
-
 def flags(defn: Mapping[str, Any], max_description_chars: int = 1024) -> list[str]:
     """The rules a tool definition (a lock entry's ``definition``) breaks, in rule order."""
     found: set[str] = set()
     for text in _texts(defn):
-        if any(ch in _BIDI for ch in text):
+        if _BIDI.search(text):
             found.add("bidi")
-        if any(_invisible(ch) for ch in text):
+        if _INVISIBLE.search(text):
             found.add("invisible")
         if "<!--" in text:
             found.add("html_comment")

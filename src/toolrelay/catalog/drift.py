@@ -75,6 +75,7 @@ class Catalog:
         self._counted: set[tuple[str, ...]] = set()
         self._stamp: tuple[int, int] | None = None
         self.locked: dict[str, dict[str, Any]] = {}
+        self._seen: dict[str, tuple[tuple[ToolDeclaration, Any], ToolRefused | None]] = {}
         self.drift_total = Counter(
             "toolrelay_tool_drift_total",
             "Tool definitions that differ from the lock file, each counted once, by kind "
@@ -116,11 +117,16 @@ class Catalog:
                 self.drift_total.labels(name, kind)
 
     def __call__(self, decl: ToolDeclaration) -> ToolDeclaration:
-        live = entry(decl)
         if self.path is not None:
-            self._pin(decl, live)
-        if self.settings.descriptions != "off":
-            self._check(decl.name, live)
+            try:
+                self._read()
+            except ValueError as exc:  # a half-written lock: keep the one read before
+                log.warning("toolrelay: %s (the lock read before stays in force)", exc)
+        seen = self._seen.get(decl.name)  # a refused tool is asked on every call: decide once
+        if seen is None or seen[0] != (decl, self._stamp):
+            seen = self._seen[decl.name] = ((decl, self._stamp), self._decide(decl))
+        if seen[1] is not None:  # a new one: a raised exception keeps its traceback
+            raise ToolRefused(seen[1].message, seen[1].error_type)
         window = self.settings.deprecated.get(decl.name)
         if window is None:
             return decl
@@ -128,6 +134,18 @@ class Catalog:
             why = f"tool {decl.name!r} was retired on {window.sunset}: use {window.use!r}"
             raise ToolRefused(why, "unknown_tool")
         return dataclasses.replace(decl, tags=decl.tags | {DEPRECATED_TAG})
+
+    def _decide(self, decl: ToolDeclaration) -> ToolRefused | None:
+        """Why the lock or the description checks refuse ``decl`` (``None``: they do not)."""
+        live = entry(decl)
+        try:
+            if self.path is not None:
+                self._pin(decl, live)
+            if self.settings.descriptions != "off":
+                self._check(decl.name, live)
+        except ToolRefused as refused:
+            return refused.with_traceback(None)  # kept: holds no frames
+        return None
 
     def _check(self, name: str, live: dict[str, Any]) -> None:
         """Flag (and by policy refuse) descriptions that break a rule."""
@@ -146,10 +164,6 @@ class Catalog:
     def _pin(self, decl: ToolDeclaration, live: dict[str, Any]) -> None:
         """Raise :class:`ToolRefused` when ``decl`` differs from its lock entry and the
         policy refuses it."""
-        try:
-            self._read()
-        except ValueError as exc:  # a half-written lock: keep the one read before
-            log.warning("toolrelay: %s (the lock read before stays in force)", exc)
         locked = self.locked.get(decl.name)
         pinned = None if locked is None else (locked.get("sha256"), locked.get("version"))
         if pinned == (live["sha256"], live["version"]):
