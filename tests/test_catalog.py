@@ -28,6 +28,7 @@ from test_serve_mcp import (
     stop_http_server,
     wait_for_http_server,
 )
+from toolrelay.catalog.lock import digest
 from toolrelay.cli import main
 
 TEST_SERVER = [sys.executable, str(ROOT / "tests" / "servers" / "mcp_test_server.py")]
@@ -81,11 +82,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[HttpServer]:
-    path = config(tmp_path)
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    """One gateway for the module: the tests change different tools."""
+    tmp = tmp_path_factory.mktemp("catalog")
+    path = config(tmp)
     assert lock(path) == 0
-    errlog = tmp_path / "serve.err"
+    errlog = tmp / "serve.err"
     with errlog.open("w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "toolrelay", "serve", "--config", str(path)],
@@ -102,21 +105,21 @@ def gateway(tmp_path: Path) -> Iterator[HttpServer]:
 def test_lock_is_deterministic_and_refuses_a_stale_file(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    path = config(tmp_path)
+    path = tmp_path / "toolrelay.toml"
+    path.write_text('[plugins.weather]\n[serve.catalog]\nlock = "tools.lock"\n')
     assert lock(path) == 0
     first = (tmp_path / "tools.lock").read_bytes()
-    data = json.loads(first)
-    text = data["tools"]["up__text"]
-    assert text["risk"] == "read" and text["version"] == "1"
-    assert text["sha256"].startswith("sha256:") and text["definition"]["inputSchema"]["required"]
+    current = json.loads(first)["tools"]["weather_current"]
+    assert current["risk"] == "read" and current["version"] == "1"
+    assert current["sha256"] == digest(current["definition"])
     assert lock(path) == 0
     assert (tmp_path / "tools.lock").read_bytes() == first  # byte for byte
-    assert "up to date" in capfd.readouterr().out
+    assert "up to date (2 tools)" in capfd.readouterr().out
     stale = json.loads(first)
-    stale["tools"]["up__text"]["definition"]["description"] = "Something else."
+    stale["tools"]["weather_current"]["definition"]["description"] = "Something else."
     (tmp_path / "tools.lock").write_text(json.dumps(stale))
     assert lock(path) == 1  # without --update: shows the diff, writes nothing
-    assert "up__text: description: changed" in capfd.readouterr().out
+    assert "weather_current: description: changed" in capfd.readouterr().out
     assert lock(path, "--update") == 0
     assert (tmp_path / "tools.lock").read_bytes() == first
     (tmp_path / "tools.lock").write_text("{not json")
@@ -126,9 +129,11 @@ def test_lock_is_deterministic_and_refuses_a_stale_file(
 
 @pytest.mark.anyio
 async def test_a_changed_upstream_tool_is_refused_until_the_lock_is_updated(
-    gateway: HttpServer, tmp_path: Path
+    gateway: HttpServer,
 ) -> None:
-    path, admin = tmp_path / "toolrelay.toml", gateway.admin
+    path, admin = gateway.errlog.parent / "toolrelay.toml", gateway.admin
+    locked = json.loads((path.parent / "tools.lock").read_text())["tools"]["up__text"]
+    assert locked["definition"]["inputSchema"]["required"] == ["message"]
     async with http_session(gateway.mcp_url) as (session, notes):
         assert "up__text" in names(await session.list_tools())
         assert not (await session.call_tool("up__text", {"message": "hi"})).is_error

@@ -224,17 +224,24 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
 
 
-async def _live(config_path: str | None) -> tuple[dict[str, Any], Path]:
-    """The lock entries of the tools a config offers now (plugins and upstreams), and
-    where its lock file is (``[serve.catalog] lock``, else beside the config file)."""
+def _settings(config_path: str | None) -> tuple[Any, Any, Path]:
+    """A config, its ``[serve]``, and where its lock file is (``[serve.catalog] lock``, else
+    ``toolrelay.lock`` beside the config file)."""
+    from .serve.settings import load
+
+    config, serve = load(config_path, EMBEDDED_DEFAULTS)
+    base = Path(".") if config.path is None else config.path.parent
+    return config, serve, base / (serve.catalog.lock or "toolrelay.lock")
+
+
+async def _live(config: Any, serve: Any) -> dict[str, Any]:
+    """The lock of the tools a config offers now (its plugins and upstreams)."""
     from .catalog import lock_of
     from .registry import ToolRegistry
     from .serve import ServeError
     from .serve.reload import load_plugins_by_name
-    from .serve.settings import load
     from .serve.upstreams import Upstreams
 
-    config, serve = load(config_path, EMBEDDED_DEFAULTS)
     reserved = config.dispatcher.reserved_properties
     registry = ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
     load_plugins_by_name(registry, config)
@@ -243,9 +250,7 @@ async def _live(config_path: str | None) -> tuple[dict[str, Any], Path]:
             await upstreams.start(serve.upstreams.values())
         except ServeError as exc:
             raise CliError(str(exc)) from None
-        tools = lock_of(sorted((t.decl for t in registry.tools()), key=lambda d: d.name))
-    base = Path(".") if config.path is None else config.path.parent
-    return tools, base / (serve.catalog.lock or "toolrelay.lock")
+        return lock_of(sorted((t.decl for t in registry.tools()), key=lambda d: d.name))
 
 
 async def _catalog(where: str) -> dict[str, Any]:
@@ -253,18 +258,19 @@ async def _catalog(where: str) -> dict[str, Any]:
     from .catalog import load
 
     if where.endswith(".toml"):
-        return dict((await _live(where))[0]["tools"])
+        return dict((await _live(*_settings(where)[:2]))["tools"])
     return load(where)
 
 
 async def _lock(args: argparse.Namespace) -> int:
     from .catalog import diff_locks, dumps, load
 
-    lock, path = await _live(args.config)
+    config, serve, path = _settings(args.config)
+    locked = load(path) if path.exists() else None  # a broken lock fails before connecting
+    lock = await _live(config, serve)
     text = dumps(lock)
-    if path.exists():
-        changes = diff_locks(load(path), lock["tools"])
-        for change in changes:
+    if locked is not None:
+        for change in diff_locks(locked, lock["tools"]):
             print(change.line())
         if path.read_text(encoding="utf-8") == text:
             print(f"{path}: up to date ({len(lock['tools'])} tools)")
