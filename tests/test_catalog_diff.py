@@ -184,3 +184,17 @@ def test_the_command_exits_1_on_breaking_changes(
     new.write_text("[1, 2]")
     assert main(["diff", str(old), str(new)]) == 2
     assert "is not a toolrelay lock file" in capsys.readouterr().err
+
+
+def test_a_lock_against_a_live_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "toolrelay.toml"
+    config.write_text("[plugins.weather]\n")
+    assert main(["lock", "--config", str(config)]) == 0  # toolrelay.lock beside it
+    locked = tmp_path / "toolrelay.lock"
+    assert main(["diff", str(locked), str(config)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("0 changes, 0 breaking")
+    lock = json.loads(locked.read_text())
+    lock["tools"]["search"] = entry(BASE)  # locked once, offered no more
+    locked.write_text(dumps(lock))
+    assert main(["diff", str(locked), str(config)]) == 1
+    assert "BREAKING   search: tool removed" in capsys.readouterr().out
