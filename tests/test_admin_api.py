@@ -111,6 +111,7 @@ AUTHED = [
     ("DELETE", "/faults"),
     ("DELETE", "/faults/1"),
     ("GET", "/tools"),
+    ("GET", "/tools/{name}/drift"),
     ("POST", "/reload"),
     ("GET", "/openapi.json"),
 ]

@@ -121,6 +121,9 @@ GATEWAY_CONTRACT: dict[str, Metric] = {
     "toolrelay_mcp_upstream_up": Metric("gauge", ("upstream",)),
     "toolrelay_mcp_upstream_connection_failures_total": Metric("counter", ("upstream",)),
     "toolrelay_mcp_upstream_new_tools_total": Metric("counter", ("upstream",)),
+    "toolrelay_tool_drift_total": Metric("counter", ("tool", "kind")),
+    "toolrelay_tool_descriptions_flagged_total": Metric("counter", ("tool", "rule")),
+    "toolrelay_deprecated_calls_total": Metric("counter", ("tool", "caller")),
 }
 
 # Label values a selector may name, where the contract fixes them.
@@ -503,6 +506,7 @@ REQUIRED_ALERTS = {
     "ToolrelayBreakerStorageDown",
     "ToolrelayBreakerBreakAtMaximum",
     "ToolrelayMcpSessionsRefused",
+    "ToolrelayToolDrift",
 }
 
 RUNBOOKS = {"docs/runbook.md": RUNBOOK}

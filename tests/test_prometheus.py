@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from conftest import need_binary
@@ -22,10 +23,12 @@ from redis_server import RedisServer, free_port
 from test_serve_mcp import (
     TOKEN,
     HttpServer,
+    http_session,
     launch_http_server,
     stop_http_server,
     wait_for_http_server,
 )
+from toolrelay.catalog import dumps, lock_of
 from toolrelay.chaos.upstream import StandInUpstream
 
 pytestmark = pytest.mark.servers
@@ -124,6 +127,23 @@ class Prometheus:
         return list(answer["data"]["result"])
 
 
+CATALOG = """
+[serve.catalog]
+lock = "tools.lock"
+on_new = "warn"
+max_description_chars = 20
+[serve.catalog.deprecated.pid]
+since = "2026-01-01"
+sunset = "2999-01-01"
+use = "structured"
+"""
+
+
+async def call_deprecated(url: str) -> None:
+    async with http_session(url) as (session, _):
+        assert (await session.call_tool("pid", {})).meta is not None
+
+
 def start_gateway(tmp: Path, upstream_url: str, extra: str, admin_port: int) -> HttpServer:
     """test_serve_mcp's HTTP gateway, with its admin API on ``admin_port``: Prometheus can
     be told where to scrape it before it is up, and both start at once."""
@@ -176,11 +196,16 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
     mcp_server = [sys.executable, str(ROOT / "tests" / "servers" / "mcp_test_server.py")]
     mcp_server += ["--record", str(tmp / "mcp-calls.jsonl")]
     upstreams = f'[serve.upstreams.test]\ncommand = {json.dumps(mcp_server)}\nbreaker_key = "mcp"\n'
+    # and a tool catalog: a lock of no tools (each one new, offered: on_new = "warn"), short
+    # descriptions (each longer one flagged), one deprecated tool (called once, below)
+    (tmp / "tools.lock").write_text(dumps(lock_of([])))
+    upstreams += CATALOG
     prom = Prometheus(f"http://127.0.0.1:{web_port}")
     try:
         gateway = start_gateway(tmp, upstream.url, upstreams, admin_port)
         stack.callback(stop_http_server, gateway)
         assert gateway.admin.url == f"http://127.0.0.1:{admin_port}", gateway.admin.url
+        anyio.run(call_deprecated, gateway.mcp_url)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

@@ -1,4 +1,4 @@
-"""The ``toolrelay`` command: demo, call, specs, check, config, chaos and serve.
+"""The ``toolrelay`` command: demo, call, specs, check, config, chaos, serve, lock and diff.
 
 Errors are one line on stderr and a non-zero exit status (2 for usage and configuration,
 1 for a failed invariant or an answer with ``ok: false``), never a traceback.
@@ -82,6 +82,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--compare", type=Path, metavar="EXPERIMENT",
                      help="run this experiment too, and report both side by side")  # fmt: skip
     run.add_argument("--seed", type=int)
+
+    lock = commands.add_parser("lock", help="pin the tool definitions offered (toolrelay.lock)")
+    lock.add_argument("--config", help=f"config file (default: ./{DEFAULT_CONFIG} if present)")
+    lock.add_argument("--update", action="store_true", help="accept changed definitions")
+    diff = commands.add_parser("diff", help="breaking and compatible changes between catalogs")
+    diff.add_argument("old", help="a lock file, or a config file (its live tools)")
+    diff.add_argument("new", help="a lock file, or a config file (its live tools)")
 
     serve = commands.add_parser("serve", help="serve the tools over MCP, with an admin API")
     serve.add_argument("--config", help=f"config file (default: ./{DEFAULT_CONFIG} if present)")
@@ -217,21 +224,92 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
 
 
+def _settings(config_path: str | None) -> tuple[Any, Any, Path]:
+    """A config, its ``[serve]``, and where its lock file is (``[serve.catalog] lock``, else
+    ``toolrelay.lock`` beside the config file)."""
+    from .serve.settings import load
+
+    config, serve = load(config_path, EMBEDDED_DEFAULTS)
+    base = Path(".") if config.path is None else config.path.parent
+    return config, serve, base / (serve.catalog.lock or "toolrelay.lock")
+
+
+async def _live(config: Any, serve: Any) -> dict[str, Any]:
+    """The lock of the tools a config offers now (its plugins and upstreams)."""
+    from .catalog import lock_of
+    from .registry import ToolRegistry
+    from .serve import ServeError
+    from .serve.reload import load_plugins_by_name
+    from .serve.upstreams import Upstreams
+
+    reserved = config.dispatcher.reserved_properties
+    registry = ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
+    load_plugins_by_name(registry, config)
+    async with Upstreams(registry, os.environ) as upstreams:
+        try:
+            await upstreams.start(serve.upstreams.values())
+        except ServeError as exc:
+            raise CliError(str(exc)) from None
+        return lock_of(sorted((t.decl for t in registry.tools()), key=lambda d: d.name))
+
+
+async def _catalog(where: str) -> dict[str, Any]:
+    """The tools of a lock file, or those a config file (``.toml``) offers now."""
+    from .catalog import load
+
+    if where.endswith(".toml"):
+        return dict((await _live(*_settings(where)[:2]))["tools"])
+    return load(where)
+
+
+async def _lock(args: argparse.Namespace) -> int:
+    from .catalog import diff_locks, dumps, load
+
+    config, serve, path = _settings(args.config)
+    locked = load(path) if path.exists() else None  # a broken lock fails before connecting
+    lock = await _live(config, serve)
+    text = dumps(lock)
+    if locked is not None:
+        for change in diff_locks(locked, lock["tools"]):
+            print(change.line())
+        if path.read_text(encoding="utf-8") == text:
+            print(f"{path}: up to date ({len(lock['tools'])} tools)")
+            return 0
+        if not args.update:
+            print(f"{path}: out of date; run toolrelay lock --update to accept", file=sys.stderr)
+            return 1
+    path.write_text(text, encoding="utf-8")
+    print(f"{path}: {len(lock['tools'])} tools locked")
+    return 0
+
+
+async def _diff(args: argparse.Namespace) -> int:
+    from .catalog import diff_locks
+
+    changes = diff_locks(await _catalog(args.old), await _catalog(args.new))
+    for change in changes:
+        print(change.line())
+    breaking = sum(change.breaking for change in changes)
+    print(f"{len(changes)} changes, {breaking} breaking")
+    return 1 if breaking else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``toolrelay`` command."""
     args = _parser().parse_args(argv)
+    from .catalog import LockError
     from .config import ConfigError
     from .loading import PluginLoadError
 
     commands: dict[str, Callable[[argparse.Namespace], Any]] = {
         "demo": _demo, "call": _call, "specs": _specs, "check": _check,
-        "config": _config, "serve": _serve, "chaos": _chaos,
+        "config": _config, "serve": _serve, "chaos": _chaos, "lock": _lock, "diff": _diff,
     }  # fmt: skip
     try:
         run = commands[args.command]
         code: int = anyio.run(run, args) if inspect.iscoroutinefunction(run) else run(args)
         return code
-    except (CliError, ConfigError, PluginLoadError) as exc:
+    except (CliError, ConfigError, PluginLoadError, LockError) as exc:
         print(f"toolrelay: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -25,6 +25,7 @@ __all__ = [
     "NAME_RE",
     "CompiledTool",
     "RegistrationError",
+    "ToolRefused",
     "Validator",
     "compile_tool",
 ]
@@ -36,6 +37,15 @@ Validator = Any  # jsonschema_rs.Validator; the stubs name no common base
 
 class RegistrationError(ValueError):
     """A plugin or declaration that cannot be accepted. The message names the tool."""
+
+
+class ToolRefused(RegistrationError):
+    """A valid tool that a registry's gate does not offer now (the tool catalog:
+    ``docs/catalog.md``): a call answers ``error_type`` with this message."""
+
+    def __init__(self, message: str, error_type: str = "tool_policy") -> None:
+        super().__init__(message)
+        self.message, self.error_type = message, error_type
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,11 +14,18 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from . import typed
 from .capabilities import DeclaresOne, HasHandler, ProcessIsolatable
-from .compiled import DEFAULT_RESERVED, NAME_RE, CompiledTool, RegistrationError, compile_tool
+from .compiled import (
+    DEFAULT_RESERVED,
+    NAME_RE,
+    CompiledTool,
+    RegistrationError,
+    ToolRefused,
+    compile_tool,
+)
 from .contract import AuthContext, Isolation, Risk, ToolDeclaration, ToolPlugin
 from .handler import Handler
 from .isolation import ProcessTarget, target_of
@@ -27,7 +34,9 @@ __all__ = [
     "DEFAULT_RESERVED",
     "NAME_RE",
     "CompiledTool",
+    "Gate",
     "RegistrationError",
+    "ToolRefused",
     "ToolRegistry",
     "compile_tool",
 ]
@@ -35,6 +44,16 @@ __all__ = [
 log = logging.getLogger("toolrelay")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Gate(Protocol):
+    """What decides whether a valid tool is offered (the tool catalog: ``docs/catalog.md``),
+    asked once per declaration content, after operator overrides."""
+
+    def __call__(self, decl: ToolDeclaration) -> ToolDeclaration:
+        """The declaration to offer (``decl`` or a changed copy); raises
+        :class:`ToolRefused` for a tool not offered now."""
+        ...
 
 
 class FunctionPlugin:
@@ -122,6 +141,18 @@ class ToolRegistry:
         self._functions: FunctionPlugin | None = None
         self._functions_entry: _Entry | None = None
         self._overrides: dict[str, dict[str, Any]] = {}
+        self._gate: Gate | None = None
+
+    @property
+    def gate(self) -> Gate | None:
+        """What decides which valid tools are offered; a refused one is left out of
+        :meth:`tools` and its calls answer as :class:`ToolRefused` says."""
+        return self._gate
+
+    @gate.setter
+    def gate(self, gate: Gate | None) -> None:
+        self._gate = gate
+        self._compiled.clear()
 
     # -- registration -------------------------------------------------------------------
     def tool(
@@ -219,13 +250,14 @@ class ToolRegistry:
             raise RegistrationError(f"{type(plugin).__name__} is registered already")
         decls = list(plugin.describe())
         names = [getattr(d, "name", None) for d in decls]
-        compiled = [self._build(plugin, d) for d in decls]
+        compiled = [self._build(plugin, d, gated=False) for d in decls]
         self._claim(names, plugin)
         entry = _Entry(plugin)
         self._plugins.append(entry)
         for tool in compiled:
             self._owner[tool.decl.name] = entry
-            self._compiled[tool.decl.name] = tool
+            if self._gate is None:
+                self._compiled[tool.decl.name] = tool
         return plugin
 
     def unregister(self, plugin: ToolPlugin) -> None:
@@ -259,16 +291,19 @@ class ToolRegistry:
         cached = self._compiled.get(decl.name)
         if cached is not None and (cached.source is decl or cached.source == decl):
             return cached
+        self._compiled.pop(decl.name, None)  # a refused change back is asked again
         compiled = self._compiled[decl.name] = self._build(plugin, decl)
         return compiled
 
-    def _build(self, plugin: ToolPlugin, decl: ToolDeclaration) -> CompiledTool:
+    def _build(self, plugin: ToolPlugin, decl: ToolDeclaration, gated: bool = True) -> CompiledTool:
         if not isinstance(decl, ToolDeclaration):
             raise RegistrationError(
                 f"describe() returned {type(decl).__name__}, not ToolDeclaration"
             )
         override = self._overrides.get(decl.name)
         effective = decl if override is None else dataclasses.replace(decl, **override)
+        if gated and self._gate is not None:
+            effective = self._gate(effective)
         handler = _handler(plugin, decl.name)
         target = _process_target(plugin, decl.name, handler)
         return compile_tool(effective, handler, self.reserved_properties, decl, target)
@@ -309,6 +344,8 @@ class ToolRegistry:
         for decl in self.declarations():
             try:
                 yield self._compiled_for(self._owner[decl.name].plugin, decl)
+            except ToolRefused:
+                continue
             except RegistrationError as exc:
                 log.warning("toolrelay: skipping %s", exc)
 

@@ -58,23 +58,28 @@ class ToolResult:
     served_by: str | None = None
     """The fallback tool that answered instead of ``tool`` (its breaker was open, it was
     overloaded, or it timed out with time left: ``docs/fallbacks.md``); ``None`` otherwise."""
+    deprecated: Mapping[str, str] | None = None
+    """A deprecated tool's hint, ``{"use": successor, "sunset": ...}`` (``docs/catalog.md``)."""
 
     def to_model(self) -> dict[str, Any]:
         """The stable JSON envelope the model reads."""
         if self.ok:
-            if self.served_by is not None:
-                return {"ok": True, "data": self.data, "served_by": self.served_by}
-            return {"ok": True, "data": self.data}
-        answer: dict[str, Any] = {
-            "ok": False,
-            "error_type": str(self.error_type),
-            "message": self.message,
-            "retryable": self.retryable,
-        }
-        if self.retry_after_s is not None:
-            answer["retry_after_s"] = round(self.retry_after_s, 3)
-        if self.effect_unknown:
-            answer["effect_unknown"] = True
+            if self.served_by is None and self.deprecated is None:
+                return {"ok": True, "data": self.data}
+            answer: dict[str, Any] = {"ok": True, "data": self.data}
+        else:
+            answer = {
+                "ok": False,
+                "error_type": str(self.error_type),
+                "message": self.message,
+                "retryable": self.retryable,
+            }
+            if self.retry_after_s is not None:
+                answer["retry_after_s"] = round(self.retry_after_s, 3)
+            if self.effect_unknown:
+                answer["effect_unknown"] = True
         if self.served_by is not None:
             answer["served_by"] = self.served_by
+        if self.deprecated is not None:
+            answer["deprecated"] = dict(self.deprecated)
         return answer

@@ -90,8 +90,10 @@ TOOLS: dict[str, types.Tool] = {
         ),
         types.Tool(
             name="add_tool",
-            description="Adds a tool and announces the change.",
-            input_schema=_schema({"name": {"type": "string"}}, "name"),
+            description="Adds a tool (or gives one a new input_schema) and announces the change.",
+            input_schema=_schema(
+                {"name": {"type": "string"}, "input_schema": {"type": "object"}}, "name"
+            ),
         ),
         types.Tool(name="crash", description="Ends the server process.", input_schema=OBJECT),
         types.Tool(
@@ -210,6 +212,23 @@ BUS = InMemorySubscriptionBus()
 RECORD = ""
 
 
+def _changed_schemas() -> dict[str, Any]:
+    """The input schemas ``add_tool`` changed (in this server or an earlier one)."""
+    try:
+        with open(RECORD + ".tools.json", encoding="utf-8") as changed:
+            found: dict[str, Any] = json.load(changed)
+            return found
+    except FileNotFoundError:
+        return {}
+
+
+def _keep_schema(name: str, schema: Any) -> None:
+    schemas = _changed_schemas()
+    schemas[name] = schema
+    with open(RECORD + ".tools.json", "w", encoding="utf-8") as out:
+        json.dump(schemas, out)
+
+
 def record(**event: Any) -> None:
     with open(RECORD, "a", encoding="utf-8") as out:
         out.write(json.dumps(event) + "\n")
@@ -275,7 +294,13 @@ async def call_tool(
         )
     if name == "add_tool":
         added = str(args["name"])
-        TOOLS[added] = types.Tool(name=added, description="Added at run time.", input_schema=OBJECT)
+        if "input_schema" in args:  # kept beside the record: every later server lists it too
+            _keep_schema(added, args["input_schema"])
+            TOOLS[added] = TOOLS[added].model_copy(update={"input_schema": args["input_schema"]})
+        else:
+            TOOLS[added] = types.Tool(
+                name=added, description="Added at run time.", input_schema=OBJECT
+            )
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             await BUS.publish(ToolsListChanged())  # 2026: reaches subscriptions/listen streams
         else:
@@ -454,6 +479,8 @@ def main() -> None:
     if options.modern_only:
         SERVER.middleware.append(refuse_handshake)
     RECORD = options.record
+    for changed, schema in _changed_schemas().items():
+        TOOLS[changed] = TOOLS[changed].model_copy(update={"input_schema": schema})
     if options.content:
         for name in CONTENT:
             TOOLS[name] = types.Tool(name=name, input_schema=OBJECT, annotations=READ)

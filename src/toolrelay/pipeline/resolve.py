@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from ..contract import ErrorType
 from ..outcome import Outcome, failure, shown
-from ..registry import CompiledTool, RegistrationError, ToolRegistry
+from ..registry import CompiledTool, RegistrationError, ToolRefused, ToolRegistry
 from . import Invocation, Next
 
 log = logging.getLogger("toolrelay")
@@ -59,6 +59,8 @@ class Resolve:
         try:
             if isinstance(name, str):
                 self.registry.resolve(name)
+        except ToolRefused as exc:  # the tool catalog's policy (docs/catalog.md)
+            return failure(ErrorType(exc.error_type), exc.message)
         except RegistrationError as exc:
             log.error("toolrelay: %s", exc)
             return failure(ErrorType.INTERNAL_ERROR, f"tool {shown(name)} is misconfigured")

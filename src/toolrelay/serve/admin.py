@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from .._version import __version__
 from ..breakers import Breakers
+from ..catalog import Catalog
 from ..dispatcher import Dispatcher
 from . import admin_models as m
 from .admin_http import (
@@ -59,6 +60,8 @@ class AdminState:
     """The upstream MCP servers: the gateway is ready only when the required ones are up."""
     reload: Callable[[], Awaitable[m.Reloaded]] | None = None
     """Re-read and apply the config file (``POST /reload``); ``None``: not offered."""
+    catalog: Catalog | None = None
+    """The tool lock and its drift (``GET /tools/{name}/drift``); ``None``: no lock."""
 
     def set_ready(self, ready: bool, reason: str = "") -> None:
         """Readiness as ``/readyz`` reports it."""
@@ -281,6 +284,18 @@ async def tools(state: State, profile: str | None = None) -> m.Tools:
         if permits is None or permits(decl)
     ]
     return m.Tools(tools=listed)
+
+
+@authed.get(
+    "/tools/{name}/drift",
+    summary="How a tool's live definition differs from its lock entry (docs/catalog.md).",
+    responses={404: {**_ERROR, "description": "No lock file, or it names no such tool."}},
+)
+async def drift(state: State, name: str) -> dict[str, Any]:
+    found = None if state.catalog is None else state.catalog.drift(name)
+    if found is None:
+        raise ApiError(404, "unknown_tool", f"the lock file knows no tool {name[:80]!r}")
+    return found
 
 
 @authed.post(

@@ -43,6 +43,7 @@ from starlette.types import ASGIApp
 
 from .._compat.mcp_server import OpenTelemetryMiddleware, connection_of
 from .._version import __version__
+from ..catalog import Catalog
 from ..dispatcher import Dispatcher
 from ..registry import CompiledTool
 from .answers import answer
@@ -160,6 +161,8 @@ class Gateway:
         ``False``: every request goes through the SDK (read per request)."""
         self.lane: FastLane | None = None
         """The fast lane of the last :meth:`http_app` that keeps sessions."""
+        self.catalog: Catalog | None = None
+        """The tool catalog (``[serve.catalog]``): a deprecated tool's answers carry its hint."""
         self.server = _GatewayServer(
             name,
             version=__version__,
@@ -216,8 +219,13 @@ class Gateway:
             raise
         finally:
             limits.leave(caller.name)
+        if self.catalog is not None:  # a deprecated tool's hint, its caller counted
+            result = self.catalog.annotate(result, caller.name)
         answered = answer(result, self._tool(name))
         self.metrics.call(label, answered.outcome)
+        if result.deprecated is not None:
+            meta = {**(answered.result.meta or {}), "toolrelay/deprecated": result.deprecated}
+            return answered.result.model_copy(update={"meta": meta})
         return answered.result
 
     def _lane_open(self) -> bool:

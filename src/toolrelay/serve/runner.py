@@ -21,6 +21,7 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
+from ..catalog import Catalog, LockError
 from ..dispatcher import Dispatcher
 from ..net import is_loopback
 from ..registry import ToolRegistry
@@ -108,6 +109,8 @@ class Service:
             approver=self.approvals,
         )
         self.metrics = GatewayMetrics(self.metrics_registry)
+        self.catalog = catalog(config, settings, self.metrics_registry)
+        registry.gate = self.catalog
         self.callers = Callers(settings.profile, clients)
         self.watcher = ToolListWatcher(
             self.dispatcher,
@@ -123,6 +126,7 @@ class Service:
         self.gateway = Gateway(
             self.dispatcher, self.callers, self.watcher, self.metrics, limits=self.limits
         )
+        self.gateway.catalog = self.catalog
         if self.approvals is not None:  # asks the client of the tools/call being served
             self.approvals.redact = self.dispatcher.redact
             self.gateway.server.middleware.append(self.approvals.middleware)
@@ -133,7 +137,11 @@ class Service:
             None
             if self.admin_token is None
             else AdminState(
-                self.dispatcher, self.metrics_registry, self.admin_token, upstreams=self.health
+                self.dispatcher,
+                self.metrics_registry,
+                self.admin_token,
+                upstreams=self.health,
+                catalog=self.catalog,
             )
         )
         self.upstreams = Upstreams(self.dispatcher.registry, self.environ, self.health)
@@ -170,6 +178,7 @@ class Service:
                     tg.start_soon(self._signals)
                     tg.start_soon(self._reload_signals)
                 tg.start_soon(self.reloader.watch)
+                tg.start_soon(self._sunsets)
                 admin = await self._start_admin(tg)
                 try:
                     async with self.upstreams as upstreams:
@@ -189,6 +198,12 @@ class Service:
             for running in (metrics, self.tracer_provider, self.meter_provider):
                 if running is not None:
                     running.shutdown()
+
+    async def _sunsets(self) -> None:
+        """At each deprecated tool's sunset, have the catalog's verdicts asked again."""
+        while self.catalog is not None and (due := self.catalog.next_sunset()) is not None:
+            await anyio.sleep(due + 0.001)
+            self.dispatcher.registry.gate = self.catalog
 
     async def _start_admin(self, tg: anyio.abc.TaskGroup) -> HttpService | None:
         state, admin = self.admin_state, self.settings.admin
@@ -276,6 +291,19 @@ class Service:
             async for _ in signals:
                 with contextlib.suppress(ReloadRefused):  # logged; the old config serves
                     await self.reloader.reload()
+
+
+def catalog(
+    config: GatewaySettings, settings: ServeSection, metrics: CollectorRegistry
+) -> Catalog | None:
+    """The tool catalog of ``[serve.catalog]`` (``None`` when it sets nothing)."""
+    if not settings.catalog.active:
+        return None
+    base = "." if config.path is None else config.path.parent
+    try:
+        return Catalog(settings.catalog, base, metrics)
+    except LockError as exc:
+        raise ServeError(f"{exc} (write it with: toolrelay lock)") from None
 
 
 def _exit_later(delay_s: float) -> None:

@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic import dataclasses as pydantic_dataclasses
 from pydantic.json_schema import SkipJsonSchema
 
+from ..catalog import CatalogSettings
 from ..config import Settings, extend, load_config, parse_config
 from ..settings import (
     DATACLASS,
@@ -244,6 +245,8 @@ class ServeSection(BaseModel):
     http: HttpSection = HttpSection()
     admin: AdminSection = AdminSection()
     upstreams: Table[UpstreamSettings] = {}
+    catalog: CatalogSettings = CatalogSettings()
+    """The tool lock and its drift policies (``docs/catalog.md``)."""
 
     def override(self, **flat: Any) -> ServeSection:
         """A copy with the command line's settings: keys of ``[serve]``, of ``[serve.http]``
