@@ -200,7 +200,7 @@ class Fleet:
         where = "deploy/haproxy.cfg"
         self.port = self.port or free_port()
         self.socket_path = self.workdir / "haproxy.sock"
-        text = _replace(text, "log /dev/log local0 notice", "log stderr format raw local0 info", where)
+        text = _replace(text, "log /dev/log local0 notice", "log stderr format raw local0 err", where)
         text = _replace(text, "/run/haproxy/toolrelay.sock", str(self.socket_path), where)
         text = _replace(text, "bind 127.0.0.1:8000", f"bind 127.0.0.1:{self.port}", where)
         text = _replace(text, *CHECKS, where)

@@ -32,6 +32,7 @@ from fleet import ADMIN_TOKEN, AGENTS_TOKEN, TEST_DRAIN_S, Fleet, Replica
 
 pytestmark = [pytest.mark.servers, pytest.mark.anyio]
 
+SDK_LISTING_REFUSED = "Mcp-Param header validation skipped: the tools/list listing failed"
 LIMITED_TOKEN = "fleet-limited-token-0123456789abcdef"
 RATE_PER_S = 10
 TOOLS = """
@@ -47,7 +48,7 @@ half_open_max_calls = 1
 [serve.http.clients.limited]
 token_env = "TOOLRELAY_TOKEN_LIMITED"
 rate_per_s = {rate}
-burst = 1
+burst = 2
 """
 
 
@@ -65,7 +66,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with Fleet(workdir, haproxy, redis, tools, env=env) as running:
         yield running
     for replica in running.replicas:
-        assert "Traceback" not in replica.log(), replica.log()
+        # (the SDK's modern server logs a traceback when the tools/list it makes to check a
+        # tools/call's Mcp-Param headers is refused for the client's rate: a known gap)
+        log = replica.log().replace(SDK_LISTING_REFUSED + "\nTraceback", "")
+        assert "Traceback" not in log, log
 
 
 @pytest.fixture
@@ -477,26 +481,70 @@ async def test_half_open_trials_across_the_fleet_stay_within_the_limit(whole: Fl
 
 
 # -- one set of limits ------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="needs fleet-core's fleet-wide rate limit")
-async def test_a_clients_rate_is_fleet_wide(whole: Fleet) -> None:
-    """``rate_per_s`` (10/s, burst 1) holds for the client across the fleet, within 25 %:
-    three replicas do not give it three times its rate."""
-    oks = 0
-    seconds = 2.0
+SSE_DATA = "data: "
 
-    async def caller() -> None:
-        nonlocal oks
-        async with modern(whole.url, LIMITED_TOKEN) as client:
+
+def answer_of(response: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC answer of a POST, from its JSON body or its SSE ``message`` event."""
+    if response.headers["content-type"].startswith("text/event-stream"):
+        (line,) = [x for x in response.text.splitlines() if x.startswith(SSE_DATA)]
+        message: dict[str, Any] = json.loads(line.removeprefix(SSE_DATA))
+        return message
+    return dict(response.json())
+
+
+async def raw_session(http: httpx.AsyncClient, url: str) -> dict[str, str]:
+    """Open a 2025-era session by hand; the headers of its later requests."""
+    params = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "fleet-test", "version": "1"},
+    }
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}
+    response = await http.post(url, json=init)
+    assert response.status_code == 200, response.text
+    headers = {
+        "Mcp-Session-Id": response.headers["mcp-session-id"],
+        "MCP-Protocol-Version": "2025-06-18",
+    }
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert (await http.post(url, json=note, headers=headers)).status_code == 202
+    return headers
+
+
+@pytest.mark.xfail(strict=True, reason="needs fleet-core's fleet-wide rate limit")
+async def test_a_clients_rate_is_fleet_wide(whole: Fleet, record_property: Any) -> None:
+    """``rate_per_s`` (10/s, burst 2) holds for one client across the fleet, within 25 %:
+    its six sessions, two on each replica, calling as fast as they can, get its rate, not
+    three times it. (Today each replica keeps its own bucket — hence xfail until
+    fleet-core's fleet-wide limit is merged.) Sessions, written by hand: a sessionless
+    ``tools/call`` also takes a token for the tools/list the SDK's server makes to check
+    its ``Mcp-Param`` headers (see the closing note)."""
+    seconds, answers = 2.0, list[str]()
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    call["params"] = {"name": "lookup", "arguments": {"text": "x"}}
+    headers = {
+        "Authorization": f"Bearer {LIMITED_TOKEN}",
+        "Accept": "application/json, text/event-stream",
+    }
+    async with httpx.AsyncClient(timeout=10, headers=headers) as http:
+        sessions = [await raw_session(http, whole.url) for _ in range(6)]
+
+        async def caller(session: dict[str, str]) -> None:
             end = time.monotonic() + seconds
             while time.monotonic() < end:
-                result = await client.call_tool("lookup", {"text": "x"})
-                if result.is_error is False:
-                    oks += 1
-                else:
-                    assert envelope(result)["error_type"] == "overloaded"
-                    await anyio.sleep(0.01)
+                result = answer_of(await http.post(whole.url, json=call, headers=session))
+                content = result["result"]
+                answers.append(
+                    "ok" if not content["isError"] else content["structuredContent"]["error_type"]
+                )
+                await anyio.sleep(0.005)
 
-    async with anyio.create_task_group() as tg:
-        for _ in range(4):
-            tg.start_soon(caller)
-    assert oks <= RATE_PER_S * seconds * 1.25 + 3, oks
+        async with anyio.create_task_group() as tg:
+            for session in sessions:
+                tg.start_soon(caller, session)
+    oks = answers.count("ok")
+    record_property("fleet_rate", {"ok_per_s": oks / seconds, "limit_per_s": RATE_PER_S})
+    print(f"client rate through 3 replicas: {oks / seconds:.1f}/s (limit {RATE_PER_S}/s)")
+    assert set(answers) == {"ok", "overloaded"}, set(answers)
+    assert RATE_PER_S * seconds * 0.75 - 2 <= oks <= RATE_PER_S * seconds * 1.25 + 2, oks
