@@ -147,6 +147,8 @@ class Fleet:
     tools: str = ""
     """The TOML that replaces deploy's "your tools" section (plugins, keys, clients)."""
     size: int = 3
+    tokens: bool = True
+    """False: deploy's client token is left out (every caller is the one client ``default``)."""
     env: dict[str, str] = field(default_factory=dict)
     replicas: list[Replica] = field(default_factory=list)
     redis: RedisServer | None = None
@@ -192,7 +194,12 @@ class Fleet:
         stop = text.index("\n", stop) + 1
         text = text[:start] + self.tools.strip() + "\n" + text[stop:]
         assert self.redis is not None
-        text = _replace(text, 'url = "redis://127.0.0.1:6379/0"', f'url = "{self.redis.url}"', where)
+        text = _replace(
+            text, 'url = "redis://127.0.0.1:6379/0"', f'url = "{self.redis.url}"', where
+        )
+        if not self.tokens:
+            agents = '[serve.http.clients.agents]\ntoken_env = "TOOLRELAY_TOKEN_AGENTS"\n'
+            text = _replace(text, agents, "", where)
         return _replace(text, "drain_s = 2.0", f"drain_s = {TEST_DRAIN_S}", where)
 
     def render_lb(self) -> str:
@@ -200,7 +207,9 @@ class Fleet:
         where = "deploy/haproxy.cfg"
         self.port = self.port or free_port()
         self.socket_path = self.workdir / "haproxy.sock"
-        text = _replace(text, "log /dev/log local0 notice", "log stderr format raw local0 err", where)
+        text = _replace(
+            text, "log /dev/log local0 notice", "log stderr format raw local0 err", where
+        )
         text = _replace(text, "/run/haproxy/toolrelay.sock", str(self.socket_path), where)
         text = _replace(text, "bind 127.0.0.1:8000", f"bind 127.0.0.1:{self.port}", where)
         text = _replace(text, *CHECKS, where)

@@ -3,7 +3,8 @@
 Start: the dispatcher (plugins loaded), the admin API (``/readyz`` 503 until ready), the
 upstream MCP servers, the tool-list watcher, the MCP transport; then ready. Stop: stdin
 closing (stdio) or SIGINT/SIGTERM (after ``[serve] drain_s`` not ready but serving),
-everything closed in reverse order within a grace period. SIGHUP reloads the config file (:mod:`toolrelay.serve.reload`).
+everything closed in reverse order within a grace period. SIGHUP reloads the config file
+(:mod:`toolrelay.serve.reload`).
 """
 
 from __future__ import annotations
