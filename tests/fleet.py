@@ -33,7 +33,7 @@ ANNOUNCED = re.compile(r"MCP on http://\S+")
 CHECKS = ("inter 1s fastinter 250ms downinter 1s", "inter 100ms fastinter 50ms downinter 100ms")
 """HAProxy's check intervals, deploy's and the tests' (a replica is seen down or up in
 0.1-0.2 s instead of 1-2 s; ``drain_s`` is shortened to match)."""
-TEST_DRAIN_S = 0.5
+TEST_DRAIN_S = 1.0
 
 
 def _replace(text: str, old: str, new: str, where: str) -> str:
