@@ -11,11 +11,15 @@ docs/deploy.md quotes them.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,7 +31,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError as McpError
 
 from conftest import need_binary
-from fleet import ADMIN_TOKEN, AGENTS_TOKEN, TEST_DRAIN_S, Fleet, Replica
+from fleet import ADMIN_TOKEN, AGENTS_TOKEN, DEPLOY, TEST_DRAIN_S, Fleet, Replica
 from helpers import wait_until
 
 pytestmark = [pytest.mark.servers, pytest.mark.anyio]
@@ -564,3 +568,32 @@ async def test_a_clients_rate_is_fleet_wide(whole: Fleet, record_property: Any) 
     print(f"client rate through 3 replicas: {oks / seconds:.1f}/s (limit {RATE_PER_S}/s)")
     assert set(answers) == {"ok", "overloaded"}, set(answers)
     assert RATE_PER_S * seconds * 0.75 - 2 <= oks <= RATE_PER_S * seconds * 1.25 + 2, oks
+
+
+# -- the files a user deploys -----------------------------------------------------------------
+def test_the_deployed_files_check(tmp_path: Path) -> None:
+    """deploy/haproxy.cfg as shipped passes ``haproxy -c``; deploy/toolrelay.toml passes
+    ``toolrelay check``; the unit passes ``systemd-analyze verify`` without a warning (its
+    ExecStart pointed at this toolrelay, its user and environment file made optional)."""
+    haproxy = need_binary("haproxy")
+    check = subprocess.run([haproxy, "-c", "-f", str(DEPLOY / "haproxy.cfg")], capture_output=True)
+    assert check.returncode == 0, check.stderr
+    toml = subprocess.run(
+        [sys.executable, "-m", "toolrelay", "check", str(DEPLOY / "toolrelay.toml")],
+        capture_output=True,
+        text=True,
+    )
+    assert toml.returncode == 0, toml.stdout + toml.stderr
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    unit = (DEPLOY / "toolrelay@.service").read_text()
+    toolrelay = shutil.which("toolrelay") or "/bin/true"
+    unit = unit.replace("/opt/toolrelay/bin/toolrelay", toolrelay)
+    unit = unit.replace("EnvironmentFile=/", "EnvironmentFile=-/")
+    unit = unit.replace("User=toolrelay", "User=root").replace("Group=toolrelay", "Group=root")
+    (tmp_path / "toolrelay@.service").write_text(unit)
+    verify = subprocess.run(
+        [analyze, "verify", str(tmp_path / "toolrelay@.service")], capture_output=True, text=True
+    )
+    assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
