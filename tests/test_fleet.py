@@ -236,6 +236,34 @@ async def caller(
     tally.lost += failed is not None
 
 
+@asynccontextmanager
+async def on_replica(fleet: Fleet, replica: Replica) -> AsyncIterator[ClientSession]:
+    """A 2025-era session that HAProxy put on ``replica`` (round-robin: a few tries)."""
+    for _ in range(6):
+        async with legacy(fleet.url) as session:
+            if await lookup(session) == replica.pid:
+                yield session
+                return
+    raise AssertionError(f"no session landed on {replica.name}")
+
+
+async def idle_session(
+    fleet: Fleet, victim: Replica, opened: anyio.Event, killed: anyio.Event, seen: list[str]
+) -> None:
+    """A session on ``victim``, idle until it is killed; then its next request goes to
+    another replica, which answers 404: the SDK's client raises "Session not found"."""
+    try:
+        async with on_replica(fleet, victim) as session:
+            opened.set()
+            await killed.wait()
+            try:
+                await lookup(session)
+            except McpError as exc:
+                seen.append(str(exc))
+    except Exception as exc:
+        seen += leaves(exc)
+
+
 async def in_flight(url: str, tally: Tally, ready: list[int], go: anyio.Event) -> None:
     """A 2026-era client that makes one slow call (0.5 s) when ``go`` is set; if it fails
     (its replica was killed under it), a new client makes it again."""
@@ -267,74 +295,12 @@ async def test_sessionless_clients_are_balanced_round_robin(whole: Fleet) -> Non
     assert min(sent) >= 3 and max(sent) - min(sent) <= 1, sent
 
 
-async def test_a_session_sticks_to_its_replica_and_starts_again_when_it_dies(
-    whole: Fleet,
-) -> None:
-    """2025-era sessions stay on the replica that opened them; when it dies the next
-    request goes elsewhere, is answered 404 (the SDK's client raises "Session not found")
-    and the client initializes a new session, served by a live replica."""
+async def test_a_session_sticks_to_the_replica_that_opened_it(whole: Fleet) -> None:
     async with legacy(whole.url) as first, legacy(whole.url) as second:
         ones = {whole.by_pid(await lookup(first)) for _ in range(6)}
         twos = {whole.by_pid(await lookup(second)) for _ in range(6)}
-        assert len(ones) == 1 and len(twos) == 1, (ones, twos)
-        assert ones != twos  # the sessions themselves were balanced
-        (dead,) = ones
-        whole.replica(dead).kill()
-        with pytest.raises(McpError, match="Session not found"):
-            await lookup(first)
-    async with legacy(whole.url) as again:
-        assert whole.by_pid(await lookup(again)) != dead
-
-
-# -- a replica killed under load -----------------------------------------------------------------
-async def test_a_replica_killed_under_load_loses_no_call(
-    whole: Fleet, record_property: Any
-) -> None:
-    """``kill -9`` one replica of three while 6 sessionless clients and 2 with sessions
-    call: every sessionless call is answered (HAProxy sends a request whose connection is
-    refused elsewhere; a call in flight on the dead replica gets 502 and the client's one
-    retry answers it); each session on the dead replica is told 404 and initializes again."""
-    modern_tally, legacy_tally = Tally(), Tally()
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        for _ in range(6):
-            tg.start_soon(caller, modern, whole.url, stop, modern_tally, 0.02)
-        for _ in range(2):
-            tg.start_soon(caller, legacy, whole.url, stop, legacy_tally, 0.02)
-        await anyio.sleep(1.0)
-        await wait_until(lambda: bool(legacy_tally.latencies))
-        assert not legacy_tally.errors, legacy_tally.errors
-        # the replica of a session, with calls in flight on it: 9 slow ones besides, made
-        # at once (each replica gets some: round-robin)
-        victim = whole.replica(whole.by_pid(legacy_tally.latencies[-1][2]))
-        slow, ready, go = Tally(), list[int](), anyio.Event()
-        for _ in range(9):
-            tg.start_soon(in_flight, whole.url, slow, ready, go)
-        await wait_until(lambda: len(ready) == 9, 10)
-        go.set()
-        await anyio.sleep(0.2)
-        killed_at = time.monotonic()
-        victim.kill()
-        await anyio.sleep(1.5)
-        stop.set()
-    report = {
-        "modern": modern_tally.summary(killed_at, killed_at + 1.0),
-        "legacy": legacy_tally.summary(killed_at, killed_at + 1.0),
-        "slow_calls_in_flight": slow.summary(),
-        "errors_seen": sorted(set(modern_tally.errors + legacy_tally.errors + slow.errors)),
-    }
-    record_property("killed_under_load", report)
-    print("replica killed under load:", json.dumps(report))
-    assert modern_tally.lost == 0 and slow.lost == 0, modern_tally.errors + slow.errors
-    assert slow.answered == 9 and slow.retried >= 1, slow  # in flight on the victim
-    late = {pid for at, _, pid in modern_tally.latencies if at > killed_at + 0.5}
-    assert len(late) == 2 and victim.pid not in late  # the two others serve all
-    # the sessions that lived on the dead replica were told so, and started again
-    assert legacy_tally.reinitialized >= 1, legacy_tally.errors
-    gone = ("Session not found", "Server returned an error response")  # 404; 502 in flight
-    assert all(any(g in e for g in gone) for e in legacy_tally.errors), legacy_tally.errors
-    assert legacy_tally.lost == 0
-    assert whole.states()[victim.name].startswith("DOWN")
+    assert len(ones) == 1 and len(twos) == 1, (ones, twos)
+    assert ones != twos  # the sessions themselves were balanced
 
 
 # -- rolling restart -----------------------------------------------------------------------------
@@ -568,6 +534,64 @@ async def test_a_clients_rate_is_fleet_wide(whole: Fleet, record_property: Any) 
     print(f"client rate through 3 replicas: {oks / seconds:.1f}/s (limit {RATE_PER_S}/s)")
     assert set(answers) == {"ok", "overloaded"}, set(answers)
     assert RATE_PER_S * seconds * 0.75 - 2 <= oks <= RATE_PER_S * seconds * 1.25 + 2, oks
+
+
+# -- a replica killed under load -----------------------------------------------------------------
+async def test_a_replica_killed_under_load_loses_no_call(
+    whole: Fleet, record_property: Any
+) -> None:
+    """``kill -9`` one replica of three while 6 sessionless clients and 2 with sessions
+    call: every sessionless call is answered (HAProxy sends a request whose connection is
+    refused elsewhere; a call in flight on the dead replica fails and the client's one
+    retry, on a new client, answers it); a session on the dead replica is told 404 ("Session
+    not found") and its client initializes a new one. Last in the module: nothing after it
+    needs the dead replica (the ``whole`` fixture would start it again)."""
+    modern_tally, legacy_tally = Tally(), Tally()
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(caller, modern, whole.url, stop, modern_tally, 0.02)
+        for _ in range(2):
+            tg.start_soon(caller, legacy, whole.url, stop, legacy_tally, 0.02)
+        await anyio.sleep(1.0)
+        await wait_until(lambda: bool(legacy_tally.latencies))
+        assert not legacy_tally.errors, legacy_tally.errors
+        # the replica of a session, with calls in flight on it: 9 slow ones besides, made
+        # at once (each replica gets some: round-robin)
+        victim = whole.replica(whole.by_pid(legacy_tally.latencies[-1][2]))
+        stale, opened, killed = list[str](), anyio.Event(), anyio.Event()
+        tg.start_soon(idle_session, whole, victim, opened, killed, stale)
+        await opened.wait()
+        slow, ready, go = Tally(), list[int](), anyio.Event()
+        for _ in range(9):
+            tg.start_soon(in_flight, whole.url, slow, ready, go)
+        await wait_until(lambda: len(ready) == 9, 10)
+        go.set()
+        await anyio.sleep(0.2)
+        killed_at = time.monotonic()
+        victim.kill()
+        killed.set()
+        await anyio.sleep(1.5)
+        stop.set()
+    report = {
+        "modern": modern_tally.summary(killed_at, killed_at + 1.0),
+        "legacy": legacy_tally.summary(killed_at, killed_at + 1.0),
+        "slow_calls_in_flight": slow.summary(),
+        "errors_seen": sorted(set(modern_tally.errors + legacy_tally.errors + slow.errors)),
+    }
+    record_property("killed_under_load", report)
+    print("replica killed under load:", json.dumps(report))
+    assert modern_tally.lost == 0 and slow.lost == 0, modern_tally.errors + slow.errors
+    assert slow.answered == 9 and slow.retried >= 1, slow  # in flight on the victim
+    late = {pid for at, _, pid in modern_tally.latencies if at > killed_at + 0.5}
+    assert len(late) == 2 and victim.pid not in late  # the two others serve all
+    assert stale[:1] == ["Session not found"], stale  # the idle one: 404
+    # the sessions that lived on the dead replica were told so, and started again
+    assert legacy_tally.reinitialized >= 1, legacy_tally.errors
+    gone = ("Session not found", "Server returned an error response")  # 404; 502 in flight
+    assert all(any(g in e for g in gone) for e in legacy_tally.errors), legacy_tally.errors
+    assert legacy_tally.lost == 0
+    assert whole.states()[victim.name].startswith("DOWN")
 
 
 # -- the files a user deploys -----------------------------------------------------------------
