@@ -210,8 +210,8 @@ def fleet_rows(figures: dict[str, dict[str, float]], delays: list[float], quick:
                 f"fleet: {name}, Redis commands a call, beyond the idle sync",
                 extra,
                 unit="/call",
-                target="≤ 0.02",
-                passed=extra <= 0.02,
+                target="≤ 0.05",
+                passed=extra <= 0.05,
                 in_force=not quick,
                 context=f"{f['redis_per_call']:.3f}/call in all; {f['redis_per_s']:.0f}/s "
                 f"under load, {f['redis_idle_per_s']:.0f}/s idle (the periodic count sync)",
