@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -128,15 +129,18 @@ async def legacy(url: str, token: str = AGENTS_TOKEN) -> AsyncIterator[ClientSes
         yield session
 
 
+META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "fleet-test", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+"""What a 2026-era request says of its client, in its ``_meta``."""
+
+
 def raw_call(tool: str, arguments: dict[str, Any]) -> tuple[dict[str, str], bytes]:
     """A 2026-era ``tools/call`` written by hand (its headers and body): cheap to make
     when the machine is loaded, where the SDK's client takes a while to start."""
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "fleet-test", "version": "1"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }
-    params = {"name": tool, "arguments": arguments, "_meta": meta}
+    params = {"name": tool, "arguments": arguments, "_meta": META}
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
     headers = {
         "Content-Type": "application/json",
@@ -621,3 +625,39 @@ def test_the_deployed_files_check(tmp_path: Path) -> None:
         [analyze, "verify", str(tmp_path / "toolrelay@.service")], capture_output=True, text=True
     )
     assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
+
+
+# -- draining, one replica ----------------------------------------------------------------
+def test_sigterm_drains_and_a_second_signal_ends_the_drain(tmp_path: Path) -> None:
+    """``[serve] drain_s``: after SIGTERM ``/readyz`` says 503 while MCP requests are still
+    served; a second SIGTERM ends the drain at once; exit status 0."""
+    from test_serve_mcp import TOKEN, launch_http_server, wait_for_http_server
+
+    server = wait_for_http_server(
+        *launch_http_server(tmp_path, "http://127.0.0.1:9", serve_extra="drain_s = 30.0\n")
+    )
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/list",
+    }
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": META}}
+    try:
+        assert httpx.get(server.admin.url + "/readyz", headers=auth).status_code == 200
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while httpx.get(server.admin.url + "/readyz", headers=auth).status_code != 503:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        answer = httpx.post(server.mcp_url, json=listing, headers=headers)
+        assert answer.status_code == 200 and "weather_current" in answer.text, answer.text
+        began = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(10) == 0
+        assert time.monotonic() - began < 5  # not the 30 s drain
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait(10)
+    assert "Traceback" not in server.errlog.read_text()
