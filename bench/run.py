@@ -12,7 +12,7 @@ figures hold on a noisy shared machine; absolute figures are medians too, for co
 
 Benchmarks (``--only`` names): overhead, naive, agents, fastfail, deadline, scale, memory,
 throughput, breakers, typed, adapter-openai-agents, adapter-pydantic-ai, adapter-langchain,
-gateway.
+gateway, fleet.
 
 ``--check`` exits 1 when a target in force is missed, or a benchmark fails. A target is in
 force unless its row says "(not checked)": info and stress rows have no target; in a

@@ -15,7 +15,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 def need_binary(name: str) -> str:
     """Path of a server binary; skip (or fail with TOOLRELAY_REQUIRE_SERVERS=1) if missing."""
-    path = shutil.which(name)
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")  # haproxy
     if path is None:
         message = f"{name} is not installed (apt-get install {name})"
         if REQUIRE_SERVERS:

@@ -2,7 +2,8 @@
 rows and targets, interleaved rounds, the no-op tool and its dispatchers), one module per
 family of benchmarks (:mod:`.overhead`, :mod:`.baselines`, :mod:`.deadline` with its
 instrument :mod:`.flood`, :mod:`.memory`, :mod:`.breakers`, :mod:`.adapters`, :mod:`.serve`
-over the gateway benchmark :mod:`.gateway`, which ``bench/gateway.py`` also runs alone), and
+over the gateway benchmark :mod:`.gateway`, which ``bench/gateway.py`` also runs alone;
+:mod:`.fleet`, replicas behind HAProxy), and
 the report (:mod:`.report`: the table, bench/RESULTS.md).
 
 Each benchmark is an ``async def bench_NAME(settings) -> list[Row]``; :data:`BENCHES` names
@@ -20,6 +21,7 @@ from .adapters import (
 from .baselines import bench_agents, bench_naive
 from .breakers import bench_breakers
 from .deadline import bench_deadline
+from .fleet import bench_fleet
 from .harness import Row, Settings
 from .memory import bench_memory
 from .overhead import bench_fastfail, bench_overhead, bench_scale, bench_throughput, bench_typed
@@ -40,4 +42,5 @@ BENCHES: dict[str, Callable[[Settings], Awaitable[list[Row]]]] = {
     "adapter-openai-agents": bench_adapter_openai_agents,
     "adapter-pydantic-ai": bench_adapter_pydantic_ai,
     "gateway": bench_gateway,
+    "fleet": bench_fleet,
 }

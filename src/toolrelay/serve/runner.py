@@ -2,8 +2,9 @@
 
 Start: the dispatcher (plugins loaded), the admin API (``/readyz`` 503 until ready), the
 upstream MCP servers, the tool-list watcher, the MCP transport; then ready. Stop: stdin
-closing (stdio) or SIGINT/SIGTERM, everything closed in reverse order within a grace
-period. SIGHUP reloads the config file (:mod:`toolrelay.serve.reload`).
+closing (stdio) or SIGINT/SIGTERM (after ``[serve] drain_s`` not ready but serving),
+everything closed in reverse order within a grace period. SIGHUP reloads the config file
+(:mod:`toolrelay.serve.reload`).
 """
 
 from __future__ import annotations
@@ -280,8 +281,12 @@ class Service:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 self._say(f"{signal.Signals(signum).name}: stopping")
+                _exit_later(EXIT_GRACE_S + self.settings.drain_s)
+                if self.admin_state is not None:  # draining: not ready, still serving
+                    self.admin_state.set_ready(False, "shutting down")
+                with anyio.move_on_after(self.settings.drain_s):
+                    await anext(signals)  # a second signal ends the drain
                 self.stop()
-                _exit_later(EXIT_GRACE_S)
 
     async def _reload_signals(self) -> None:
         """SIGHUP: reload the config file (a refusal is logged; the old config serves)."""

@@ -225,6 +225,9 @@ class ServeSection(BaseModel):
         DEFAULT_MAX_REQUEST_BYTES
     )
     """The largest MCP request read: a stdio line or an HTTP body (a JSON-RPC error beyond)."""
+    drain_s: Annotated[float, Strict(), Field(ge=0, le=600)] = 0.0
+    """After SIGTERM or SIGINT: how long ``/readyz`` says 503 while the server still serves
+    (a load balancer's health check moves new calls away), before it stops."""
     ping_interval_s: Annotated[float, Strict(), Field(ge=0.05, le=86400)] = 30.0
     """An upstream MCP server that said nothing for this long is pinged."""
     reload_watch_s: Annotated[float, Strict(), Field(ge=0.1, le=3600)] | None = None
