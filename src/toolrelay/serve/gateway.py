@@ -44,7 +44,7 @@ from starlette.types import ASGIApp
 from .._compat.mcp_server import OpenTelemetryMiddleware, connection_of
 from .._version import __version__
 from ..dispatcher import Dispatcher
-from ..registry import CompiledTool
+from ..registry import CompiledTool, ToolRegistry
 from .answers import answer
 from .approvals import ElicitingApprover
 from .auth import transport_security
@@ -53,6 +53,7 @@ from .client_limits import ClientLimits
 from .fast_lane import FastLane
 from .limits import BodyLimit, bounded_stdin
 from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics
+from .relayed import as_stated, upstream_instructions
 from .sessions import SessionManager
 from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_S
 from .tracing import McpServerTelemetry
@@ -72,8 +73,20 @@ class _GatewayServer(Server[Any]):
     """The low-level server, advertising ``tools.listChanged`` on every transport.
 
     The streamable HTTP session manager builds its initialization options with no
-    arguments, so the default is changed here rather than at each call site.
+    arguments, so the default is changed here rather than at each call site. Its
+    ``instructions`` are the upstreams' (as they are now) followed by the gateway's own.
     """
+
+    registry: ToolRegistry | None = None
+
+    @property  # type: ignore[override]
+    def instructions(self) -> str | None:
+        upstream = [] if self.registry is None else upstream_instructions(self.registry)
+        return "\n\n".join([*upstream, INSTRUCTIONS])
+
+    @instructions.setter
+    def instructions(self, value: str | None) -> None:
+        pass  # always the composition above
 
     def create_initialization_options(
         self,
@@ -163,11 +176,11 @@ class Gateway:
         self.server = _GatewayServer(
             name,
             version=__version__,
-            instructions=INSTRUCTIONS,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self._listen,
         )
+        self.server.registry = dispatcher.registry
         # our spans and durations stand for the SDK's (which see only the global provider)
         self.telemetry = _server_telemetry(dispatcher)
         self._peers = _PeerTracker(watcher, callers)
@@ -185,7 +198,7 @@ class Gateway:
         refusal = self.limits.check(caller.name)
         if refusal is not None:
             raise refusal.error()
-        specs = self.dispatcher.specs(caller.profile, format="mcp")
+        specs = as_stated(self.dispatcher.specs(caller.profile, format="mcp"), self.dispatcher.registry)
         return types.ListToolsResult(tools=[types.Tool.model_validate(spec) for spec in specs])
 
     async def _call_tool(

@@ -158,6 +158,17 @@ class McpSource(Connector):
         entry = self._tools.entries.get(name)
         return None if entry is None else entry.decl
 
+    def upstream_tool(self, name: str) -> mcp_types.Tool | None:
+        """The tool as the server listed it, by its toolrelay name."""
+        entry = self._tools.entries.get(name)
+        return None if entry is None else entry.tool
+
+    @property
+    def instructions(self) -> str | None:
+        """The server's ``instructions`` (``None``: none, or not connected)."""
+        conn = self.conn
+        return None if conn is None or conn.client is None else conn.client.instructions
+
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
         """Call the tool on the server. ``ctx`` is not forwarded to the server."""
         entry = self._tools.entries.get(name)
