@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -28,6 +30,8 @@ from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+
+import node_packages
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 
@@ -124,3 +128,21 @@ async def test_tools_are_described_as_the_upstream_stated(gateway: Gateway) -> N
     }
     assert init is not None and init.instructions is not None
     assert "Relay upstream: call log before progress." in init.instructions
+
+
+@pytest.mark.servers
+async def test_a_client_closing_an_answered_stream_cancels_nothing(gateway: Gateway) -> None:
+    """The TypeScript SDK closes each response stream once it has the answer: nothing was in
+    flight, so nothing is cancelled (and no such line is logged)."""
+    packages = node_packages.installed()
+    calls = json.dumps([["up__plain", {}], ["up__reader", {}]])
+    command = [packages.node, "mcp_call.mjs", "--sdk", "v1", "--calls", calls, "--url", gateway.url]
+    with tempfile.TemporaryDirectory() as work:
+        (Path(work) / "node_modules").symlink_to(packages.modules, target_is_directory=True)
+        shutil.copy2(node_packages.NODE_SOURCES / "mcp_call.mjs", work)
+        proc = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    answers = json.loads(proc.stdout)["calls"]
+    assert [a["result"]["content"][0]["text"] for a in answers] == ["plain works", "reader works"]
+    time.sleep(0.3)  # the gateway notices a disconnect after the answer
+    assert "disconnected MCP client" not in gateway.errlog.read_text()
