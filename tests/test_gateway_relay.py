@@ -32,6 +32,8 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 import node_packages
+from helpers import wait_until
+from toolrelay.sources.relay import LOG_LEVEL_META
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 
@@ -140,9 +142,177 @@ async def test_a_client_closing_an_answered_stream_cancels_nothing(gateway: Gate
     with tempfile.TemporaryDirectory() as work:
         (Path(work) / "node_modules").symlink_to(packages.modules, target_is_directory=True)
         shutil.copy2(node_packages.NODE_SOURCES / "mcp_call.mjs", work)
-        proc = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+        with anyio.fail_after(60):
+            proc = await anyio.run_process(command, cwd=work, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()
     answers = json.loads(proc.stdout)["calls"]
     assert [a["result"]["content"][0]["text"] for a in answers] == ["plain works", "reader works"]
-    time.sleep(0.3)  # the gateway notices a disconnect after the answer
+    await anyio.sleep(0.3)  # the gateway notices a disconnect after the answer
     assert "disconnected MCP client" not in gateway.errlog.read_text()
+
+
+class Client2025:
+    """The callbacks of a capable client: it samples, elicits, has roots and reads logs."""
+
+    def __init__(self, *, hang: bool = False) -> None:
+        self.logs: list[tuple[str, Any]] = []
+        self.hang = hang
+        self.sampling_cancelled = anyio.Event()
+
+    async def sampling(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult:
+        if self.hang:
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                self.sampling_cancelled.set()
+                raise
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="4"), model="m"
+        )
+
+    async def elicitation(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestFormParams)
+        assert params.requested_schema["properties"]["color"]["default"] == "red"
+        return types.ElicitResult(action="accept", content={"color": "blue"})
+
+    async def roots(self, context: ClientRequestContext) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri="file:///work/x")])
+
+    async def logging(self, params: types.LoggingMessageNotificationParams) -> None:
+        self.logs.append((params.level, params.data))
+
+    def callbacks(self) -> dict[str, Any]:
+        return {
+            "sampling_callback": self.sampling,
+            "elicitation_callback": self.elicitation,
+            "list_roots_callback": self.roots,
+            "logging_callback": self.logging,
+        }
+
+
+def texts(result: types.CallToolResult) -> str:
+    return " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+
+async def test_a_capable_client_is_reached_during_its_call(gateway: Gateway) -> None:
+    client = Client2025()
+    reports: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        reports.append((progress, total, message))
+
+    async with http_session(gateway.url, **client.callbacks()) as session:
+        await session.set_logging_level("info")
+        assert texts(await session.call_tool("up__log", {})) == "logged"
+        done = await session.call_tool("up__progress", {}, progress_callback=progress)
+        sampled = await session.call_tool("up__sample", {})
+        elicited = await session.call_tool("up__elicit", {})
+        roots = await session.call_tool("up__roots", {})
+        await session.call_tool("up__plain", {}, meta={"example.com/trace": "t-1"})
+        pinged = await session.call_tool("up__ping", {})
+        await session.send_ping()
+    assert [e["level"] for e in gateway.events("set_level")][:1] == ["info"]
+    assert client.logs == [("info", "hello from upstream")]  # debug: below the asked level
+    assert texts(done) == "done (True)"
+    assert reports == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+    assert texts(sampled) == "sampled: 4"
+    assert texts(elicited) == "accept: {'color': 'blue'}"
+    assert texts(roots) == "file:///work/x"
+    assert texts(pinged) == "pong"
+    metas = {e["tool"]: e["meta"] for e in gateway.events("call")}
+    # the call's _meta passes on (with the level this client asked for, as 2026-era opt-in)
+    assert metas["plain"] == {"example.com/trace": "t-1", LOG_LEVEL_META: "info"}
+    assert isinstance(metas["progress"].pop("progress_token"), int)  # the gateway's own
+
+
+async def test_a_client_that_cannot_be_asked_fails_the_upstream_at_once(
+    gateway: Gateway,
+) -> None:
+    logs: list[Any] = []
+    reports: list[float] = []
+
+    async def logging(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(params.data)
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        reports.append(progress)
+
+    async with http_session(gateway.url, logging_callback=logging) as session:  # no capability
+        started = time.monotonic()
+        sampled = await session.call_tool("up__sample", {})
+        elicited = await session.call_tool("up__elicit", {})
+        roots = await session.call_tool("up__roots", {})
+        took = time.monotonic() - started
+        # the gateway's fast lane serves this client: it carries logs and progress too
+        await session.call_tool("up__log", {})
+        await session.call_tool("up__progress", {}, progress_callback=progress)
+    assert took < 3
+    for result, method in [
+        (sampled, "sampling/createMessage"),
+        (elicited, "elicitation/create"),
+        (roots, "roots/list"),
+    ]:
+        assert result.is_error
+        assert f"refused {types.METHOD_NOT_FOUND}: {method}" in texts(result)
+    assert "hello from upstream" in logs
+    assert reports == [1, 2, 3]
+
+
+async def test_cancellation_reaches_the_upstream_and_back(gateway: Gateway) -> None:
+    client = Client2025(hang=True)
+    async with http_session(gateway.url, **client.callbacks()) as session:
+        for tool in ("hang", "sample"):
+            with anyio.move_on_after(10) as waiting:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(session.call_tool, f"up__{tool}", {})
+                    await wait_until(
+                        lambda t=tool: t in [e["tool"] for e in gateway.events("call")]
+                    )
+                    if tool == "sample":  # the client is being asked: cancel the call now
+                        await anyio.sleep(0.1)
+                    tg.cancel_scope.cancel()
+            assert not waiting.cancelled_caught
+        # the upstream's sampling request was cancelled in turn, and so was the client's
+        with anyio.fail_after(5):
+            await client.sampling_cancelled.wait()
+            await wait_until(lambda: len(gateway.events("cancelled")) == 2)
+    assert sorted(e["tool"] for e in gateway.events("cancelled")) == ["hang", "sample"]
+
+
+async def test_a_2026_client_gets_progress_and_its_logs_and_is_never_asked(
+    gateway: Gateway,
+) -> None:
+    client = Client2025()
+    reports: list[float] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        reports.append(progress)
+
+    async with Client(gateway.url, log_level="debug", **client.callbacks()) as modern:
+        assert modern.protocol_version == "2026-07-28"
+        await modern.call_tool("up__log", {})
+        await modern.call_tool("up__progress", {}, progress_callback=progress)
+        sampled = await modern.call_tool("up__sample", {})
+    assert ("info", "hello from upstream") in client.logs
+    assert reports == [1, 2, 3]
+    assert sampled.is_error and "refused" in texts(sampled)
+
+
+async def test_a_stdio_client_is_reached_during_its_call(gateway: Gateway) -> None:
+    client = Client2025()
+    command = gateway.stdio()
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    with (gateway.errlog.parent / "stdio.err").open("a") as err:
+        async with (
+            stdio_client(params, errlog=err) as (read, write),
+            ClientSession(read, write, **client.callbacks()) as session,
+        ):
+            await session.initialize()
+            sampled = await session.call_tool("up__sample", {})
+            elicited = await session.call_tool("up__elicit", {})
+    assert texts(sampled) == "sampled: 4"
+    assert texts(elicited) == "accept: {'color': 'blue'}"

@@ -59,6 +59,7 @@ TOOLS = [
     types.Tool(name="elicit", input_schema=OBJECT),
     types.Tool(name="roots", input_schema=OBJECT),
     types.Tool(name="hang", input_schema=OBJECT),
+    types.Tool(name="ping", input_schema=OBJECT),
 ]
 
 
@@ -92,19 +93,26 @@ async def call_tool(
         await session.send_log_message("debug", "a detail", "relay", related)
         return types.CallToolResult(content=text("logged"))
     if name == "progress":
-        token = meta.get("progressToken")
+        token = meta.get("progress_token")  # as the SDK parsed it
         if token is not None:
             for step in (1, 2, 3):
                 await session.send_progress_notification(token, step, 3, f"step {step}", related)
         return types.CallToolResult(content=text(f"done ({token is not None})"))
     try:
         if name == "sample":
-            message = types.SamplingMessage(role="user", content=types.TextContent(type="text", text="2+2?"))
-            sampled = await session.create_message([message], max_tokens=10, related_request_id=related)
+            message = types.SamplingMessage(
+                role="user", content=types.TextContent(type="text", text="2+2?")
+            )
+            sampled = await session.create_message(
+                [message], max_tokens=10, related_request_id=related
+            )
             answer = sampled.content.text if isinstance(sampled.content, types.TextContent) else "?"
             return types.CallToolResult(content=text(f"sampled: {answer}"))
         if name == "elicit":
-            schema = {"type": "object", "properties": {"color": {"type": "string", "default": "red"}}}
+            schema = {
+                "type": "object",
+                "properties": {"color": {"type": "string", "default": "red"}},
+            }
             elicited = await session.elicit_form("Favourite colour?", schema, related)
             record(event="elicited", action=elicited.action, content=elicited.content)
             return types.CallToolResult(content=text(f"{elicited.action}: {elicited.content}"))
@@ -113,10 +121,15 @@ async def call_tool(
             return types.CallToolResult(content=text(" ".join(str(r.uri) for r in roots.roots)))
     except MCPError as exc:
         record(event="refused", tool=name, code=exc.code, message=exc.message)
-        return types.CallToolResult(content=text(f"refused {exc.code}: {exc.message}"), is_error=True)
+        return types.CallToolResult(
+            content=text(f"refused {exc.code}: {exc.message}"), is_error=True
+        )
     except anyio.get_cancelled_exc_class():
         record(event="cancelled", tool=name)
         raise
+    if name == "ping":
+        await session.send_ping()
+        return types.CallToolResult(content=text("pong"))
     if name == "hang":
         try:
             await anyio.sleep(30)

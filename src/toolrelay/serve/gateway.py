@@ -17,6 +17,7 @@ by :mod:`toolrelay.serve.sessions` — and single exchanges for 2026-era request
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -32,6 +33,7 @@ from mcp.server.models import InitializationOptions
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.shared.message import SessionMessage
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import metrics, trace
@@ -49,6 +51,7 @@ from .answers import answer
 from .approvals import ElicitingApprover
 from .auth import transport_security
 from .callers import Callers
+from .channels import LogLevels, SessionChannel
 from .client_limits import ClientLimits
 from .fast_lane import FastLane
 from .limits import BodyLimit, bounded_stdin
@@ -79,7 +82,7 @@ class _GatewayServer(Server[Any]):
 
     registry: ToolRegistry | None = None
 
-    @property  # type: ignore[override]
+    @property
     def instructions(self) -> str | None:
         upstream = [] if self.registry is None else upstream_instructions(self.registry)
         return "\n\n".join([*upstream, INSTRUCTIONS])
@@ -173,13 +176,17 @@ class Gateway:
         ``False``: every request goes through the SDK (read per request)."""
         self.lane: FastLane | None = None
         """The fast lane of the last :meth:`http_app` that keeps sessions."""
-        self.server = _GatewayServer(
-            name,
-            version=__version__,
-            on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
-            on_subscriptions_listen=self._listen,
-        )
+        self.log_levels = LogLevels(dispatcher.registry)
+        with warnings.catch_warnings():  # deprecated in 2026-era protocol, served to 2025's
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            self.server = _GatewayServer(
+                name,
+                version=__version__,
+                on_list_tools=self._list_tools,
+                on_call_tool=self._call_tool,
+                on_subscriptions_listen=self._listen,
+                on_set_logging_level=self.log_levels.set,
+            )
         self.server.registry = dispatcher.registry
         # our spans and durations stand for the SDK's (which see only the global provider)
         self.telemetry = _server_telemetry(dispatcher)
@@ -198,13 +205,16 @@ class Gateway:
         refusal = self.limits.check(caller.name)
         if refusal is not None:
             raise refusal.error()
-        specs = as_stated(self.dispatcher.specs(caller.profile, format="mcp"), self.dispatcher.registry)
+        specs = as_stated(
+            self.dispatcher.specs(caller.profile, format="mcp"), self.dispatcher.registry
+        )
         return types.ListToolsResult(tools=[types.Tool.model_validate(spec) for spec in specs])
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        return await self.call_tool(params.name, params.arguments, ctx.request_id)
+        async with SessionChannel(ctx, self.log_levels).relaying():
+            return await self.call_tool(params.name, params.arguments, ctx.request_id)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any] | None, request_id: types.RequestId | None
@@ -329,6 +339,7 @@ class Gateway:
                 self.telemetry,
                 self._peers.connections,
                 self._lane_open,
+                self.log_levels,
             )
         middleware: list[Middleware] = []
         if verifier is not None:
