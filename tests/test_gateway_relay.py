@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,9 +43,10 @@ MCP_URL = re.compile(r"MCP on (http://[0-9.:]+/mcp)")
 
 
 class Gateway:
-    """``toolrelay serve`` (HTTP) in front of the relay server (stdio), and its record."""
+    """``toolrelay serve`` (HTTP) in front of the relay server over stdio (tools ``up__…``)
+    and over HTTP (``web__…``, another record), and their records."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, web: str) -> None:
         self.record = tmp / "upstream.rec"
         self.errlog = tmp / "serve.err"
         upstream = [sys.executable, str(SERVER), "--record", str(self.record)]
@@ -60,6 +62,12 @@ command = {json.dumps(upstream)}
 breaker_key = "relay"
 prefix = "up"
 risk_override = "read"  # toolrelay's risk: approval needs none; the hints stay the server's
+[serve.upstreams.web]
+url = "{web}"
+breaker_key = "web"
+protocol = "legacy"  # the 2025 handshake: its tools ask the client mid-call
+prefix = "web"
+risk_override = "read"
 """
         )
         self.command = [sys.executable, "-m", "toolrelay", "serve", "--config", str(self.config)]
@@ -76,10 +84,25 @@ risk_override = "read"  # toolrelay's risk: approval needs none; the hints stay 
         return [*self.command, "--transport", "stdio"]
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gw = Gateway(tmp_path_factory.mktemp("relay"))
+    tmp = tmp_path_factory.mktemp("relay")
+    port = free_port()
+    web = [sys.executable, str(SERVER), "--record", str(tmp / "web.rec"), "--http", str(port)]
+    gw = Gateway(tmp, f"http://127.0.0.1:{port}/mcp")
     with gw.errlog.open("a") as err:
+        upstream = subprocess.Popen(web, stdin=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 30
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert upstream.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
         proc = subprocess.Popen(gw.command, stdin=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 30
@@ -91,6 +114,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     finally:
         proc.terminate()
         proc.wait(15)
+        upstream.terminate()
+        upstream.wait(15)
     assert "Traceback" not in gw.errlog.read_text()
 
 
@@ -316,3 +341,45 @@ async def test_a_stdio_client_is_reached_during_its_call(gateway: Gateway) -> No
             elicited = await session.call_tool("up__elicit", {})
     assert texts(sampled) == "sampled: 4"
     assert texts(elicited) == "accept: {'color': 'blue'}"
+
+
+async def test_each_client_is_asked_about_its_own_call(gateway: Gateway) -> None:
+    """Two clients' calls wait on the HTTP upstream at once: each sampling request, and
+    each log line, reaches the client whose call it is."""
+    asked: list[str] = []
+    both = anyio.Event()
+    logs: dict[str, list[Any]] = {"a": [], "b": []}
+
+    def client(name: str) -> dict[str, Any]:
+        async def sampling(
+            context: ClientRequestContext, params: types.CreateMessageRequestParams
+        ) -> types.CreateMessageResult:
+            asked.append(name)
+            if len(asked) == 2:
+                both.set()
+            with anyio.fail_after(10):
+                await both.wait()
+            content = types.TextContent(type="text", text=name)
+            return types.CreateMessageResult(role="assistant", content=content, model="m")
+
+        async def logging(params: types.LoggingMessageNotificationParams) -> None:
+            logs[name].append(params.data)
+
+        return {"sampling_callback": sampling, "logging_callback": logging}
+
+    answers: dict[str, str] = {}
+
+    async def call(name: str, tool: str) -> None:
+        async with http_session(gateway.url, **client(name)) as session:
+            answers[f"{name} {tool}"] = texts(await session.call_tool(tool, {}))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "a", "web__sample")
+        tg.start_soon(call, "b", "web__sample")
+    await call("a", "web__log")
+    assert answers == {
+        "a web__sample": "sampled: a",
+        "b web__sample": "sampled: b",
+        "a web__log": "logged",
+    }
+    assert "hello from upstream" in logs["a"] and logs["b"] == []
