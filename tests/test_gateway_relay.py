@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx2
@@ -34,7 +34,9 @@ from mcp.client.streamable_http import streamable_http_client
 
 import node_packages
 from helpers import wait_until
-from toolrelay.sources.relay import LOG_LEVEL_META
+from toolrelay import Dispatcher, ToolRegistry
+from toolrelay.sources.mcp import McpSource, McpSourceOptions
+from toolrelay.sources.relay import CALL_CHANNEL, LOG_LEVEL_META, Relay
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 
@@ -383,3 +385,62 @@ async def test_each_client_is_asked_about_its_own_call(gateway: Gateway) -> None
         "a web__log": "logged",
     }
     assert "hello from upstream" in logs["a"] and logs["b"] == []
+
+
+class Asked:
+    """A call's channel that records what it was asked (and accepts)."""
+
+    def __init__(self) -> None:
+        self.meta: dict[str, Any] = {}
+        self.asked: list[str] = []
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        pass
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        pass
+
+    async def ask(self, request: types.ServerRequest, result_type: type[Any]) -> Any:
+        self.asked.append(request.method)
+        return types.ElicitResult(action="accept", content={})
+
+
+async def test_a_call_that_asked_its_client_is_not_retried(tmp_path: Path) -> None:
+    """An idempotent tool whose upstream reports an outage is retried, unless the attempt
+    asked the client something: a retry would ask again."""
+    record = tmp_path / "upstream.rec"
+    command = [sys.executable, str(SERVER), "--record", str(record)]
+    options = McpSourceOptions(breaker_key="relay", count_errors=True)
+    async with McpSource.stdio(command, options, errlog=sys.stderr) as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry)
+        channel = Asked()
+        token = CALL_CHANNEL.set(channel)
+        try:
+            result = await dispatcher.dispatch("elicit_then_fail", {})
+        finally:
+            CALL_CHANNEL.reset(token)
+        retried = await dispatcher.dispatch("elicit_then_fail", {})  # no client: no asking
+    assert not result.ok and not result.retryable and result.message == "service unavailable"
+    assert channel.asked == ["elicitation/create"]
+    calls = [e for e in map(json.loads, record.read_text().splitlines()) if e["event"] == "call"]
+    assert len(calls) == 1 + 3  # once with a client to ask; three attempts without one
+    assert not retried.ok
+
+
+async def test_a_hedged_call_asks_its_client_once() -> None:
+    relay = Relay("up")
+    channel = Asked()
+    context = cast("ClientRequestContext", None)  # the relay does not read it
+    params = types.ElicitRequestFormParams(message="?", requested_schema={"type": "object"})
+    with relay.attempt(channel) as first:  # type: ignore[arg-type]
+        with relay.attempt(channel):  # type: ignore[arg-type]
+            refused = await relay.elicitation(context, params)
+        answered = await relay.elicitation(context, params)
+    assert isinstance(refused, types.ErrorData) and "asked once" in refused.message
+    assert isinstance(answered, types.ElicitResult) and first.asked
+    assert channel.asked == ["elicitation/create"]
+    # no call waiting: an error for the upstream, and no roots
+    assert isinstance(await relay.elicitation(context, params), types.ErrorData)
+    assert await relay.roots(context) == types.ListRootsResult(roots=[])

@@ -60,6 +60,11 @@ TOOLS = [
     types.Tool(name="roots", input_schema=OBJECT),
     types.Tool(name="hang", input_schema=OBJECT),
     types.Tool(name="ping", input_schema=OBJECT),
+    types.Tool(  # retried by toolrelay's policy if it were not for the client it asked
+        name="elicit_then_fail",
+        input_schema=OBJECT,
+        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
+    ),
 ]
 
 
@@ -108,6 +113,9 @@ async def call_tool(
             )
             answer = sampled.content.text if isinstance(sampled.content, types.TextContent) else "?"
             return types.CallToolResult(content=text(f"sampled: {answer}"))
+        if name == "elicit_then_fail":
+            await session.elicit_form("Sure?", OBJECT, related)
+            return types.CallToolResult(content=text("service unavailable"), is_error=True)
         if name == "elicit":
             schema = {
                 "type": "object",
