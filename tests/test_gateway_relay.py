@@ -81,6 +81,9 @@ risk_override = "read"
         lines = self.record.read_text().splitlines()
         return [e for e in map(json.loads, lines) if e["event"] == kind]
 
+    def count(self, kind: str, tool: str) -> int:
+        return len([e for e in self.events(kind) if e["tool"] == tool])
+
     def stdio(self) -> list[str]:
         """The command of a stdio gateway with the same configuration."""
         return [*self.command, "--transport", "stdio"]
@@ -93,6 +96,11 @@ def free_port() -> int:
         return port
 
 
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("relay")
@@ -102,7 +110,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     with gw.errlog.open("a") as err:
         upstream = subprocess.Popen(web, stdin=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 30
-        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+        while not listening(port):
             assert upstream.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         proc = subprocess.Popen(gw.command, stdin=subprocess.DEVNULL, stderr=err)
@@ -444,3 +452,32 @@ async def test_a_hedged_call_asks_its_client_once() -> None:
     # no call waiting: an error for the upstream, and no roots
     assert isinstance(await relay.elicitation(context, params), types.ErrorData)
     assert await relay.roots(context) == types.ListRootsResult(roots=[])
+
+
+async def test_a_client_gone_mid_call_has_the_call_cancelled(gateway: Gateway) -> None:
+    """The other side of the closed-stream rule: a POST whose answer was not sent whole is
+    abandoned, and its call cancelled up to the upstream (served by the SDK: the client
+    declared ``elicitation``)."""
+    headers = {"Accept": "application/json, text/event-stream"}
+    hello = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "raw", "version": "1"},
+    }
+    async with httpx2.AsyncClient(timeout=10) as http:
+        opened = await http.post(
+            gateway.url,
+            json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
+            headers=headers,
+        )
+        headers["mcp-session-id"] = opened.headers["mcp-session-id"]
+        headers["mcp-protocol-version"] = "2025-11-25"
+        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await http.post(gateway.url, json=done, headers=headers)
+        calls, cancels = gateway.count("call", "hang"), gateway.count("cancelled", "hang")
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call"}
+        call["params"] = {"name": "up__hang", "arguments": {}}
+        async with http.stream("POST", gateway.url, json=call, headers=headers):
+            await wait_until(lambda: gateway.count("call", "hang") > calls)  # then go away
+    await wait_until(lambda: gateway.count("cancelled", "hang") > cancels)
+    assert "cancelled 1 call(s) of a disconnected MCP client" in gateway.errlog.read_text()
