@@ -52,6 +52,15 @@ class Gateway:
         self.record = tmp / "upstream.rec"
         self.errlog = tmp / "serve.err"
         upstream = [sys.executable, str(SERVER), "--record", str(self.record)]
+        relay = f"""
+[serve.upstreams.relay]
+command = {json.dumps(upstream)}
+breaker_key = "relay"
+prefix = "up"
+risk_override = "read"  # toolrelay's risk: approval needs none; the hints stay the server's
+"""
+        self.stdio_config = tmp / "stdio.toml"  # the stdio gateway: the stdio upstream only
+        self.stdio_config.write_text('[serve]\ntransport = "stdio"\n' + relay)
         self.config = tmp / "toolrelay.toml"
         self.config.write_text(
             f"""
@@ -59,11 +68,7 @@ class Gateway:
 transport = "http"
 [serve.http]
 port = 0
-[serve.upstreams.relay]
-command = {json.dumps(upstream)}
-breaker_key = "relay"
-prefix = "up"
-risk_override = "read"  # toolrelay's risk: approval needs none; the hints stay the server's
+{relay}
 [serve.upstreams.web]
 url = "{web}"
 breaker_key = "web"
@@ -85,8 +90,8 @@ risk_override = "read"
         return len([e for e in self.events(kind) if e["tool"] == tool])
 
     def stdio(self) -> list[str]:
-        """The command of a stdio gateway with the same configuration."""
-        return [*self.command, "--transport", "stdio"]
+        """The command of a stdio gateway in front of the stdio upstream."""
+        return [sys.executable, "-m", "toolrelay", "serve", "--config", str(self.stdio_config)]
 
 
 def free_port() -> int:
