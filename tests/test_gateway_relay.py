@@ -238,6 +238,7 @@ def texts(result: types.CallToolResult) -> str:
     return " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
+@pytest.mark.filterwarnings("ignore:The logging capability is deprecated")  # 2025-era clients
 async def test_a_capable_client_is_reached_during_its_call(gateway: Gateway) -> None:
     client = Client2025()
     reports: list[tuple[float, float | None, str | None]] = []
