@@ -429,8 +429,8 @@ async def test_an_override_lets_an_unannotated_tool_run_without_approval(
     assert ran.is_error is not True, ran
     assert envelope(careful)["error_type"] == "needs_approval"  # only the named tool
     assert gateway.upstream_calls() == ["dotted.name"]
-    annotations = listed["up__dotted_name"].annotations
-    assert annotations is not None and annotations.read_only_hint is True
+    # the override decides approval; the hints stay the server's (it gave none)
+    assert listed["up__dotted_name"].annotations is None
 
 
 @GATEWAY_PROCESS
@@ -499,8 +499,8 @@ async def test_risk_rules_follow_a_renamed_tool(tmp_path: Path) -> None:
         listed = {tool.name: tool for tool in (await session.list_tools()).tools}
     assert removed["error_type"] == "denied", removed  # asked, and the human said no
     assert (await strict.audit_line("up__remove_repo"))["risk"] == "dangerous"
-    hints = listed["up__purge"].annotations
-    assert hints is not None and hints.destructive_hint is True
+    # the server's hints, as stated: none (which the spec reads as possibly destructive)
+    assert listed["up__purge"].annotations is None
     assert strict.upstream_calls() == ["add_tool"]
     warned = strict.errlog.read_text().count("rule names tool 'remove_repo'")
     assert warned == 1, strict.errlog.read_text()  # once, though the list was read twice

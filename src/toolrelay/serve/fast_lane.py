@@ -48,6 +48,7 @@ from .._compat.mcp_server import (
     has_event_store,
     passes_security,
 )
+from .channels import LaneChannel, LogLevels
 from .sessions import HeldCall, SessionManager
 from .tracing import McpServerTelemetry
 
@@ -77,6 +78,8 @@ class _Call:
     request_id: types.RequestId
     version: str
     params: dict[str, Any]
+    log_level: str | None
+    """The level the client asked for with ``logging/setLevel`` (``None``: every one)."""
 
 
 class FastLane:
@@ -90,6 +93,7 @@ class FastLane:
         telemetry: McpServerTelemetry,
         connections: dict[str, Connection],
         enabled: Callable[[], bool],
+        levels: LogLevels,
     ) -> None:
         self.app = app
         self.manager = manager
@@ -97,6 +101,7 @@ class FastLane:
         self.telemetry = telemetry
         self.connections = connections
         self.enabled = enabled
+        self.levels = levels
         self.served = 0
         """How many calls the lane has answered."""
 
@@ -182,7 +187,8 @@ class FastLane:
             methods.validate_client_request("tools/call", version, params)
         except (ValidationError, KeyError, ValueError):
             return False
-        call = _Call(session_id, transport, request_id, version, params)
+        level = self.levels.of_connection(connection)
+        call = _Call(session_id, transport, request_id, version, params, level)
         if sse:
             await self._stream(scope, receive, send, call)
             return True
@@ -209,8 +215,10 @@ class FastLane:
         scope: Scope,
         call: _Call,
         watch: Callable[[anyio.CancelScope], Coroutine[Any, Any, None]] | None = None,
+        emit: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> tuple[HeldCall, types.CallToolResult | None]:
-        """Run the call held by the session manager, under the server span; ``watch``
+        """Run the call held by the session manager, under the server span, with its
+        channel to the client (``emit`` writes a notification on its stream); ``watch``
         (given the hold's scope) runs beside it. The result is ``None`` when the hold was
         cancelled (the session closed, the client cancelled or went away)."""
         result: types.CallToolResult | None = None
@@ -221,6 +229,7 @@ class FastLane:
             self.telemetry.serving(
                 "tools/call", call.version, request_id, scope, session_id, name, params.get("_meta")
             ) as outcome,
+            LaneChannel(params.get("_meta"), emit, call.log_level).serving(),
         ):
             if watch is None:
                 answered = await self.call_tool(name, arguments, request_id)
@@ -259,7 +268,13 @@ class FastLane:
                 ping = f": ping - {datetime.now(UTC)}\r\n\r\n".encode()
                 await send({"type": "http.response.body", "body": ping, "more_body": True})
 
-        held, result = await self._call(scope, call, watch)
+        async def emit(notification: bytes) -> None:
+            await start()
+            await send(
+                {"type": "http.response.body", "body": _event(notification), "more_body": True}
+            )
+
+        held, result = await self._call(scope, call, watch, emit)
         if held.by_client:
             body = _event(_cancelled(call.request_id))
         elif result is None:  # the session closed mid-call: no event, as the SDK's stream
@@ -291,9 +306,14 @@ def _cancelled(request_id: types.RequestId) -> bytes:
 
 
 def _may_be_asked(connection: Connection) -> bool:
-    """Whether the client declared it can be asked to approve (``elicitation``)."""
+    """Whether the client declared it can be asked something (``elicitation``: to approve
+    a call, or by an upstream; ``sampling``, ``roots``: by an upstream)."""
     capabilities = connection.client_capabilities
-    return capabilities is not None and capabilities.elicitation is not None
+    return capabilities is not None and (
+        capabilities.elicitation is not None
+        or capabilities.sampling is not None
+        or capabilities.roots is not None
+    )
 
 
 def _message(body: bytes) -> dict[str, Any] | None:

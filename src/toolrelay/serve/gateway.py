@@ -17,6 +17,7 @@ by :mod:`toolrelay.serve.sessions` — and single exchanges for 2026-era request
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -32,6 +33,7 @@ from mcp.server.models import InitializationOptions
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.shared.message import SessionMessage
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import metrics, trace
@@ -45,15 +47,17 @@ from .._compat.mcp_server import OpenTelemetryMiddleware, connection_of
 from .._version import __version__
 from ..catalog import Catalog
 from ..dispatcher import Dispatcher
-from ..registry import CompiledTool
+from ..registry import CompiledTool, ToolRegistry
 from .answers import answer
 from .approvals import ElicitingApprover
 from .auth import transport_security
 from .callers import Callers
+from .channels import LogLevels, SessionChannel
 from .client_limits import ClientLimits
 from .fast_lane import FastLane
 from .limits import BodyLimit, bounded_stdin
 from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics
+from .relayed import as_stated, upstream_instructions
 from .sessions import SessionManager
 from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_S
 from .tracing import McpServerTelemetry
@@ -73,8 +77,20 @@ class _GatewayServer(Server[Any]):
     """The low-level server, advertising ``tools.listChanged`` on every transport.
 
     The streamable HTTP session manager builds its initialization options with no
-    arguments, so the default is changed here rather than at each call site.
+    arguments, so the default is changed here rather than at each call site. Its
+    ``instructions`` are the upstreams' (as they are now) followed by the gateway's own.
     """
+
+    registry: ToolRegistry | None = None
+
+    @property
+    def instructions(self) -> str | None:
+        upstream = [] if self.registry is None else upstream_instructions(self.registry)
+        return "\n\n".join([*upstream, INSTRUCTIONS])
+
+    @instructions.setter
+    def instructions(self, value: str | None) -> None:
+        pass  # always the composition above
 
     def create_initialization_options(
         self,
@@ -163,14 +179,18 @@ class Gateway:
         """The fast lane of the last :meth:`http_app` that keeps sessions."""
         self.catalog: Catalog | None = None
         """The tool catalog (``[serve.catalog]``): a deprecated tool's answers carry its hint."""
-        self.server = _GatewayServer(
-            name,
-            version=__version__,
-            instructions=INSTRUCTIONS,
-            on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
-            on_subscriptions_listen=self._listen,
-        )
+        self.log_levels = LogLevels(dispatcher.registry)
+        with warnings.catch_warnings():  # deprecated in 2026-era protocol, served to 2025's
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            self.server = _GatewayServer(
+                name,
+                version=__version__,
+                on_list_tools=self._list_tools,
+                on_call_tool=self._call_tool,
+                on_subscriptions_listen=self._listen,
+                on_set_logging_level=self.log_levels.set,
+            )
+        self.server.registry = dispatcher.registry
         # our spans and durations stand for the SDK's (which see only the global provider)
         self.telemetry = _server_telemetry(dispatcher)
         self._peers = _PeerTracker(watcher, callers)
@@ -188,13 +208,16 @@ class Gateway:
         refusal = self.limits.check(caller.name)
         if refusal is not None:
             raise refusal.error()
-        specs = self.dispatcher.specs(caller.profile, format="mcp")
+        specs = as_stated(
+            self.dispatcher.specs(caller.profile, format="mcp"), self.dispatcher.registry
+        )
         return types.ListToolsResult(tools=[types.Tool.model_validate(spec) for spec in specs])
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        return await self.call_tool(params.name, params.arguments, ctx.request_id)
+        async with SessionChannel(ctx, self.log_levels).relaying():
+            return await self.call_tool(params.name, params.arguments, ctx.request_id)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any] | None, request_id: types.RequestId | None
@@ -324,6 +347,7 @@ class Gateway:
                 self.telemetry,
                 self._peers.connections,
                 self._lane_open,
+                self.log_levels,
             )
         middleware: list[Middleware] = []
         if verifier is not None:

@@ -116,9 +116,9 @@ class SessionManager(SdkSessionManager):
             if scope.get("method") != "POST":
                 await super().handle_stateful(scope, receive, send)
                 return
-            watched = _WatchedPost(receive)
-            await super().handle_stateful(scope, watched.receive, send)
-            if watched.disconnected:
+            watched = _WatchedPost(receive, send)
+            await super().handle_stateful(scope, watched.receive, watched.send)
+            if watched.disconnected and not watched.answered:
                 await self._cancel_abandoned(session_id, watched.request_ids())
             return
         user = scope.get("user")
@@ -192,13 +192,22 @@ class SessionManager(SdkSessionManager):
 
 
 class _WatchedPost:
-    """A POST's ``receive``, noting its body (already bounded by ``BodyLimit``) and
-    whether the client disconnected."""
+    """A POST's ``receive`` and ``send``, noting its body (already bounded by
+    ``BodyLimit``), whether the client disconnected and whether its response was sent
+    whole (every request of it answered: a client closing the stream then, as the
+    TypeScript SDK does, abandons nothing)."""
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, send: Send) -> None:
         self._receive = receive
+        self._send = send
         self._body = bytearray()
         self.disconnected = False
+        self.answered = False
+
+    async def send(self, message: Message) -> None:
+        await self._send(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.answered = True
 
     async def receive(self) -> Message:
         message = await self._receive()

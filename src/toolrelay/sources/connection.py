@@ -87,10 +87,16 @@ class Connection:
         """The ``_meta`` the SDK's session stamps on every request of this connection."""
 
     def client_over(
-        self, transport: Transport, mode: str, lane: RawLane | None, server: str
+        self,
+        transport: Transport,
+        mode: str,
+        lane: RawLane | None,
+        server: str,
+        callbacks: dict[str, Any],
     ) -> Client:
         """An SDK client for this connection (not yet entered) in connect ``mode``, with
-        ``lane`` for ``tools/call`` when the transport has one (``None``: the SDK's path)."""
+        ``lane`` for ``tools/call`` when the transport has one (``None``: the SDK's path)
+        and the relay's ``callbacks`` (:meth:`~.relay.Relay.callbacks`)."""
 
         async def on_message(message: IncomingMessage) -> None:
             if isinstance(message, mcp_types.ToolListChangedNotification):
@@ -109,6 +115,7 @@ class Connection:
             message_handler=on_message,
             client_info=mcp_types.Implementation(name="toolrelay", version=__version__),
             cache=None,  # the source keeps its own copy of the listing and re-reads on change
+            **callbacks,
         )
 
     def close(self) -> None:

@@ -63,6 +63,7 @@ try:
         plain_text,
         result_data,
     )
+    from .relay import CALL_CHANNEL, CallChannel, forwarded_meta
     from .stdio import capped_stdio_client
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -158,8 +159,35 @@ class McpSource(Connector):
         entry = self._tools.entries.get(name)
         return None if entry is None else entry.decl
 
+    def upstream_tool(self, name: str) -> mcp_types.Tool | None:
+        """The tool as the server listed it, by its toolrelay name."""
+        entry = self._tools.entries.get(name)
+        return None if entry is None else entry.tool
+
+    @property
+    def instructions(self) -> str | None:
+        """The server's ``instructions`` (``None``: none, or not connected)."""
+        conn = self.conn
+        return None if conn is None or conn.client is None else conn.client.instructions
+
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
-        """Call the tool on the server. ``ctx`` is not forwarded to the server."""
+        """Call the tool on the server. ``ctx`` is not forwarded to the server; the
+        call's channel to its client (:mod:`.relay`), when the host set one, is."""
+        channel = CALL_CHANNEL.get()
+        if channel is None:
+            return await self._execute(name, args, None)
+        with self.relay.attempt(channel) as attempt:
+            try:
+                return await self._execute(name, args, channel)
+            except ToolError as exc:
+                if not (attempt.asked and exc.retryable):
+                    raise
+                # the client was asked during this attempt: another would ask again
+                final = ToolError(exc.message, error_type=exc.error_type, retryable=False)
+                final.counts_as_failure = exc.counts_as_failure
+                raise final from None
+
+    async def _execute(self, name: str, args: dict[str, Any], channel: CallChannel | None) -> Any:
         entry = self._tools.entries.get(name)
         if entry is None:
             raise ToolError(
@@ -171,7 +199,7 @@ class McpSource(Connector):
             raise self._unreachable(gone.args[0]) from None
         try:
             with map_mcp_errors():
-                result = await self._call(conn, entry.remote, args)
+                result = await self._call(conn, entry.remote, args, channel)
         except Disconnected as exc:
             self.lost(conn, str(exc))
             raise self._unreachable(self.backoff.remaining()) from None
@@ -207,15 +235,18 @@ class McpSource(Connector):
         return result_data(result)
 
     async def _call(
-        self, conn: Connection, remote: str, args: dict[str, Any]
+        self, conn: Connection, remote: str, args: dict[str, Any], channel: CallChannel | None
     ) -> mcp_types.CallToolResult | str:
-        """``tools/call`` on the raw lane when the connection has one, else the SDK's; a
-        plain text answer comes back as its text."""
+        """``tools/call`` on the raw lane when the connection has one (and the client asked
+        for no progress), else the SDK's; a plain text answer comes back as its text."""
         client, lane = conn.client, conn.lane
         assert client is not None
-        if lane is None:
-            return await client.call_tool(remote, args)
-        meta = dict(conn.call_meta)
+        forwarded = None if channel is None else forwarded_meta(channel.meta)
+        progress = None if channel is None or "progressToken" not in channel.meta else channel
+        if lane is None or progress is not None:
+            report = None if progress is None else progress.progress
+            return await client.call_tool(remote, args, progress_callback=report, meta=forwarded)
+        meta: dict[str, Any] = {**(forwarded or {}), **conn.call_meta}
         inject(meta)  # the caller's trace context, as the SDK's session injects it
         params: dict[str, Any] = {"name": remote, "arguments": args}
         if meta:
@@ -223,14 +254,14 @@ class McpSource(Connector):
         try:
             raw = await lane.request("tools/call", params)
         except ValueError:  # nothing sent: not strict JSON (NaN): the SDK writes it its way
-            return await client.call_tool(remote, args)
+            return await client.call_tool(remote, args, meta=forwarded)
         version = client.protocol_version
         text = plain_text(raw, version in MODERN_PROTOCOL_VERSIONS)
         if text is not None:
             return text
         result = call_result(raw, version)
         if result is None:  # input_required: the SDK's client drives those rounds
-            return await client.call_tool(remote, args)
+            return await client.call_tool(remote, args, meta=forwarded)
         return result
 
     def _unreachable(self, retry_after_s: float | None) -> ToolError:

@@ -31,6 +31,7 @@ from .._compat.mcp_client import replace_tool_result_check
 from .connection import DEAD, Backoff, Connection, State, list_tools, stamped_meta, trust_result
 from .errors import McpConnectError, Unreachable, cap, innermost, is_disconnect, why
 from .options import McpSourceOptions
+from .relay import CALL_CHANNEL, Relay
 from .stdio import StdioTransport
 
 log = logging.getLogger("toolrelay.sources.mcp")
@@ -65,6 +66,8 @@ class Connector:
         self._tg: anyio.abc.TaskGroup | None = None
         self.handshake_refused = False
         """The server refused the 2025 handshake ``auto`` offers over stdio first."""
+        self.relay = Relay(name)
+        """Routes the server's requests and notifications to the call they belong to."""
 
     # -- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -188,7 +191,11 @@ class Connector:
         assert self._tg is not None
         conn = Connection()
         self.conn = conn
-        self._tg.start_soon(self._run, conn, name=f"toolrelay MCP connection to {self.name}")
+        token = CALL_CHANNEL.set(None)  # the connection outlives the call that started it
+        try:
+            self._tg.start_soon(self._run, conn, name=f"toolrelay MCP connection to {self.name}")
+        finally:
+            CALL_CHANNEL.reset(token)
         return conn
 
     async def acquire(self) -> Connection:
@@ -232,7 +239,7 @@ class Connector:
         mode = self.options.protocol
         if lane is not None and mode == "auto" and not self.handshake_refused:
             mode = "legacy"  # see _enter
-        return conn.client_over(transport, mode, lane, self.name)
+        return conn.client_over(transport, mode, lane, self.name, self.relay.callbacks())
 
     async def _enter(self, stack: AsyncExitStack, conn: Connection) -> Client:
         """Connect, with ``protocol="auto"`` over stdio offering the 2025 handshake first:
@@ -281,6 +288,7 @@ class Connector:
                     if modern and (changes.list_changed if changes is not None else pinned):
                         tg.start_soon(self._listen, conn, client, changes is not None)
                     offered = self._listed(await list_tools(client))
+                    tg.start_soon(self.relay.set_level, client)
                     meta = stamped_meta(client) if conn.lane is not None else None
                     if meta is None:
                         conn.lane = None

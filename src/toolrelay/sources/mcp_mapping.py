@@ -104,6 +104,8 @@ def _riskier(a: Risk, b: Risk | None) -> Risk:
 class Entry:
     remote: str
     decl: ToolDeclaration
+    tool: mcp_types.Tool
+    """The tool as the server listed it (its title, annotations, execution: the gateway's)."""
 
 
 async def _never_called(args: dict[str, Any], ctx: AuthContext) -> None:  # pragma: no cover
@@ -209,7 +211,7 @@ class ToolMap:
             tags=self.tags,
         )
         if old is not None and old.remote == tool.name and old.decl == decl:
-            return old  # unchanged: keep the very object (the registry caches by it)
+            return Entry(tool.name, old.decl, tool)  # keep the very decl (the registry's key)
         try:
             compile_tool(decl, _never_called, self.options.reserved_properties)
         except RegistrationError as exc:
@@ -231,7 +233,7 @@ class ToolMap:
                 tool.name[:80],
                 risk,
             )
-        return Entry(tool.name, decl)
+        return Entry(tool.name, decl, tool)
 
 
 # -- results ----------------------------------------------------------------------------------
@@ -247,11 +249,17 @@ class McpList(list[Any]):
     mcp_result: mcp_types.CallToolResult
 
 
+class McpText(str):
+    """The text of one text block the server annotated (``annotations``, ``_meta``)."""
+
+    mcp_result: mcp_types.CallToolResult
+
+
 def upstream_result(data: Any) -> mcp_types.CallToolResult | None:
     """The MCP server's own result (``content`` and ``structuredContent`` only) when ``data``
     is exactly what :class:`~toolrelay.sources.mcp.McpSource` returned for it, else ``None``
     (also when the pipeline replaced it, e.g. cut it to the output cap)."""
-    return data.mcp_result if isinstance(data, McpDict | McpList) else None
+    return data.mcp_result if isinstance(data, McpDict | McpList | McpText) else None
 
 
 def _carry(data: McpDict | McpList, result: mcp_types.CallToolResult, size: int) -> Any:
@@ -278,7 +286,11 @@ def result_data(result: mcp_types.CallToolResult) -> Any:
         if not texts:
             return None
         if len(texts) == 1:
-            return texts[0]
+            if content[0].annotations is None and content[0].meta is None:
+                return texts[0]
+            carried = McpText(texts[0])
+            carried.mcp_result = mcp_types.CallToolResult(content=content, is_error=False)
+            return carried
         return _carry(McpList(texts), result, sum(len(text) + 3 for text in texts))
     blocks = McpList(b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in content)
     blocks.mcp_result = mcp_types.CallToolResult(content=content, is_error=False)  # all of it

@@ -1,0 +1,224 @@
+"""The client of a ``tools/call``, as the upstream MCP servers reach it during the call.
+
+:class:`SessionChannel` (a call the SDK serves) and :class:`LaneChannel` (a call the fast
+lane serves) are the :class:`~toolrelay.sources.relay.CallChannel` the gateway puts around
+``dispatch`` (:meth:`Channel.serving`): an upstream's progress comes back with the client's
+own ``progressToken``, its ``notifications/message`` at the levels the client wants, and its
+``sampling/createMessage``, ``elicitation/create`` and ``roots/list`` go to the client on the
+call's own stream — or, when the client did not declare the capability, cannot be asked on
+this transport (``json_response``, stateless, a 2026-era request) or the call has ended, the
+upstream gets an error at once (``-32601``) instead of waiting.
+
+:class:`LogLevels` keeps each 2025-era connection's ``logging/setLevel`` and passes the most
+verbose level any client asked for on to every upstream (a level is the whole upstream's:
+each client still gets only the levels it asked for).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, cast
+
+import anyio
+import mcp.types as types
+import pydantic_core
+from mcp.server.connection import Connection
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ValidationError
+
+from .._compat.mcp_server import connection_of
+from ..registry import ToolRegistry
+from ..sources.mcp import McpSource
+from ..sources.relay import CALL_CHANNEL, LOG_LEVEL_META, CallChannel, R, level_passes
+
+__all__ = ["LaneChannel", "LogLevels", "SessionChannel"]
+
+_CAPABILITY = {
+    "sampling/createMessage": "sampling",
+    "elicitation/create": "elicitation",
+    "roots/list": "roots",
+}
+_SET_LEVEL_S = 5.0
+_WITHDRAW_S = 1.0  # at most this long, a cancelled call waits to withdraw its requests
+
+
+def _refused(method: str, why: str) -> types.ErrorData:
+    return types.ErrorData(code=types.METHOD_NOT_FOUND, message=f"{method}: {why}")
+
+
+class Channel:
+    """What both channels share: the call's ``_meta``, its progress token, its end."""
+
+    def __init__(self, meta: Mapping[str, Any] | None) -> None:
+        meta = dict(meta or {})
+        if "progress_token" in meta:  # as the SDK parsed it: the wire's name
+            meta["progressToken"] = meta.pop("progress_token")
+        self.meta: Mapping[str, Any] = meta
+        self.token = meta.get("progressToken")
+        self.closed = False
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """The dispatch inside runs with this channel; after it, the channel is closed."""
+        token = CALL_CHANNEL.set(cast("CallChannel", self))  # each subclass is one
+        try:
+            yield
+        finally:
+            self.closed = True
+            CALL_CHANNEL.reset(token)
+
+
+class SessionChannel(Channel):
+    """A call the SDK serves: messages go through its server session, on the call's stream."""
+
+    def __init__(self, ctx: ServerRequestContext[Any, Any], levels: LogLevels) -> None:
+        self._session = ctx.session
+        self._request_id = ctx.request_id
+        self._modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        self._asking: set[anyio.CancelScope] = set()
+        self._withdrawn = anyio.Event()
+        meta: dict[str, Any] = dict(ctx.meta or {})
+        if self._modern:  # 2026-era: an opt-in per request
+            self._wanted: str | None = meta.get(LOG_LEVEL_META)
+        else:
+            self._wanted = levels.of(ctx.session)
+            if self._wanted is not None:
+                meta.setdefault(LOG_LEVEL_META, self._wanted)  # for a 2026-era upstream
+        super().__init__(meta)
+
+    @asynccontextmanager
+    async def relaying(self) -> AsyncIterator[None]:
+        """:meth:`serving`; at the end, a request still waiting on the client is withdrawn
+        (its ``notifications/cancelled`` goes out while the call's stream is open)."""
+        with self.serving():
+            try:
+                yield
+            finally:
+                self.closed = True
+                if self._asking:
+                    for scope in self._asking:
+                        scope.cancel()
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(_WITHDRAW_S):
+                        await self._withdrawn.wait()
+
+    async def _send(self, notification: types.ServerNotification) -> None:
+        if not self.closed:
+            await self._session.send_notification(notification, self._request_id)
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        if self.token is not None:
+            params = types.ProgressNotificationParams(
+                progress_token=self.token, progress=progress, total=total, message=message
+            )
+            await self._send(types.ProgressNotification(params=params))
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        if (self._wanted is not None or not self._modern) and level_passes(
+            params.level, self._wanted
+        ):
+            await self._send(types.LoggingMessageNotification(params=params))
+
+    async def ask(self, request: types.ServerRequest, result_type: type[R]) -> R | types.ErrorData:
+        method = request.method
+        capabilities = self._session.client_capabilities
+        declared = None if capabilities is None else getattr(capabilities, _CAPABILITY[method])
+        if declared is None:
+            return _refused(method, "the client of this call did not declare the capability")
+        if self.closed or self._modern or not self._session.can_send_request:
+            return _refused(method, "the client of this call cannot be asked now")
+        related = ServerMessageMetadata(related_request_id=self._request_id)
+        with anyio.CancelScope() as scope:
+            self._asking.add(scope)
+            try:
+                return await self._session.send_request(request, result_type, metadata=related)
+            except MCPError as exc:
+                return types.ErrorData(code=exc.code, message=exc.message, data=exc.data)
+            except ValidationError:
+                message = f"{method}: the client's answer is not a valid result"
+                return types.ErrorData(code=types.INTERNAL_ERROR, message=message)
+            finally:
+                self._asking.discard(scope)
+                if not self._asking and self.closed:
+                    self._withdrawn.set()
+        return _refused(method, "the call ended before the client answered")
+
+
+class LaneChannel(Channel):
+    """A call the fast lane serves (a client that declared none of sampling, elicitation
+    and roots): notifications are written to its SSE stream by ``emit`` (``None``: a
+    JSON answer, which carries none)."""
+
+    def __init__(
+        self,
+        meta: Mapping[str, Any] | None,
+        emit: Callable[[bytes], Awaitable[None]] | None,
+        wanted: str | None,
+    ) -> None:
+        super().__init__(meta)
+        self._emit = emit
+        self._wanted = wanted
+
+    async def _send(self, method: str, params: dict[str, Any]) -> None:
+        if self._emit is not None and not self.closed:
+            message = {"jsonrpc": "2.0", "method": method, "params": params}
+            await self._emit(pydantic_core.to_json(message))
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        if self.token is not None:
+            params = types.ProgressNotificationParams(
+                progress_token=self.token, progress=progress, total=total, message=message
+            )
+            await self._send("notifications/progress", _wire(params))
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        if level_passes(params.level, self._wanted):
+            await self._send("notifications/message", _wire(params))
+
+    async def ask(self, request: types.ServerRequest, result_type: type[R]) -> R | types.ErrorData:
+        return _refused(request.method, "the client of this call did not declare the capability")
+
+
+def _wire(params: BaseModel) -> dict[str, Any]:
+    dumped: dict[str, Any] = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return dumped
+
+
+class LogLevels:
+    """Each 2025-era connection's ``logging/setLevel``, and the upstreams' level."""
+
+    def __init__(self, registry: ToolRegistry) -> None:
+        self._registry = registry
+        self._levels: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
+
+    def of(self, session: object) -> str | None:
+        """The level the connection of ``session`` asked for (``None``: every message)."""
+        connection = connection_of(session)
+        return None if connection is None else self._levels.get(connection)
+
+    def of_connection(self, connection: Connection) -> str | None:
+        return self._levels.get(connection)
+
+    async def set(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        """The ``logging/setLevel`` handler."""
+        connection = connection_of(ctx.session)
+        if connection is not None:
+            self._levels[connection] = params.level
+        for plugin in self._registry.plugins():
+            if not isinstance(plugin, McpSource):
+                continue
+            relay = plugin.relay
+            if relay.log_level is not None and level_passes(params.level, relay.log_level):
+                continue  # the upstream already sends this level and up
+            relay.log_level = params.level
+            conn = plugin.conn
+            if conn is not None and conn.client is not None:
+                with anyio.move_on_after(_SET_LEVEL_S):
+                    await relay.set_level(conn.client)
+        return types.EmptyResult()
