@@ -62,8 +62,10 @@ class RedisLink:
         timeout_s: float = 0.05,
         probe_interval_s: float = 5.0,
         sync_interval_s: float = 0.2,
+        join_timeout_s: float = 0.05,
         lease_s: float = 60.0,
         prefix: str = "toolrelay:",
+        budgets: RetryBudgets | None = None,
         on_change: Callable[[bool], None] | None = None,
         on_reject: Callable[[str, str], None] | None = None,
     ) -> None:
@@ -86,6 +88,7 @@ class RedisLink:
         )
         self.probe_interval_s = probe_interval_s
         self.sync_interval_s = sync_interval_s
+        self.join_timeout_s = join_timeout_s
         self.lease_ms = ms(lease_s)
         self.prefix = prefix
         self.on_change = on_change
@@ -99,7 +102,7 @@ class RedisLink:
         self.commands = 0
         """Redis round trips made by the replication thread (a pipeline counts once)."""
         self._storages: dict[str, SharedStorage] = {}
-        self.budgets: RetryBudgets | None = None
+        self.budgets = budgets
         """The dispatcher's retry budgets, replicated with the breaker counts."""
         self._ops: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._scripts = {
@@ -162,6 +165,8 @@ class RedisLink:
             if self.on_change is not None:
                 self.on_change(False)
             self.up = False  # last: whoever sees it down also sees the gauge say so
+        for storage in list(self._storages.values()):
+            storage.joined.set()  # a key's first calls wait no more: they decide alone
 
     def _recovered(self) -> None:
         self.up = True
@@ -184,7 +189,7 @@ class RedisLink:
     # -- the replication thread ------------------------------------------------------------------
     def _write(self) -> None:
         ops = self._ops
-        while not self._closed.is_set():
+        while True:  # until close()'s stop: what was queued before it is handed over
             wait = self._next_sync - time.monotonic()
             try:
                 first = ops.get(timeout=max(0.0, wait)) if wait > 0 else ops.get_nowait()
@@ -310,10 +315,13 @@ class RedisLink:
                 continue
             if fields[0] is not None:  # gen: Redis knows the key
                 breaker.inbox.append(remote)
+            storage.heard = True
             breaker.others = read_others(counts, self.replica, remote.period, stale, reject)
             budget = None if self.budgets is None else self.budgets.known(storage.key)
             if budget is not None:
                 budget.share(*read_budget_others(counts, self.replica, stale, reject))
+        for storage in active:
+            storage.joined.set()  # after the inbox and the budget: a first call sees both
 
     def _resync(self) -> None:
         """Redis is back: push a local open state Redis lacks, else adopt Redis's state."""
