@@ -59,6 +59,8 @@ class AdminState:
     """The upstream MCP servers: the gateway is ready only when the required ones are up."""
     reload: Callable[[], Awaitable[m.Reloaded]] | None = None
     """Re-read and apply the config file (``POST /reload``); ``None``: not offered."""
+    config_hash: Callable[[], str | None] = lambda: None
+    """The content hash of the config file in force (``/readyz`` shows it)."""
 
     def set_ready(self, ready: bool, reason: str = "") -> None:
         """Readiness as ``/readyz`` reports it."""
@@ -143,10 +145,12 @@ async def readyz(state: State, response: Response) -> m.Readiness:
     reason = None if state.ready else state.reason or "not ready"
     if reason is None and health is not None:
         reason = health.not_ready()
+    config = state.config_hash()
     if reason is not None:
         response.status_code = 503
-        return m.Readiness(ready=False, reason=reason, upstreams=upstreams)
-    return m.Readiness(ready=True, tools=len(state.dispatcher.registry), upstreams=upstreams)
+        return m.Readiness(ready=False, reason=reason, upstreams=upstreams, config_hash=config)
+    tools = len(state.dispatcher.registry)
+    return m.Readiness(ready=True, tools=tools, upstreams=upstreams, config_hash=config)
 
 
 @authed.get(
