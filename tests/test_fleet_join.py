@@ -1,5 +1,6 @@
-"""A replica joins the fleet before it decides: its first call on a key waits (bounded) for
-the fleet's state of that key in a real redis-server: breaker, pin, retry budget."""
+"""A fleet through a real redis-server: a replica joins before it decides (its first call on
+a key waits, bounded, for the fleet's breaker state, pin and retry budget), and a client's
+rate is the fleet's, not each replica's."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from toolrelay import (
     ToolRegistry,
 )
 from toolrelay.events import StorageJoined
+from toolrelay.serve.client_limits import ClientLimit, ClientLimits
+from toolrelay.storage import RedisLink
 
 pytestmark = [pytest.mark.anyio, pytest.mark.servers]
 
@@ -161,3 +164,30 @@ async def test_with_redis_paused_the_first_call_waits_no_longer_than_the_bound(
         late.close()
     finally:
         os.kill(redis.proc.pid, signal.SIGCONT)
+
+
+# -- one rate per client for the fleet -------------------------------------------------------
+def test_two_replicas_give_a_client_its_rate_not_twice_it(redis: RedisServer, key: str) -> None:
+    """Two gateways' limits sharing one Redis, a client's requests spread over both at 400/s
+    for 1.6 s: after the first buckets (full at start), the fleet admits the client's rate."""
+    rate = 20.0
+    replicas = []
+    for _ in range(2):
+        link = RedisLink(redis.url, sync_interval_s=0.05, prefix=f"{key}:")
+        limits = ClientLimits(ClientLimit(rate_per_s=rate))
+        limits.share_with(link)
+        replicas.append((link, limits))
+    admitted: list[float] = []
+    started = time.monotonic()
+    index = 0
+    while (now := time.monotonic()) - started < 1.6:
+        link, limits = replicas[index % 2]
+        index += 1
+        if limits.enter("agent") is None:
+            limits.leave("agent")
+            admitted.append(now - started)
+        time.sleep(0.0025)
+    for link, _ in replicas:
+        link.close()
+    steady = [at for at in admitted if 0.6 <= at < 1.6]  # one second, buckets long emptied
+    assert 0.7 * rate <= len(steady) <= 1.4 * rate, (len(steady), len(admitted))

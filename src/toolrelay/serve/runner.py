@@ -120,6 +120,8 @@ class Service:
             names=[caller.name for caller in self.callers.all()],
             metrics=self.metrics,
         )
+        if self.dispatcher.storage_link is not None:  # one rate per client for the fleet
+            self.limits.share_with(self.dispatcher.storage_link)
         self.gateway = Gateway(
             self.dispatcher, self.callers, self.watcher, self.metrics, limits=self.limits
         )
