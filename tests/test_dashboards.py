@@ -121,6 +121,7 @@ GATEWAY_CONTRACT: dict[str, Metric] = {
     "toolrelay_mcp_upstream_up": Metric("gauge", ("upstream",)),
     "toolrelay_mcp_upstream_connection_failures_total": Metric("counter", ("upstream",)),
     "toolrelay_mcp_upstream_new_tools_total": Metric("counter", ("upstream",)),
+    "toolrelay_config_info": Metric("gauge", ("hash",)),
 }
 
 # Label values a selector may name, where the contract fixes them.
@@ -741,3 +742,29 @@ def test_exposition_matches_the_contract() -> None:
             bounds = re.findall(rf'^{name}_bucket\{{.*le="([^"]+)"', text, re.MULTILINE)
             first = bounds[: bounds.index("+Inf") + 1]
             assert [float(b) for b in first] == [*metric.buckets, float("inf")], name
+
+
+# Panels about one replica's own plumbing, drawn per instance; every other panel adds up
+# (or takes the worst of) the selected instances of a fleet.
+PER_REPLICA = frozenset(
+    {
+        "Abandoned workers",
+        "Worker processes killed",
+        "Event loop held by async handlers",
+        "Breaker storage up",
+        "Open MCP sessions",
+        "Adaptive concurrency limit and calls in flight",
+    }
+)
+
+
+def test_panels_aggregate_across_the_selected_instances() -> None:
+    """A fleet's replicas are told apart by ``instance`` (the scrape's label): every query
+    selects ``instance=~"$instance"`` and aggregates it away, except the per-replica panels."""
+    for title, target in dashboard_targets():
+        expr = target["expr"]
+        assert 'instance=~"$instance"' in expr, title
+        grouped = {
+            label.strip() for by in re.findall(r"by \(([^)]*)\)", expr) for label in by.split(",")
+        }
+        assert ("instance" in grouped) == (title in PER_REPLICA), title
