@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 import redis as redis_py
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from helpers import wait_until
 from redis_server import RedisServer
@@ -72,16 +75,24 @@ def shared(redis: RedisServer, name: str) -> dict[str, str]:
 
 
 def replica(
-    url: str, key: str, policy: KeyPolicy = POLICY, **storage: Any
+    url: str, key: str, policy: KeyPolicy = POLICY, spans: Any = None, **storage: Any
 ) -> tuple[Dispatcher, Failing, list[Any]]:
-    """A new replica (dispatcher) of ``key``: its tool always fails; the events it saw."""
+    """A new replica (dispatcher) of ``key``: its tool always fails; the events it saw
+    (``spans``: an exporter its calls' spans go to)."""
     registry = ToolRegistry()
     tool = Failing()
     registry.tool(name="pay", parameters={"type": "object"}, breaker_key=key)(tool)  # type: ignore[arg-type]
     events: list[Any] = []
     options = DispatcherOptions(keys={key: policy}, storage=StorageOptions(url=url, **storage))
+    provider = TracerProvider()
+    if spans is not None:
+        provider.add_span_processor(SimpleSpanProcessor(spans))
     dispatcher = Dispatcher(
-        registry, options, audit=None, observers=[lambda inv, e: events.append(e)]
+        registry,
+        options,
+        audit=None,
+        observers=[lambda inv, e: events.append(e)],
+        tracer_provider=provider,
     )
     return dispatcher, tool, events
 
@@ -96,10 +107,13 @@ async def test_a_new_replica_refuses_its_first_call_to_a_key_the_fleet_holds_ope
     await first.aclose()  # hands its decision to Redis: a replica started now must see it
     assert shared(redis, key)["state"] == "open"
 
-    late, tool, events = replica(redis.url, key)
+    spans = InMemorySpanExporter()
+    late, tool, events = replica(redis.url, key, spans=spans)
     result = await late.dispatch("pay", {})
     assert result.error_type is ErrorType.CIRCUIT_OPEN
     assert tool.calls == 0  # the dead service got nothing from the new replica
+    (span,) = spans.get_finished_spans()
+    assert span.attributes is not None and span.attributes["toolrelay.breaker.joined"] == "fleet"
     joined = [e for e in events if isinstance(e, StorageJoined)]
     assert len(joined) == 1 and not joined[0].alone and joined[0].waited_s < 1.0
     result = await late.dispatch("pay", {})
