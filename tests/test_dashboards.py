@@ -124,6 +124,7 @@ GATEWAY_CONTRACT: dict[str, Metric] = {
     "toolrelay_tool_drift_total": Metric("counter", ("tool", "kind")),
     "toolrelay_tool_descriptions_flagged_total": Metric("counter", ("tool", "rule")),
     "toolrelay_deprecated_calls_total": Metric("counter", ("tool", "caller")),
+    "toolrelay_config_info": Metric("gauge", ("hash",)),
 }
 
 # Label values a selector may name, where the contract fixes them.
@@ -745,3 +746,29 @@ def test_exposition_matches_the_contract() -> None:
             bounds = re.findall(rf'^{name}_bucket\{{.*le="([^"]+)"', text, re.MULTILINE)
             first = bounds[: bounds.index("+Inf") + 1]
             assert [float(b) for b in first] == [*metric.buckets, float("inf")], name
+
+
+# Panels about one replica's own plumbing, drawn per instance; every other panel adds up
+# (or takes the worst of) the selected instances of a fleet.
+PER_REPLICA = frozenset(
+    {
+        "Abandoned workers",
+        "Worker processes killed",
+        "Event loop held by async handlers",
+        "Breaker storage up",
+        "Open MCP sessions",
+        "Adaptive concurrency limit and calls in flight",
+    }
+)
+
+
+def test_panels_aggregate_across_the_selected_instances() -> None:
+    """A fleet's replicas are told apart by ``instance`` (the scrape's label): every query
+    selects ``instance=~"$instance"`` and aggregates it away, except the per-replica panels."""
+    for title, target in dashboard_targets():
+        expr = target["expr"]
+        assert 'instance=~"$instance"' in expr, title
+        grouped = {
+            label.strip() for by in re.findall(r"by \(([^)]*)\)", expr) for label in by.split(",")
+        }
+        assert ("instance" in grouped) == (title in PER_REPLICA), title

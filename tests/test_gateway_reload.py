@@ -7,8 +7,10 @@ sessions opened before a reload are used after it (same ``Mcp-Session-Id``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator
@@ -103,6 +105,16 @@ def narrowed(path: Path, narrow: bool) -> None:
 async def reload(server: HttpServer) -> dict[str, Any]:
     result: dict[str, Any] = await server.admin.call("POST", "/reload")
     return result
+
+
+async def running(server: HttpServer) -> tuple[str, list[str]]:
+    """The config hash ``/readyz`` reports, and those ``toolrelay_config_info`` is 1 for."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        ready = (await http.get(server.admin.url + "/readyz", headers=headers)).json()
+        metrics = (await http.get(server.admin.url + "/metrics", headers=headers)).text
+    info = re.findall(r'^toolrelay_config_info\{hash="([0-9a-f]+)"\} 1\.0$', metrics, re.M)
+    return ready["config_hash"], info
 
 
 async def refused(server: HttpServer) -> httpx.Response:
@@ -249,6 +261,8 @@ async def test_a_bad_file_is_refused_and_the_old_config_keeps_serving(
 ) -> None:
     config = tmp_path / "toolrelay.toml"
     good = config.read_text()
+    in_force = hashlib.sha256(config.read_bytes()).hexdigest()
+    assert await running(server) == (in_force, [in_force])
     async with http_session(server.mcp_url, SUPPORT_TOKEN) as (support, _):
         config.write_text(good + "\n[breakers.x\n")  # not TOML
         answer = await refused(server)
@@ -278,6 +292,12 @@ async def test_a_bad_file_is_refused_and_the_old_config_keeps_serving(
     lines = [line for line in server.errlog.read_text().splitlines() if "reload refused" in line]
     assert len(lines) == 4 and all("the old config keeps serving" in line for line in lines)
     assert "nobody" in lines[-1]
+    # in a fleet, this replica shows it runs the old config, not the file's
+    assert await running(server) == (in_force, [in_force])
+    config.write_text(good.replace("fail_max = 2", "fail_max = 3"))
+    assert (await reload(server))["changed"]  # a good reload converges
+    now = hashlib.sha256(config.read_bytes()).hexdigest()
+    assert now != in_force and await running(server) == (now, [now])
 
 
 @pytest.mark.anyio

@@ -279,3 +279,24 @@ def test_alert_rules_load_and_evaluate(prometheus: Prometheus) -> None:
     assert all(rule["health"] == "ok" for rule in rules), [
         (r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"
     ]
+
+
+def test_the_instance_selector_splits_a_fleet_and_panels_add_it_up(prometheus: Prometheus) -> None:
+    """Three processes of job ``toolrelay`` (a fleet, told apart by ``instance``): a panel
+    with every instance selected adds theirs up in one series; selecting one instance
+    narrows it to that replica's."""
+    at = str(time.time())
+
+    def value(expr: str) -> float:
+        answer = prometheus.get("/api/v1/query", query=expr, time=at)["data"]["result"]
+        assert len(answer) == 1, (expr, answer)  # aggregated across instances: one series
+        return float(answer[0]["value"][1])
+
+    panel = dict(dashboard_queries())["Tool calls"]  # $instance = ".*": every replica
+    instances = {r["metric"]["instance"] for r in prometheus.query("toolrelay_tool_calls_total")}
+    assert len(instances) >= 2
+    each = [value(panel.replace('instance=~".*"', f'instance=~"{i}"')) for i in sorted(instances)]
+    assert all(v > 0 for v in each)
+    assert value(panel) == pytest.approx(sum(each))
+    (info,) = prometheus.query('toolrelay_config_info{job="toolrelay"}')  # the gateway's
+    assert re.fullmatch(r"[0-9a-f]{64}", info["metric"]["hash"])

@@ -33,7 +33,7 @@ from .pipeline.bulkhead import Bulkhead
 from .pipeline.deadline import Deadline
 from .pipeline.decode import Decode
 from .pipeline.fallback import Fallback
-from .pipeline.fastfail import FastFail
+from .pipeline.fastfail import FastFail, Join
 from .pipeline.faults import FaultInjector
 from .pipeline.hedge import Hedge
 from .pipeline.invoke import Invoke
@@ -60,14 +60,13 @@ ANONYMOUS = AuthContext()
 class Dispatcher:
     """Runs tool calls through the pipeline, in this order (outermost first)::
 
-        audit → resolve + policy → fallback → fast-fail (open breaker) → decode → validate → approve
-        → shape (on the way out) → deadline → retry → hedge → breaker → bulkhead → faults
-        → invoke
+        audit → resolve + policy → fallback → join (shared storage) → fast-fail (open breaker)
+        → decode → validate → approve → shape (on the way out) → deadline → retry → hedge
+        → breaker → bulkhead → faults → invoke
 
-    (``telemetry`` wraps all of it when enabled.)
-
-    Stages before the deadline never touch the breaker: a caller's mistake is not a
-    service failure. Several dispatchers may share one registry.
+    (``telemetry`` wraps all of it when enabled.) Stages before the deadline never touch the
+    breaker: a caller's mistake is not a service failure. Several dispatchers may share one
+    registry.
     """
 
     def __init__(
@@ -108,10 +107,12 @@ class Dispatcher:
         )
         self.storage_link: RedisLink | None = None
         factory: StorageFactory | None = None
+        self.budgets = budgets = RetryBudgets(lambda key: self.policy(key).budget)
         storage = options.storage
         if storage is not None:
             self.storage_link = link = RedisLink(
                 **dataclasses.asdict(storage),
+                budgets=budgets,
                 on_change=None if tel is None else tel.storage_changed,
                 on_reject=None if tel is None else tel.storage_rejected,
             )
@@ -129,9 +130,7 @@ class Dispatcher:
         self.bulkhead = Bulkhead(
             lambda key: self.policy(key).bulkhead, lambda key: self.workers.get(key).abandoned
         )
-        self.budgets = RetryBudgets(lambda key: self.policy(key).budget)
-        if self.storage_link is not None:
-            self.storage_link.budgets = self.budgets
+        join = [] if storage is None else [Join(self.breakers, budgets, storage.join_timeout_s)]
         outer: list[Stage] = []
         if audit is not None and options.audit:
             outer.append(Audit(audit, arguments=options.audit_arguments, redact=self.redact))
@@ -140,6 +139,7 @@ class Dispatcher:
         self.faults = FaultInjector(options.faults, options.fault_seed, on_change=self._compose)
         self._outer = outer
         self._inner: list[Stage] = [
+            *join,
             FastFail(self.breakers),
             Decode(limits.max_argument_bytes, limits.max_argument_depth, self.redact),
             Validate(self.redact),

@@ -19,6 +19,7 @@ __all__ = [
     "LoopBlocked",
     "RetryBudgetExhausted",
     "RetryScheduled",
+    "StorageJoined",
     "WorkerAbandoned",
     "WorkerKilled",
 ]
@@ -139,6 +140,16 @@ class FallbackEnded:
     attempts: int
 
 
+@dataclass(frozen=True, slots=True)
+class StorageJoined:
+    """A first call of ``breaker_key`` on this replica waited ``waited_s`` for the fleet's
+    shared state of the key; ``alone``: it did not arrive in time, the key decides alone."""
+
+    breaker_key: str
+    waited_s: float
+    alone: bool
+
+
 Event = (
     AttemptEnded
     | FallbackEnded
@@ -152,4 +163,5 @@ Event = (
     | LoopBlocked
     | ConcurrencyLimited
     | ConcurrencyLimitUpdated
+    | StorageJoined
 )

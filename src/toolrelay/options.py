@@ -81,12 +81,14 @@ class Limits:
 class StorageOptions:
     """Breaker state shared by the replicas through Redis (:mod:`toolrelay.storage`):
     ``url``, each command's ``timeout_s``, how often an unreachable Redis is probed
-    (``probe_interval_s``) and how often counts are shared (``sync_interval_s``)."""
+    (``probe_interval_s``), how often counts are shared (``sync_interval_s``) and how long
+    a key's first calls wait for the fleet's state of it (``join_timeout_s``)."""
 
     url: Annotated[str, Strict(), Field(pattern=r"^(redis|rediss|unix)://")]
     timeout_s: Positive = 0.05
     probe_interval_s: Positive = 5.0
     sync_interval_s: Positive = 0.2
+    join_timeout_s: Positive = 0.05
 
 
 @one_line_errors("DispatcherOptions.{}")

@@ -120,6 +120,10 @@ class Breakers:
                 hook(key, breaker.state)
         return breaker
 
+    def known(self, key: str) -> KeyBreaker | None:
+        """``key``'s breaker if it exists (never creates one)."""
+        return self._breakers.get(key)
+
     def _notify(self, key: str, old: str, new: str) -> None:
         log.info("toolrelay: breaker %s %s → %s", key, old, new)
         for listener in self.listeners:

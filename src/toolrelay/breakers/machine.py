@@ -107,6 +107,9 @@ class BreakerMachine(Replica):
             name=key,
         )
         self.known = _STATE[self.cb.state.name]
+        self.joined = self.shared is None
+        """Whether a call has decided on this key yet (with shared storage, the first ones
+        wait for the fleet's state: :class:`~toolrelay.pipeline.fastfail.Join`)."""
         if self.shared is not None:
             self.shared.attach(self)
 

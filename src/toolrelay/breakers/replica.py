@@ -13,6 +13,7 @@ it (and imports this module, never the other way round).
 from __future__ import annotations
 
 import math
+import threading
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -139,6 +140,10 @@ class Replication(Protocol):
     Every method only queues work for the storage's thread: none waits on I/O."""
 
     replicated: bool
+    joined: threading.Event
+    """Set once the first read of the fleet's state of the key has ended, either way."""
+    heard: bool
+    """Whether that read got the fleet's state (else the key decides alone until a sync)."""
 
     @property
     def up(self) -> bool:

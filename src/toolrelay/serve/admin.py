@@ -62,6 +62,8 @@ class AdminState:
     """Re-read and apply the config file (``POST /reload``); ``None``: not offered."""
     catalog: Catalog | None = None
     """The tool lock and its drift (``GET /tools/{name}/drift``); ``None``: no lock."""
+    config_hash: Callable[[], str | None] = lambda: None
+    """The content hash of the config file in force (``/readyz`` shows it)."""
 
     def set_ready(self, ready: bool, reason: str = "") -> None:
         """Readiness as ``/readyz`` reports it."""
@@ -146,10 +148,12 @@ async def readyz(state: State, response: Response) -> m.Readiness:
     reason = None if state.ready else state.reason or "not ready"
     if reason is None and health is not None:
         reason = health.not_ready()
+    config = state.config_hash()
     if reason is not None:
         response.status_code = 503
-        return m.Readiness(ready=False, reason=reason, upstreams=upstreams)
-    return m.Readiness(ready=True, tools=len(state.dispatcher.registry), upstreams=upstreams)
+        return m.Readiness(ready=False, reason=reason, upstreams=upstreams, config_hash=config)
+    tools = len(state.dispatcher.registry)
+    return m.Readiness(ready=True, tools=tools, upstreams=upstreams, config_hash=config)
 
 
 @authed.get(

@@ -91,6 +91,10 @@ class Readiness(BaseModel):
     upstreams: list[UpstreamView] | None = Field(
         default=None, description="Every upstream MCP server's state (when there are any)."
     )
+    config_hash: str | None = Field(
+        default=None,
+        description="SHA-256 of the config file in force (a failed reload keeps the old one).",
+    )
 
 
 class BreakerView(BaseModel):

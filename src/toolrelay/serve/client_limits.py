@@ -8,11 +8,13 @@ limited, the answers and the metrics: ``docs/serve.md``.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from mcp.shared.exceptions import MCPError
 
@@ -25,6 +27,7 @@ __all__ = [
     "RATE_LIMITED",
     "ClientLimit",
     "ClientLimits",
+    "FleetRates",
     "Refusal",
     "TokenBucket",
     "configured_limits",
@@ -35,6 +38,14 @@ RATE_LIMITED = -32000
 implementation-defined server error)."""
 
 Reason = Literal["rate", "concurrency"]
+
+
+class Sharing(Protocol):
+    """What the limits need of the shared storage (:class:`toolrelay.storage.RedisLink`)."""
+
+    def share(self, share: FleetRates) -> None: ...
+
+
 Clock = Callable[[], float]
 
 
@@ -49,7 +60,7 @@ class TokenBucket:
         if burst < 1:
             raise ValueError("burst must be at least 1")
         self.rate_per_s = rate_per_s
-        self.burst = burst
+        self.burst: float = burst
         self._clock = clock
         self._tokens = float(burst)
         self._last = clock()
@@ -128,12 +139,63 @@ class Refusal:
 
 
 class _Client:
-    __slots__ = ("bucket", "in_flight", "limit")
+    __slots__ = ("bucket", "demand", "in_flight", "limit")
 
     def __init__(self, limit: ClientLimit, clock: Clock) -> None:
         self.limit = limit
         self.bucket = limit.bucket(clock)
         self.in_flight = 0
+        self.demand = [-1, 0, 0]  # this second, requests in it, requests in the one before
+
+
+class FleetRates:
+    """A fleet's share of each client's rate: every sync of the shared storage, each replica
+    publishes how many requests each client sent it in the last second (its *demand*) and
+    reads the others'; a replica's bucket then refills at ``rate_per_s × mine / (mine +
+    theirs)``, so the replicas together admit a client's rate, split by where its requests
+    go. Without fresh news from the others (no storage, Redis down, others' values older
+    than :data:`FRESH_S`), a replica's share is 1: per replica, as without a fleet."""
+
+    name = "client_demand"
+    FRESH_S = 2.0
+
+    def __init__(self, clients: Mapping[str, _Client], clock: Clock) -> None:
+        self._clients = clients
+        self._clock = clock
+        self._theirs: dict[str, float] = {}
+        self._until = -math.inf
+
+    def mine(self) -> str:
+        now = self._clock()
+        return json.dumps({name: _demand(c.demand, now) for name, c in list(self._clients.items())})
+
+    def heard(self, others: list[str]) -> None:
+        theirs: dict[str, float] = {}
+        for value in others:
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                for name, demand in json.loads(value).items():
+                    theirs[name] = theirs.get(name, 0.0) + max(0.0, float(demand))
+        self._theirs, self._until = theirs, self._clock() + self.FRESH_S
+
+    def share(self, name: str, client: _Client) -> float:
+        """``name``'s share of its rate on this replica (counting this request)."""
+        now = self._clock()
+        second, demand = int(now), client.demand
+        if demand[0] != second:
+            demand[:] = [second, 0, demand[1] if demand[0] == second - 1 else 0]
+        demand[1] += 1
+        theirs = self._theirs.get(name, 0.0) if now <= self._until else 0.0
+        mine = _demand(demand, now)
+        return mine / (mine + theirs) if theirs > 0 else 1.0
+
+
+def _demand(demand: list[int], now: float) -> float:
+    """Requests over the last second, from two one-second buckets (the older pro rata)."""
+    second, current, before = demand
+    left = 1.0 - (now - int(now))
+    if second == int(now):
+        return current + before * left
+    return current * left if second == int(now) - 1 else 0.0
 
 
 class ClientLimits:
@@ -155,6 +217,8 @@ class ClientLimits:
         self._clock = clock
         self._metrics = metrics
         self._clients: dict[str, _Client] = {}
+        self.fleet: FleetRates | None = None
+        """The fleet's shares of the clients' rates (:meth:`share_with`), if shared."""
         self.update(default, clients)
         names = {*names, *self._limits}
         if metrics is not None:
@@ -175,6 +239,20 @@ class ClientLimits:
                 fresh = _Client(limit, self._clock)
                 fresh.in_flight = client.in_flight
                 self._clients[name] = fresh
+
+    def share_with(self, link: Sharing) -> None:
+        """Make the clients' rates fleet-wide through ``link`` (the shared storage's)."""
+        self.fleet = FleetRates(self._clients, self._clock)
+        link.share(self.fleet)
+
+    def _take(self, name: str, client: _Client, bucket: TokenBucket) -> float:
+        limit, fleet = client.limit, self.fleet
+        if fleet is not None and limit.rate_per_s is not None:
+            share = fleet.share(name, client)
+            bucket.rate_per_s = limit.rate_per_s * share
+            burst = limit.burst if limit.burst is not None else math.ceil(limit.rate_per_s)
+            bucket.burst = max(1.0, burst * share)
+        return bucket.take()
 
     def limit(self, name: str) -> ClientLimit:
         """The limits of the caller ``name``."""
@@ -200,7 +278,7 @@ class ClientLimits:
         client = self._client(name)
         if client.bucket is None:
             return None
-        wait = client.bucket.take()
+        wait = self._take(name, client, client.bucket)
         return None if wait == 0.0 else self._refuse(name, "rate", wait)
 
     def enter(self, name: str) -> Refusal | None:
@@ -211,7 +289,7 @@ class ClientLimits:
         if most is not None and client.in_flight >= most:
             return self._refuse(name, "concurrency", None)
         if client.bucket is not None:
-            wait = client.bucket.take()
+            wait = self._take(name, client, client.bucket)
             if wait > 0.0:
                 return self._refuse(name, "rate", wait)
         client.in_flight += 1

@@ -1,4 +1,5 @@
-"""Health of the upstream MCP servers: their state, ``/readyz``, metrics, and pings.
+"""Health of the upstream MCP servers: their state, ``/readyz``, metrics, and pings; and
+which config a replica runs (:class:`ConfigInfo`).
 
 An upstream is ``connected``, ``reconnecting`` (an attempt under way) or ``down`` (the next
 attempt comes after the back-off, on a call or a ping). :meth:`UpstreamHealth.run` pings
@@ -10,7 +11,7 @@ gateway is ready when every upstream that is not ``optional`` is connected.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,27 @@ from .admin_models import UpstreamView
 if TYPE_CHECKING:
     from ..sources.mcp import McpSource
 
-__all__ = ["UpstreamHealth"]
+__all__ = ["ConfigInfo", "UpstreamHealth"]
+
+
+class ConfigInfo(Collector):
+    """``toolrelay_config_info{hash}`` = 1: the content hash of the config file in force
+    (``current()``), so that a fleet's replica whose reload failed stands out."""
+
+    def __init__(self, registry: CollectorRegistry, current: Callable[[], str | None]) -> None:
+        self.current = current
+        registry.register(self)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = GaugeMetricFamily(
+            "toolrelay_config_info",
+            "The SHA-256 of the config file this gateway runs (a failed reload keeps the old).",
+            labels=("hash",),
+        )
+        digest = self.current()
+        if digest is not None:
+            info.add_metric((digest,), 1.0)
+        yield info
 
 
 @dataclass(slots=True)

@@ -141,7 +141,8 @@ class Reloader:
         self.overrides = dict(overrides or {})
         self._lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._loaded = _digest(service.config.path)
+        self.loaded = _digest(service.config.path)
+        """The content hash (SHA-256) of the config file in force (``None``: no file)."""
         self._refused: str | None = None
 
     def attach(self, tg: anyio.abc.TaskGroup) -> None:
@@ -175,7 +176,7 @@ class Reloader:
             if interval is None:
                 continue
             digest = await anyio.to_thread.run_sync(_digest, self.service.config.path)
-            if digest is None or digest in (self._loaded, self._refused):
+            if digest is None or digest in (self.loaded, self._refused):
                 continue
             try:
                 await self.reload()
@@ -219,7 +220,7 @@ class Reloader:
             service.verifier.verifier = verifier
         service.watcher.interval_s = settings.watch_interval_s
         service.config = config
-        self._loaded, self._refused = digest, None
+        self.loaded, self._refused = digest, None
         for closer, keys, grace_s in retired:
             self._retire(closer, keys, grace_s)
         profiles = await service.watcher.reconfigure(before, service.callers.profiles())

@@ -34,7 +34,7 @@ from .callers import Callers
 from .client_limits import ClientLimits, configured_limits
 from .errors import ReloadRefused, ServeError
 from .gateway import Gateway
-from .health import UpstreamHealth
+from .health import ConfigInfo, UpstreamHealth
 from .http import HttpService
 from .metrics import GatewayMetrics
 from .observability import meter_provider, metrics_endpoint, tracer_provider
@@ -124,6 +124,8 @@ class Service:
             names=[caller.name for caller in self.callers.all()],
             metrics=self.metrics,
         )
+        if self.dispatcher.storage_link is not None:  # one rate per client for the fleet
+            self.limits.share_with(self.dispatcher.storage_link)
         self.gateway = Gateway(
             self.dispatcher, self.callers, self.watcher, self.metrics, limits=self.limits
         )
@@ -147,8 +149,10 @@ class Service:
         )
         self.upstreams = Upstreams(self.dispatcher.registry, self.environ, self.health)
         self.reloader = Reloader(self, overrides)
+        ConfigInfo(self.metrics_registry, lambda: self.reloader.loaded)
         if self.admin_state is not None:
             self.admin_state.reload = self.reloader.reload
+            self.admin_state.config_hash = lambda: self.reloader.loaded
         self._stop: anyio.Event | None = None
 
     @property

@@ -19,19 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..breakers import NOBODY
 from ..budget import RetryBudgets
-from .lua import (
-    CHANNEL,
-    CLAIM,
-    TRANSITION,
-    TRIAL_DONE,
-    Rejected,
-    ms,
-    read_budget_others,
-    read_others,
-    read_remote,
-    read_state,
-    text,
-)
+from . import fleet, lua
+from .lua import CHANNEL, CLAIM, TRANSITION, TRIAL_DONE, Rejected, ms, text
 from .shared import SharedStorage
 
 __all__ = ["RedisLink"]
@@ -62,8 +51,10 @@ class RedisLink:
         timeout_s: float = 0.05,
         probe_interval_s: float = 5.0,
         sync_interval_s: float = 0.2,
+        join_timeout_s: float = 0.05,
         lease_s: float = 60.0,
         prefix: str = "toolrelay:",
+        budgets: RetryBudgets | None = None,
         on_change: Callable[[bool], None] | None = None,
         on_reject: Callable[[str, str], None] | None = None,
     ) -> None:
@@ -86,6 +77,7 @@ class RedisLink:
         )
         self.probe_interval_s = probe_interval_s
         self.sync_interval_s = sync_interval_s
+        self.join_timeout_s = join_timeout_s
         self.lease_ms = ms(lease_s)
         self.prefix = prefix
         self.on_change = on_change
@@ -99,7 +91,8 @@ class RedisLink:
         self.commands = 0
         """Redis round trips made by the replication thread (a pipeline counts once)."""
         self._storages: dict[str, SharedStorage] = {}
-        self.budgets: RetryBudgets | None = None
+        self.shares: list[fleet.Share] = []
+        self.budgets = budgets
         """The dispatcher's retry budgets, replicated with the breaker counts."""
         self._ops: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._scripts = {
@@ -118,7 +111,15 @@ class RedisLink:
     # -- the event loop's side -----------------------------------------------------------------
     def attach(self, storage: SharedStorage) -> None:
         self._storages[storage.key] = storage
-        self._next_sync = 0.0  # read the new key's shared state at once
+        self._start()
+
+    def share(self, share: fleet.Share) -> None:
+        """Share ``share``'s value with the other replicas at every sync."""
+        self.shares.append(share)
+        self._start()
+
+    def _start(self) -> None:
+        self._next_sync = 0.0  # read the new key's (or share's) shared state at once
         with self._lock:
             if not self._threads and not self._closed.is_set():
                 for target, name in ((self._write, "writer"), (self._listen, "listener")):
@@ -162,6 +163,8 @@ class RedisLink:
             if self.on_change is not None:
                 self.on_change(False)
             self.up = False  # last: whoever sees it down also sees the gauge say so
+        for storage in list(self._storages.values()):
+            storage.joined.set()  # a key's first calls wait no more: they decide alone
 
     def _recovered(self) -> None:
         self.up = True
@@ -184,7 +187,7 @@ class RedisLink:
     # -- the replication thread ------------------------------------------------------------------
     def _write(self) -> None:
         ops = self._ops
-        while not self._closed.is_set():
+        while True:  # until close()'s stop: what was queued before it is handed over
             wait = self._next_sync - time.monotonic()
             try:
                 first = ops.get(timeout=max(0.0, wait)) if wait > 0 else ops.get_nowait()
@@ -245,11 +248,11 @@ class RedisLink:
                 if kind == "transition":
                     # a refused local decision: Redis's state wins
                     authoritative = not done or op[6] == 1
-                    remote = read_remote(reply, authoritative=authoritative, decision=op[7])
+                    remote = lua.read_remote(reply, authoritative=authoritative, decision=op[7])
                 elif kind == "claim":
-                    remote = read_remote(reply, authoritative=False, permit=done)
+                    remote = lua.read_remote(reply, authoritative=False, permit=done)
                 else:
-                    remote = read_remote(reply, authoritative=False)
+                    remote = lua.read_remote(reply, authoritative=False)
             except Rejected as exc:
                 self.reject(storage.key, exc.field)
                 continue
@@ -271,12 +274,13 @@ class RedisLink:
 
     def _sync(self) -> None:
         """Publish this replica's counts and read the others' and the state, per active key."""
-        active = self._active()
-        if not active:
+        active, shares = self._active(), list(self.shares)
+        if not active and not shares:
             return
         wall = time.time()
         pipe = self.client.pipeline(transaction=False)
         pipe.time()
+        fleet.queue(pipe, shares, self.prefix, self.replica, wall)
         for storage in active:
             breaker = storage.breaker
             assert breaker is not None
@@ -297,23 +301,28 @@ class RedisLink:
         seconds, micros = replies[0]
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         stale = wall - max(2.0, 5 * self.sync_interval_s)
+        fleet.read(replies[1 : 1 + 3 * len(shares)], shares, self.replica, stale)
+        base = 1 + 3 * len(shares)
         for index, storage in enumerate(active):
             breaker = storage.breaker
             assert breaker is not None
-            fields, counts = replies[1 + 4 * index + 2], replies[1 + 4 * index + 3]
+            fields, counts = replies[base + 4 * index + 2], replies[base + 4 * index + 3]
             reject = functools.partial(self.reject, storage.key)
             try:
-                remote = read_state(fields, now_ms, authoritative=False)
+                remote = lua.read_state(fields, now_ms, authoritative=False)
             except Rejected as exc:  # the key decides alone: nothing of Redis's is used
                 reject(exc.field)
                 breaker.others = NOBODY
                 continue
             if fields[0] is not None:  # gen: Redis knows the key
                 breaker.inbox.append(remote)
-            breaker.others = read_others(counts, self.replica, remote.period, stale, reject)
+            storage.heard = True
+            breaker.others = lua.read_others(counts, self.replica, remote.period, stale, reject)
             budget = None if self.budgets is None else self.budgets.known(storage.key)
             if budget is not None:
-                budget.share(*read_budget_others(counts, self.replica, stale, reject))
+                budget.share(*lua.read_budget_others(counts, self.replica, stale, reject))
+        for storage in active:
+            storage.joined.set()  # after the inbox and the budget: a first call sees both
 
     def _resync(self) -> None:
         """Redis is back: push a local open state Redis lacks, else adopt Redis's state."""
@@ -332,7 +341,7 @@ class RedisLink:
             breaker = storage.breaker
             assert breaker is not None
             try:
-                remote = read_state(fields, now_ms, authoritative=True)
+                remote = lua.read_state(fields, now_ms, authoritative=True)
             except Rejected as exc:
                 self.reject(storage.key, exc.field)
                 continue
@@ -381,7 +390,7 @@ class RedisLink:
         if storage is None or storage.breaker is None or len(state) != 6:
             return  # not about a key of ours (nor from a replica)
         try:
-            remote = read_remote([1, *state, ""], authoritative=False)
+            remote = lua.read_remote([1, *state, ""], authoritative=False)
         except Rejected as exc:
             self.reject(key, exc.field)
             return

@@ -5,6 +5,7 @@ link's thread (never a wait)."""
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any, Protocol
 
 import pybreaker
@@ -42,6 +43,10 @@ class SharedStorage(pybreaker.CircuitMemoryStorage):
         self.breaker: Replica | None = None
         self.synced_records = -1
         self.active_until = 0.0
+        self.joined = threading.Event()
+        """Set when the first read of the fleet's state of the key ended (or Redis failed)."""
+        self.heard = False
+        """The fleet's state of the key has been read (set before :attr:`joined`)."""
 
     @property
     def up(self) -> bool:

@@ -16,6 +16,7 @@ from ..events import (
     HedgeEnded,
     RetryBudgetExhausted,
     RetryScheduled,
+    StorageJoined,
     WorkerAbandoned,
     WorkerKilled,
 )
@@ -96,6 +97,9 @@ def add_event(span: Span, event: Event) -> None:
     elif isinstance(event, ConcurrencyLimited):
         span.set_attribute("toolrelay.concurrency.limit", event.limit)
         span.set_attribute("toolrelay.concurrency.in_flight", event.in_flight)
+    elif isinstance(event, StorageJoined):
+        span.set_attribute("toolrelay.breaker.joined", "alone" if event.alone else "fleet")
+        span.set_attribute("toolrelay.breaker.join_s", event.waited_s)
     elif isinstance(event, AttemptEnded) and event.attempt > 1:
         span.add_event(
             "toolrelay.attempt", {"toolrelay.attempt": event.attempt, OUTCOME: event.result}
