@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Literal, Self
@@ -65,6 +65,8 @@ class Connector:
         self._tg: anyio.abc.TaskGroup | None = None
         self.handshake_refused = False
         """The server refused the 2025 handshake ``auto`` offers over stdio first."""
+        self.notice: Callable[[mcp_types.ServerNotification], Awaitable[None]] | None = None
+        """Told of the server's notifications besides tool list changes (a host's)."""
 
     # -- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -187,6 +189,7 @@ class Connector:
     def _start(self) -> Connection:
         assert self._tg is not None
         conn = Connection()
+        conn.notice = self.notice
         self.conn = conn
         self._tg.start_soon(self._run, conn, name=f"toolrelay MCP connection to {self.name}")
         return conn
