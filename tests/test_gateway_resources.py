@@ -168,6 +168,9 @@ async def test_a_2025_client_lists_reads_gets_and_completes_across_two_upstreams
         assert isinstance(message, types.TextContent) and message.text == "b says hello to Ada"
         with pytest.raises(MCPError):
             await session.get_prompt("greet", {"name": "Ada"})
+        with pytest.raises(MCPError) as bad_cursor:
+            await session.list_prompts(params=types.PaginatedRequestParams(cursor="nonsense"))
+        assert bad_cursor.value.error.code == types.INVALID_PARAMS
         # completions, for a prompt's argument and a template's
         done = await session.complete(
             types.PromptReference(type="ref/prompt", name="a__greet"),
@@ -181,14 +184,17 @@ async def test_a_2025_client_lists_reads_gets_and_completes_across_two_upstreams
 
 @pytest.mark.anyio
 @GATEWAY_PROCESS
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed")
 async def test_a_2025_client_is_told_of_updates_to_what_it_subscribed(gateway: Gateway) -> None:
     updates: list[str] = []
-    told = anyio.Event()
+    told, prompts_changed = anyio.Event(), anyio.Event()
 
     async def on_message(message: Any) -> None:
         if isinstance(message, types.ResourceUpdatedNotification):
             updates.append(str(message.params.uri))
             told.set()
+        elif isinstance(message, types.PromptListChangedNotification):
+            prompts_changed.set()
 
     async with http_session(gateway.url, message_handler=on_message) as session:
         await session.subscribe_resource("a://doc/3")
@@ -198,6 +204,11 @@ async def test_a_2025_client_is_told_of_updates_to_what_it_subscribed(gateway: G
             await told.wait()
         assert updates == ["a://doc/3"]
         await session.unsubscribe_resource("a://doc/3")
+        # an upstream's prompt list change: told, and the next list has it
+        await session.call_tool("a__add_prompt", {"name": "late"})
+        with anyio.fail_after(5):
+            await prompts_changed.wait()
+        assert "a__late" in {p.name for p in (await session.list_prompts()).prompts}
 
 
 @pytest.mark.anyio
@@ -219,6 +230,13 @@ async def test_a_2026_client_reads_gets_and_listens_through_a_2026_upstream(
                 async for event in subscription:
                     assert getattr(event, "uri", None) == "b://doc/5"
                     break
+        async with client.listen(prompts_list_changed=True) as subscription:
+            await client.call_tool("b__add_prompt", {"name": "later"})
+            with anyio.fail_after(5):
+                async for event in subscription:
+                    assert type(event).__name__ == "PromptsListChanged"
+                    break
+        assert "b__later" in {p.name for p in (await client.list_prompts()).prompts}
 
 
 @pytest.mark.anyio

@@ -13,6 +13,7 @@ module keeps open. The gateway (:mod:`toolrelay.serve.resources`) routes clients
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ import mcp.types as mcp_types
 from mcp import Client, MCPError
 from mcp.client import IncomingMessage
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.shared.subscriptions import (
     PromptsListChanged,
     ResourcesListChanged,
@@ -145,10 +147,13 @@ class Listing:
         (self.subscribed.add if on else self.subscribed.discard)(uri)
         if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
             self._relisten.set()
-        elif on:
-            await client.session.subscribe_resource(uri)
-        else:
-            await client.session.unsubscribe_resource(uri)
+            return
+        with warnings.catch_warnings():  # deprecated in the 2026 era, the 2025 era's way
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            if on:
+                await client.session.subscribe_resource(uri)
+            else:
+                await client.session.unsubscribe_resource(uri)
 
     # -- notices --------------------------------------------------------------------------
     async def notice(self, message: IncomingMessage) -> None:
