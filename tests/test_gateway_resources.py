@@ -262,8 +262,10 @@ async def test_zz_a_dead_upstreams_read_answers_an_error_and_its_breaker_counts(
 
 @pytest.mark.anyio
 @GATEWAY_PROCESS
-async def test_a_profile_hides_and_refuses_resources_and_prompts(tmp_path: Path) -> None:
+async def test_a_profile_hides_resources_and_prompts_and_the_cap_holds(tmp_path: Path) -> None:
     extra = """
+[dispatcher]
+max_output_bytes = 400
 [profiles.limited]
 deny_resources = ["a://doc/1*", "a://item/*"]
 deny_prompts = ["a__plain"]
@@ -283,6 +285,9 @@ deny_prompts = ["a__plain"]
         with pytest.raises(MCPError):
             await session.get_prompt("a__plain")
         assert (await session.read_resource("a://doc/2")).contents
+        with pytest.raises(MCPError) as capped:  # a blob of ~450 bytes: over the output cap
+            await session.read_resource("a://blob")
+        assert "output cap (400 bytes)" in capped.value.error.message
     reads = (tmp_path / "rec-a").read_text()
     assert '"a://doc/1"' not in reads and '"a://item/3"' not in reads  # never sent upstream
 

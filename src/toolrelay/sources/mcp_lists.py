@@ -13,7 +13,6 @@ module keeps open. The gateway (:mod:`toolrelay.serve.resources`) routes clients
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -22,7 +21,6 @@ import mcp.types as mcp_types
 from mcp import Client, MCPError
 from mcp.client import IncomingMessage
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
-from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.shared.subscriptions import (
     PromptsListChanged,
     ResourcesListChanged,
@@ -148,12 +146,13 @@ class Listing:
         if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
             self._relisten.set()
             return
-        with warnings.catch_warnings():  # deprecated in the 2026 era, the 2025 era's way
-            warnings.simplefilter("ignore", MCPDeprecationWarning)
-            if on:
-                await client.session.subscribe_resource(uri)
-            else:
-                await client.session.unsubscribe_resource(uri)
+        # as the session's own (deprecated: the 2026 era has no such request) would send it
+        request: mcp_types.SubscribeRequest | mcp_types.UnsubscribeRequest = (
+            mcp_types.SubscribeRequest(params=mcp_types.SubscribeRequestParams(uri=uri))
+            if on
+            else mcp_types.UnsubscribeRequest(params=mcp_types.UnsubscribeRequestParams(uri=uri))
+        )
+        await client.session.send_request(request, mcp_types.EmptyResult)
 
     # -- notices --------------------------------------------------------------------------
     async def notice(self, message: IncomingMessage) -> None:
