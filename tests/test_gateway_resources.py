@@ -3,12 +3,14 @@
 Two upstreams (``servers/mcp_test_server.py --lists TAG``): ``a`` over stdio (a 2025-era
 connection) and ``b`` over streamable HTTP (a 2026-era one), behind one gateway over HTTP,
 asked by a 2025-era client (a session) and a 2026-era one (single requests). Then a
-gateway over stdio with a profile that denies some, one refused at start for a collision,
-and an upstream that dies: its read answers an error, and its breaker counts.
+gateway over stdio in front of ``b`` with a profile that denies some, one refused at start
+for a collision (``b`` twice), and ``b`` dying: its read answers an error, and its breaker
+counts.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -35,6 +37,8 @@ from test_gateway_transparency import (
     wait_for,
     wait_for_port,
 )
+from toolrelay.serve import ServeError, Service, load
+from toolrelay.sources.errors import innermost
 
 # the gateway and the upstreams are processes of their own; only the SDK's client runs here
 GATEWAY_PROCESS = pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -72,9 +76,21 @@ risk_override = "read"
 """
 
 
+def http_upstream(url: str, name: str) -> str:
+    return f"""
+[serve.upstreams.{name}]
+url = "{url}"
+breaker_key = "up-{name}"
+prefix = "{name}"
+risk_override = "read"
+"""
+
+
 class Gateway:
-    def __init__(self, url: str, proc: subprocess.Popen[bytes], b: subprocess.Popen[bytes]):
-        self.url, self.proc, self.b = url, proc, b
+    """The gateway over HTTP, its upstream ``b`` (its process and URL) and their folder."""
+
+    def __init__(self, url: str, b: subprocess.Popen[bytes], b_url: str, tmp: Path) -> None:
+        self.url, self.b, self.b_url, self.tmp = url, b, b_url, tmp
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +119,7 @@ backoff_initial_s = 30.0
     proc = start(serve, errlog)
     try:
         url = wait_for(errlog, MCP_URL, proc)
-        yield Gateway(url, proc, b)
+        yield Gateway(url, b, f"http://127.0.0.1:{port}/mcp", tmp)
     finally:
         stop(proc)
         if b.poll() is None:
@@ -241,6 +257,60 @@ async def test_a_2026_client_reads_gets_and_listens_through_a_2026_upstream(
 
 @pytest.mark.anyio
 @GATEWAY_PROCESS
+async def test_a_profile_hides_resources_and_prompts_and_the_cap_holds(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    extra = """
+[dispatcher]
+max_output_bytes = 400
+[profiles.limited]
+deny_resources = ["b://doc/1*", "b://item/*"]
+deny_prompts = ["b__plain"]
+"""
+    upstreams = http_upstream(gateway.b_url, "b")
+    path = config(tmp_path, upstreams, 'profile = "limited"', extra)
+    serve = [sys.executable, "-m", "toolrelay", "serve", "--config", str(path)]
+    async with stdio_session(serve, tmp_path / "serve.err") as session:
+        uris = {str(r.uri) for r in (await session.list_resources()).resources}
+        assert "b://doc/2" in uris and not {u for u in uris if u.startswith("b://doc/1")}
+        templates = (await session.list_resource_templates()).resource_templates
+        assert [t.uri_template for t in templates] == ["b://user/{name}/card"]
+        for uri in ("b://doc/1", "b://doc/15", "b://item/3"):
+            with pytest.raises(MCPError) as refused:
+                await session.read_resource(uri)
+            assert refused.value.error.code == -32002
+        prompts = {p.name for p in (await session.list_prompts()).prompts}
+        assert "b__greet" in prompts and "b__plain" not in prompts
+        with pytest.raises(MCPError):
+            await session.get_prompt("b__plain")
+        assert (await session.read_resource("b://doc/2")).contents
+        with pytest.raises(MCPError) as capped:  # a blob of ~450 bytes: over the output cap
+            await session.read_resource("b://blob")
+        assert "output cap (400 bytes)" in capped.value.error.message
+    reads = (gateway.tmp / "rec-b").read_text()
+    assert '"b://doc/1"' not in reads and '"b://item/3"' not in reads  # never sent upstream
+
+
+@pytest.mark.anyio
+@GATEWAY_PROCESS
+async def test_two_upstreams_offering_one_uri_are_refused_at_start(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    upstreams = http_upstream(gateway.b_url, "x") + http_upstream(gateway.b_url, "y")
+    config_file, settings = load(config(tmp_path, upstreams))
+    service = Service(config_file, settings, environ=ENV, handle_signals=False, out=io.StringIO())
+    with pytest.raises(BaseException) as refused:  # noqa: PT011 - a group holding it
+        await service.run()
+    error = innermost(refused.value)
+    assert isinstance(error, ServeError)
+    assert str(error) == (
+        "upstreams 'x' and 'y' both offer the resource URI 'b://blob'; "
+        "give one a prefix (prompts) or leave one out"
+    )
+
+
+@pytest.mark.anyio
+@GATEWAY_PROCESS
 async def test_zz_a_dead_upstreams_read_answers_an_error_and_its_breaker_counts(
     gateway: Gateway,
 ) -> None:
@@ -258,45 +328,3 @@ async def test_zz_a_dead_upstreams_read_answers_an_error_and_its_breaker_counts(
         )
     assert "b" in messages[0] and "reachable" in messages[0]
     assert "breaker is open" in messages[-1]  # fail_max = 2: the third is refused at once
-
-
-@pytest.mark.anyio
-@GATEWAY_PROCESS
-async def test_a_profile_hides_resources_and_prompts_and_the_cap_holds(tmp_path: Path) -> None:
-    extra = """
-[dispatcher]
-max_output_bytes = 400
-[profiles.limited]
-deny_resources = ["a://doc/1*", "a://item/*"]
-deny_prompts = ["a__plain"]
-"""
-    path = config(tmp_path, stdio_upstream(tmp_path, "a", "a"), 'profile = "limited"', extra)
-    serve = [sys.executable, "-m", "toolrelay", "serve", "--config", str(path)]
-    async with stdio_session(serve, tmp_path / "serve.err") as session:
-        uris = {str(r.uri) for r in (await session.list_resources()).resources}
-        assert "a://doc/2" in uris and not {u for u in uris if u.startswith("a://doc/1")}
-        templates = (await session.list_resource_templates()).resource_templates
-        assert [t.uri_template for t in templates] == ["a://user/{name}/card"]
-        for uri in ("a://doc/1", "a://doc/15", "a://item/3"):
-            with pytest.raises(MCPError) as refused:
-                await session.read_resource(uri)
-            assert refused.value.error.code == -32002
-        assert [p.name for p in (await session.list_prompts()).prompts] == ["a__greet"]
-        with pytest.raises(MCPError):
-            await session.get_prompt("a__plain")
-        assert (await session.read_resource("a://doc/2")).contents
-        with pytest.raises(MCPError) as capped:  # a blob of ~450 bytes: over the output cap
-            await session.read_resource("a://blob")
-        assert "output cap (400 bytes)" in capped.value.error.message
-    reads = (tmp_path / "rec-a").read_text()
-    assert '"a://doc/1"' not in reads and '"a://item/3"' not in reads  # never sent upstream
-
-
-def test_two_upstreams_offering_one_uri_are_refused_at_start(tmp_path: Path) -> None:
-    upstreams = stdio_upstream(tmp_path, "a", "x") + stdio_upstream(tmp_path, "a", "y")
-    path = config(tmp_path, upstreams)
-    serve = [sys.executable, "-m", "toolrelay", "serve", "--config", str(path)]
-    done = subprocess.run(serve, capture_output=True, text=True, env=ENV, timeout=60)
-    assert done.returncode != 0
-    assert "upstreams 'ax' and 'ay' both offer the resource URI 'a://blob'" in done.stderr
-    assert "Traceback" not in done.stderr
