@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -59,20 +58,6 @@ RESOURCE_NOT_FOUND = -32002
 NOTIFY_TIMEOUT_S = 2.0
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any]
-
-
-def _template_pattern(template: str) -> re.Pattern[str]:
-    """A URI template (RFC 6570) as a pattern: ``{name}`` one path segment, any other
-    expression (``{+path}``, ``{?q}``, …) anything."""
-    parts = re.split(r"(\{[^}]*\})", template)
-    return re.compile(
-        "".join(
-            ("[^/?#]+" if p[1:2].isalnum() or p[1:2] == "_" else ".*")
-            if p.startswith("{")
-            else re.escape(p)
-            for p in parts
-        )
-    )
 
 
 def _page(items: Sequence[T], cursor: str | None) -> tuple[list[T], str | None]:
@@ -194,7 +179,8 @@ class Offerings:
         except UpstreamFailure as exc:
             verdict = Verdict.FAILURE if exc.counted else Verdict.IGNORE
             breaker.record(verdict, token, time.perf_counter() - started)
-            raise MCPError(code=exc.code or types.INTERNAL_ERROR, message=str(exc)) from None
+            message = self.dispatcher.redact(str(exc))  # the host's secret patterns too
+            raise MCPError(code=exc.code or types.INTERNAL_ERROR, message=message) from None
         except BaseException:
             breaker.release(token)  # a cancellation says nothing about the upstream
             raise
@@ -254,17 +240,8 @@ class Offerings:
         it): listed exactly, else the first template matching, else the only upstream
         offering resources."""
         listings = self.listings()
-        found = next((li for li in listings if any(r.uri == uri for r in li.resources)), None)
-        if found is None:
-            found = next(
-                (
-                    li
-                    for li in listings
-                    for t in li.templates
-                    if _template_pattern(t.uri_template).fullmatch(uri)
-                ),
-                None,
-            )
+        found = next((li for li in listings if li.lists(uri)), None)
+        found = found or next((li for li in listings if li.templated(uri)), None)
         offering = [li for li in listings if li.capabilities.resources is not None]
         if found is None and len(offering) == 1:
             found = offering[0]
@@ -385,15 +362,11 @@ class Offerings:
             listing, remote = self._prompt(ref.name)
             ref = ref.model_copy(update={"name": remote})
         else:
-            template = ref.uri
-            owner = (
-                li
-                for li in self.listings()
-                if any(t.uri_template == template for t in li.templates)
-            )
-            found = next(owner, None)
-            if found is None or not self._profile().reaches("resource", template):
-                raise MCPError(code=RESOURCE_NOT_FOUND, message=f"Unknown template: {template}")
+            uri = ref.uri
+            owners = (li for li in self.listings() for t in li.templates if t.uri_template == uri)
+            found = next(owners, None)
+            if found is None or not self._profile().reaches("resource", uri):
+                raise MCPError(code=RESOURCE_NOT_FOUND, message=f"Unknown template: {uri[:200]}")
             listing = found
         argument = params.argument.model_dump()
         context = None if params.context is None else params.context.arguments

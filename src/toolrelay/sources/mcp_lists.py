@@ -12,7 +12,9 @@ module keeps open. The gateway (:mod:`toolrelay.serve.resources`) routes clients
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -100,6 +102,14 @@ class Listing:
         if caps.prompts is not None:
             self.prompts = await _pages(client.list_prompts, "prompts")
         self._connects = connects
+
+    def lists(self, uri: str) -> bool:
+        """Whether the server lists the resource ``uri``."""
+        return any(resource.uri == uri for resource in self.resources)
+
+    def templated(self, uri: str) -> bool:
+        """Whether one of the server's resource templates matches ``uri``."""
+        return any(_pattern(t.uri_template).fullmatch(uri) for t in self.templates)
 
     # -- requests -------------------------------------------------------------------------
     async def request(self, call: Callable[[Client], Awaitable[T]], timeout_s: float) -> T:
@@ -203,6 +213,21 @@ class Listing:
             log.info("toolrelay: MCP server %s stopped listening (%s)", self.source.name, exc)
         except Exception:
             log.exception("toolrelay: listening to MCP server %s failed", self.source.name)
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(template: str) -> re.Pattern[str]:
+    """A URI template (RFC 6570) as a pattern: ``{name}`` one path segment, any other
+    expression (``{+path}``, ``{?q}``, …) anything."""
+    parts = re.split(r"(\{[^}]*\})", template)
+    return re.compile(
+        "".join(
+            ("[^/?#]+" if p[1:2].isalnum() or p[1:2] == "_" else ".*")
+            if p.startswith("{")
+            else re.escape(p)
+            for p in parts
+        )
+    )
 
 
 async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
