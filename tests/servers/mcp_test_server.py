@@ -366,7 +366,7 @@ async def read_resource(
     if uri == f"{TAG}://blob":
         blob = types.BlobResourceContents(uri=uri, mime_type="image/png", blob=_PNG)
         return types.ReadResourceResult(contents=[blob])
-    if uri == f"{TAG}://slow":
+    if uri == f"{TAG}://item/slow":  # answers after 30 s
         await anyio.sleep(30)
     known = uri.startswith((f"{TAG}://doc/", f"{TAG}://item/", f"{TAG}://user/"))
     if not known:
