@@ -70,7 +70,8 @@ INSTRUCTIONS = (
 
 
 class _GatewayServer(Server[Any]):
-    """The low-level server, advertising ``tools.listChanged`` on every transport.
+    """The low-level server, advertising ``listChanged`` (tools; prompts and resources when
+    served) on every transport.
 
     The streamable HTTP session manager builds its initialization options with no
     arguments, so the default is changed here rather than at each call site.

@@ -192,7 +192,7 @@ class Offerings:
             try:
                 await self._ask(listing, listing.fetch)
             except MCPError as exc:  # the last lists stay
-                log.warning("toolrelay serve: %s: lists not read: %s", listing.source.name, exc)
+                log.info("toolrelay serve: %s: lists not read: %s", listing.source.name, exc)
 
     def _capped(self, result: T) -> T:
         limit = self.dispatcher.options.limits.max_output_bytes

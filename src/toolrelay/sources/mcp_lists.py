@@ -150,12 +150,15 @@ class Listing:
 
     async def subscribe(self, client: Client, uri: str, on: bool) -> None:
         """Subscribe to (``on``) or unsubscribe from ``uri`` on the server (a
-        :meth:`request` call): a 2025-era connection is asked, a 2026-era one listens for
-        it (its stream is opened again)."""
+        :meth:`request` call): a 2025-era connection is asked (when the server offers
+        subscriptions), a 2026-era one listens for it (its stream is opened again)."""
         (self.subscribed.add if on else self.subscribed.discard)(uri)
         if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
             self._relisten.set()
             return
+        offered = self.capabilities.resources
+        if offered is None or not offered.subscribe:
+            return  # the server sends no updates: nothing to ask
         # as the session's own (deprecated: the 2026 era has no such request) would send it
         request: mcp_types.SubscribeRequest | mcp_types.UnsubscribeRequest = (
             mcp_types.SubscribeRequest(params=mcp_types.SubscribeRequestParams(uri=uri))
