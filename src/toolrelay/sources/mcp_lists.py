@@ -98,7 +98,12 @@ class Listing:
         caps = self.capabilities = client.server_capabilities
         if caps.resources is not None:
             self.resources = await _pages(client.list_resources, "resources")
-            self.templates = await _pages(client.list_resource_templates, "resource_templates")
+            try:
+                self.templates = await _pages(client.list_resource_templates, "resource_templates")
+            except MCPError as exc:  # a server of resources without templates
+                if exc.code != mcp_types.METHOD_NOT_FOUND:
+                    raise
+                self.templates = []
         if caps.prompts is not None:
             self.prompts = await _pages(client.list_prompts, "prompts")
         self._connects = connects
@@ -115,25 +120,30 @@ class Listing:
     async def request(self, call: Callable[[Client], Awaitable[T]], timeout_s: float) -> T:
         """``call`` with the live client within ``timeout_s``; raises :class:`UpstreamFailure`."""
         source = self.source
+        deadline = anyio.current_time() + timeout_s
+        late = f"{source.name} did not answer within {timeout_s:g} s"
         try:
-            conn = await source.acquire()
+            with anyio.fail_at(deadline):
+                conn = await source.acquire()  # a reconnect, if one is due, within it too
         except Unreachable as gone:
             wait = gone.args[0]
             after = "" if wait is None else f" (the next attempt in {wait:.0f} s)"
             raise UpstreamFailure(
                 f"{source.name} is not reachable{after}", code=None, counted=True
             ) from None
+        except TimeoutError:
+            raise UpstreamFailure(late, code=None, counted=True) from None
         assert conn.client is not None
         counted, code, passed = True, None, None
         try:
-            with anyio.fail_after(timeout_s), map_mcp_errors():
+            with anyio.fail_at(deadline), map_mcp_errors():
                 try:
                     return_value = await call(conn.client)
                 except MCPError as exc:
                     code = exc.code
                     raise
         except TimeoutError:
-            message = f"{source.name} did not answer within {timeout_s:g} s"
+            message = late
         except Disconnected as exc:
             source.lost(conn, str(exc))
             message = f"{source.name} is not reachable"
