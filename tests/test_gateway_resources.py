@@ -220,6 +220,13 @@ async def test_a_2025_client_is_told_of_updates_to_what_it_subscribed(gateway: G
             await told.wait()
         assert updates == ["a://doc/3"]
         await session.unsubscribe_resource("a://doc/3")
+        # through the 2026-era upstream: its listen stream carries the subscription
+        told = anyio.Event()
+        await session.subscribe_resource("b://doc/4")
+        await session.call_tool("b__touch", {"uri": "b://doc/4"})
+        with anyio.fail_after(5):
+            await told.wait()
+        assert updates == ["a://doc/3", "b://doc/4"]
         # an upstream's prompt list change: told, and the next list has it
         await session.call_tool("a__add_prompt", {"name": "late"})
         with anyio.fail_after(5):

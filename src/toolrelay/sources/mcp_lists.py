@@ -84,6 +84,8 @@ class Listing:
         self.stale = True
         self._connects = -1
         self._relisten = anyio.Event()
+        self._listening = False  # a 2026-era stream is kept (see listen)
+        self._acks: list[anyio.Event] = []  # subscriptions waiting for the stream's ack
 
     # -- lists ----------------------------------------------------------------------------
     @property
@@ -164,7 +166,11 @@ class Listing:
         subscriptions), a 2026-era one listens for it (its stream is opened again)."""
         (self.subscribed.add if on else self.subscribed.discard)(uri)
         if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            self._relisten.set()
+            if self._listening:  # the stream opens again with it: wait for the server's ack
+                acked = anyio.Event()
+                self._acks.append(acked)
+                self._relisten.set()
+                await acked.wait()
             return
         offered = self.capabilities.resources
         if offered is None or not offered.subscribe:
@@ -199,7 +205,8 @@ class Listing:
             client = None if conn is None or conn.state != State.READY else conn.client
             caps = self.capabilities
             modern = client is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS
-            if client is None or not modern or (caps.prompts is None and caps.resources is None):
+            self._listening = modern and (caps.prompts is not None or caps.resources is not None)
+            if client is None or not self._listening:
                 await anyio.sleep(1.0)
                 continue
             self.stale = True  # events are not replayed: what changed before is read again
@@ -220,12 +227,19 @@ class Listing:
                 resources_list_changed=caps.resources is not None,
                 resource_subscriptions=sorted(self.subscribed),
             ) as subscription:
+                self._acked()
                 async for event in subscription:
                     await self._event(event)
         except (MCPError, SubscriptionLost, ListenNotSupportedError) as exc:
             log.info("toolrelay: MCP server %s stopped listening (%s)", self.source.name, exc)
         except Exception:
             log.exception("toolrelay: listening to MCP server %s failed", self.source.name)
+        self._acked()  # refused or ended: nobody waits for it
+
+    def _acked(self) -> None:
+        acks, self._acks = self._acks, []
+        for ack in acks:
+            ack.set()
 
 
 @functools.lru_cache(maxsize=256)
