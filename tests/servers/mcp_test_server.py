@@ -6,6 +6,7 @@
     python mcp_test_server.py --record FILE --hostile     # hand-written, pathological answers
     python mcp_test_server.py --record FILE --content     # also the CONTENT tools
     python mcp_test_server.py --record FILE --modern-only # refuses the 2025 handshake
+    python mcp_test_server.py --record FILE --lists TAG   # also resources, prompts, completions
 
 It serves both protocol eras (the client's first request decides). Every ``tools/call`` it
 receives, and every call cancelled under it, is appended to FILE as one JSON line, so a
@@ -27,7 +28,13 @@ import mcp.types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourceUpdated,
+    ToolsListChanged,
+)
 from mcp.shared.exceptions import MCPError
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -308,6 +315,20 @@ async def call_tool(
         return types.CallToolResult(content=text(f"added {added}"))
     if name == "crash":
         os._exit(3)
+    if name == "touch":  # the resource at uri changed (lists: its subscribers are told)
+        uri = str(args["uri"])
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            await BUS.publish(ResourceUpdated(uri))
+        else:
+            await ctx.session.send_resource_updated(uri)
+        return types.CallToolResult(content=text(f"touched {uri}"))
+    if name == "add_prompt":
+        PROMPTS.append(types.Prompt(name=str(args["name"]), description="Added at run time."))
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            await BUS.publish(PromptsListChanged())
+        else:
+            await ctx.session.send_prompt_list_changed()
+        return types.CallToolResult(content=text("added"))
     if name == "redos":  # 30 characters: ~50 s in a backtracking regex engine
         word = "a" * 29 + "!"
         return types.CallToolResult(content=text(word), structured_content={"word": word})
@@ -321,6 +342,131 @@ SERVER = Server(
     on_call_tool=call_tool,
     on_subscriptions_listen=ListenHandler(BUS),
 )
+
+
+# --lists TAG: resources TAG://doc/0..119 (pages of 50), a blob, the template
+# TAG://item/{id}, prompts (pages of 1) and completions; subscriptions are recorded.
+TAG = ""
+PROMPTS: list[types.Prompt] = []
+PAGE = {"resources": 50, "templates": 1, "prompts": 1}
+
+
+def _page(kind: str, items: list[Any], cursor: str | None) -> tuple[list[Any], str | None]:
+    start = int(cursor or 0)
+    end = start + PAGE[kind]
+    return items[start:end], (str(end) if end < len(items) else None)
+
+
+def _resources() -> list[types.Resource]:
+    docs = [
+        types.Resource(uri=f"{TAG}://doc/{n}", name=f"doc{n}", mime_type="text/plain")
+        for n in range(120)
+    ]
+    return [*docs, types.Resource(uri=f"{TAG}://blob", name="blob", mime_type="image/png")]
+
+
+async def list_resources(
+    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+) -> types.ListResourcesResult:
+    page, cursor = _page("resources", _resources(), params.cursor if params else None)
+    return types.ListResourcesResult(resources=page, next_cursor=cursor)
+
+
+async def list_templates(
+    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+) -> types.ListResourceTemplatesResult:
+    templates = [
+        types.ResourceTemplate(uri_template=f"{TAG}://item/{{id}}", name="item"),
+        types.ResourceTemplate(uri_template=f"{TAG}://user/{{name}}/card", name="card"),
+    ]
+    page, cursor = _page("templates", templates, params.cursor if params else None)
+    return types.ListResourceTemplatesResult(resource_templates=page, next_cursor=cursor)
+
+
+async def read_resource(
+    ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+) -> types.ReadResourceResult:
+    uri = str(params.uri)
+    record(event="read", uri=uri, protocol=ctx.protocol_version)
+    if uri == f"{TAG}://blob":
+        blob = types.BlobResourceContents(uri=uri, mime_type="image/png", blob=_PNG)
+        return types.ReadResourceResult(contents=[blob])
+    if uri == f"{TAG}://item/slow":  # answers after 30 s
+        await anyio.sleep(30)
+    known = uri.startswith((f"{TAG}://doc/", f"{TAG}://item/", f"{TAG}://user/"))
+    if not known:
+        raise MCPError(code=-32002, message=f"Resource not found: {uri}")
+    contents = types.TextResourceContents(uri=uri, mime_type="text/plain", text=f"{TAG}: {uri}")
+    return types.ReadResourceResult(contents=[contents])
+
+
+async def subscribe(
+    ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+) -> types.EmptyResult:
+    record(event="subscribe", uri=str(params.uri))
+    return types.EmptyResult()
+
+
+async def unsubscribe(
+    ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+) -> types.EmptyResult:
+    record(event="unsubscribe", uri=str(params.uri))
+    return types.EmptyResult()
+
+
+async def list_prompts(
+    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+) -> types.ListPromptsResult:
+    page, cursor = _page("prompts", PROMPTS, params.cursor if params else None)
+    return types.ListPromptsResult(prompts=page, next_cursor=cursor)
+
+
+async def get_prompt(
+    ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+) -> types.GetPromptResult:
+    args = params.arguments or {}
+    if params.name not in {prompt.name for prompt in PROMPTS}:
+        raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown prompt: {params.name}")
+    said = f"{TAG} says hello to {args.get('name', 'nobody')}"
+    message = types.PromptMessage(role="user", content=types.TextContent(type="text", text=said))
+    return types.GetPromptResult(description=params.name, messages=[message])
+
+
+async def complete(
+    ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+) -> types.CompleteResult:
+    ref, argument = params.ref, params.argument
+    record(event="complete", ref=ref.model_dump(mode="json"), argument=argument.name)
+    names = ["alice", "bob", "bert"] if argument.name == "name" else ["1", "2", "12"]
+    values = [name for name in names if name.startswith(argument.value)]
+    return types.CompleteResult(completion=types.Completion(values=values, total=len(values)))
+
+
+def offer_lists(tag: str) -> None:
+    global TAG
+    TAG = tag
+    PROMPTS[:] = [
+        types.Prompt(
+            name="greet",
+            description="Greets someone.",
+            arguments=[types.PromptArgument(name="name", required=True)],
+        ),
+        types.Prompt(name="plain", description="No arguments."),
+    ]
+    for name in ("touch", "add_prompt"):
+        TOOLS[name] = types.Tool(name=name, input_schema={"type": "object"})
+    handlers: list[tuple[str, Any, Any]] = [
+        ("resources/list", types.PaginatedRequestParams, list_resources),
+        ("resources/templates/list", types.PaginatedRequestParams, list_templates),
+        ("resources/read", types.ReadResourceRequestParams, read_resource),
+        ("resources/subscribe", types.SubscribeRequestParams, subscribe),
+        ("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe),
+        ("prompts/list", types.PaginatedRequestParams, list_prompts),
+        ("prompts/get", types.GetPromptRequestParams, get_prompt),
+        ("completion/complete", types.CompleteRequestParams, complete),
+    ]
+    for method, params, handler in handlers:
+        SERVER.add_request_handler(method, params, handler)
 
 
 async def refuse_handshake(ctx: ServerRequestContext[Any, Any], call_next: Any) -> Any:
@@ -338,7 +484,8 @@ async def refuse_handshake(ctx: ServerRequestContext[Any, Any], call_next: Any) 
 
 async def serve_stdio() -> None:
     async with stdio_server() as (read_stream, write_stream):
-        options = SERVER.create_initialization_options(NotificationOptions(tools_changed=True))
+        changed = NotificationOptions(tools_changed=True, prompts_changed=True)
+        options = SERVER.create_initialization_options(changed)
         await SERVER.run(read_stream, write_stream, options)
 
 
@@ -474,6 +621,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="HTTP answers as JSON, not SSE")
     parser.add_argument("--content", action="store_true", help="also the CONTENT tools")
     parser.add_argument("--modern-only", action="store_true", help="refuse the 2025 handshake")
+    parser.add_argument("--lists", metavar="TAG", help="also resources, prompts, completions")
     parser.add_argument("--tool", action="append", default=[], help="also this read-only tool")
     options = parser.parse_args()
     if options.modern_only:
@@ -486,6 +634,8 @@ def main() -> None:
             TOOLS[name] = types.Tool(name=name, input_schema=OBJECT, annotations=READ)
     for name in options.tool:  # any arguments (an open schema), answered "<name> works"
         TOOLS[name] = types.Tool(name=name, input_schema={"type": "object"}, annotations=READ)
+    if options.lists:
+        offer_lists(options.lists)
     record(event="started", pid=os.getpid())
     if options.raw:
         serve_raw()

@@ -8,7 +8,8 @@
 * :mod:`~toolrelay.serve.watch` — ``tools/list_changed`` when breakers or plugins change;
 * :mod:`~toolrelay.serve.admin` — the admin API (FastAPI; its bodies: ``admin_models``, its
   auth, checks and error bodies: ``admin_http``);
-* :mod:`~toolrelay.serve.upstreams` — MCP servers behind the gateway;
+* :mod:`~toolrelay.serve.upstreams` — MCP servers behind the gateway (their resources,
+  prompts and completions: ``resources``);
 * :mod:`~toolrelay.serve.runner` — starting and stopping all of it.
 
 Needs the ``serve`` extra (the MCP SDK 2.x, with starlette and uvicorn). ``settings`` and

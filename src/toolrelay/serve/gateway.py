@@ -58,6 +58,7 @@ from .fast_lane import FastLane
 from .limits import BodyLimit, bounded_stdin
 from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics
 from .relayed import as_stated, upstream_instructions
+from .resources import Offerings
 from .sessions import SessionManager
 from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_S
 from .tracing import McpServerTelemetry
@@ -74,7 +75,8 @@ INSTRUCTIONS = (
 
 
 class _GatewayServer(Server[Any]):
-    """The low-level server, advertising ``tools.listChanged`` on every transport.
+    """The low-level server, advertising ``listChanged`` (tools; prompts and resources when
+    served) on every transport.
 
     The streamable HTTP session manager builds its initialization options with no
     arguments, so the default is changed here rather than at each call site. Its
@@ -99,7 +101,7 @@ class _GatewayServer(Server[Any]):
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True),
+            notification_options or NotificationOptions(True, True, True),
             experimental_capabilities,
             extensions,
         )
@@ -194,6 +196,8 @@ class Gateway:
         # our spans and durations stand for the SDK's (which see only the global provider)
         self.telemetry = _server_telemetry(dispatcher)
         self._peers = _PeerTracker(watcher, callers)
+        self.offerings = Offerings(self.server, dispatcher, callers, watcher, lambda: self.limits)
+        """The upstreams' resources, prompts and completions (served once started)."""
         self.server.middleware[:] = [
             self.telemetry,
             *(m for m in self.server.middleware if not isinstance(m, OpenTelemetryMiddleware)),
@@ -276,7 +280,8 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
         handler = self.watcher.listen_handler(self.callers.current().profile)
-        return await handler(ctx, params)
+        async with self.offerings.watching(params.notifications.resource_subscriptions or ()):
+            return await handler(ctx, params)
 
     # -- transports ---------------------------------------------------------------------------
     async def run_stdio(self, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:

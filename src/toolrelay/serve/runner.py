@@ -188,6 +188,7 @@ class Service:
                 try:
                     async with self.upstreams as upstreams:
                         names = await upstreams.start(self.settings.upstreams.values())
+                        await self.gateway.offerings.start(upstreams.open)
                         if names:
                             self._say(f"upstream MCP servers: {', '.join(names)}")
                         await self._serve_mcp()
@@ -225,6 +226,7 @@ class Service:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.watcher.run)
             tg.start_soon(self.health.run)
+            tg.start_soon(self.gateway.offerings.run)
             if self.settings.transport == "stdio":
                 tg.start_soon(self._run_stdio)
                 self._ready("MCP over stdio")

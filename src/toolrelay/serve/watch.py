@@ -21,14 +21,21 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
 from mcp.server.session import ServerSession
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ServerEvent,
+    ToolsListChanged,
+)
 
 from ..dispatcher import Dispatcher
 from .metrics import GatewayMetrics
@@ -41,6 +48,12 @@ MAX_PEERS = 2000
 """The most handshake-era connections remembered at once."""
 NOTIFY_TIMEOUT_S = 2.0
 """How long one client may take to accept a notification before it is dropped."""
+
+
+_SENDERS: dict[type, Callable[[ServerSession], Awaitable[None]]] = {
+    ResourcesListChanged: ServerSession.send_resource_list_changed,
+    PromptsListChanged: ServerSession.send_prompt_list_changed,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +172,22 @@ class ToolListWatcher:
         for key, peer in list(self._peers.items()):
             if peer.profile == profile:
                 await self._notify(key, peer)
+
+    async def tell(self, event: ServerEvent, concerns: Callable[[str | None], bool]) -> None:
+        """Tell the clients whose profile ``concerns`` the event of another list (an
+        upstream's resources or prompts): 2026-era ``subscriptions/listen`` streams that
+        asked for it, and handshake-era connections of a list change."""
+        for profile, bus in self._buses.items():
+            if concerns(profile):
+                await bus.publish(event)
+        send = _SENDERS.get(type(event))
+        for key, peer in list(self._peers.items()):
+            if send is not None and concerns(peer.profile):
+                with anyio.move_on_after(NOTIFY_TIMEOUT_S):
+                    try:
+                        await send(peer.session)
+                    except Exception:
+                        log.debug("toolrelay serve: client %s is gone", key, exc_info=True)
 
     async def _notify(self, key: str, peer: _Peer) -> None:
         delivered = False

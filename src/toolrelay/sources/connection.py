@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -85,6 +86,8 @@ class Connection:
         """The SDK connect mode this connection was made with."""
         self.call_meta: dict[str, Any] = {}
         """The ``_meta`` the SDK's session stamps on every request of this connection."""
+        self.notice: Callable[[mcp_types.ServerNotification], Awaitable[None]] | None = None
+        """Told of the server's other notifications (the source's ``notice``)."""
 
     def client_over(
         self,
@@ -101,6 +104,8 @@ class Connection:
         async def on_message(message: IncomingMessage) -> None:
             if isinstance(message, mcp_types.ToolListChangedNotification):
                 self.refresh_wanted.set()
+            elif self.notice is not None and not isinstance(message, Exception):
+                await self.notice(message)  # resources and prompts (.mcp_lists)
             elif isinstance(message, Exception):
                 log.warning(
                     "toolrelay: MCP server %s sent something unreadable (%s)",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Literal, Self
@@ -68,6 +68,8 @@ class Connector:
         """The server refused the 2025 handshake ``auto`` offers over stdio first."""
         self.relay = Relay(name)
         """Routes the server's requests and notifications to the call they belong to."""
+        self.notice: Callable[[mcp_types.ServerNotification], Awaitable[None]] | None = None
+        """Told of the server's notifications besides tool list changes (a host's)."""
 
     # -- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -190,6 +192,7 @@ class Connector:
     def _start(self) -> Connection:
         assert self._tg is not None
         conn = Connection()
+        conn.notice = self.notice
         self.conn = conn
         token = CALL_CHANNEL.set(None)  # the connection outlives the call that started it
         try:
