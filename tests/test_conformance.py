@@ -243,3 +243,5 @@ def test_the_gateway_with_plugins_only_passes_every_protocol_scenario(
 ) -> None:
     run = runs["plugins only"]
     assert run.passed() >= PROTOCOL_SCENARIOS, run.report(PROTOCOL_SCENARIOS)
+    (listing,) = run.checks["tools-list"]
+    assert listing["details"]["toolCount"] == 2, listing  # the weather plugin's tools
