@@ -103,6 +103,8 @@ async def measure_operations(
             try:
                 await measure_operation(server, operation, 1)
             except Exception as exc:  # the server's refusal, reported in the table
+                while isinstance(exc, ExceptionGroup) and exc.exceptions:
+                    exc = exc.exceptions[0]  # the SDK's task groups wrap the MCP error
                 refused[server.name, operation] = " ".join(str(exc).split())[:60]
             else:
                 serving.append(server)
