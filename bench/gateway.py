@@ -32,6 +32,11 @@ median of the rounds' calls / wall time), the server process's CPU time per call
 ``utime + stime`` from ``/proc``, the gateway process alone, not its upstream) and its RSS
 at the end. Ratios against the targets of issue 19 are the median of the per-round ratios.
 
+Then, with one SDK client, a ``resources/read`` of the upstream's resource and a call of its
+``progress`` tool (10 progress notifications before the answer; the table says how many
+reached the client) on every server that serves them (the in-process plugin has no
+resources: listed as refusing).
+
 Then every server is **saturated**: 8 keep-alive connections of a light client
 (:class:`LightSession`: h11, JSON-RPC written by hand, its own MCP session on each
 connection, the same handshake), each calling back to back, rounds interleaved as above.
@@ -58,8 +63,9 @@ if str(HERE) not in sys.path:  # loaded by path (the tests), not run as a script
     sys.path.insert(0, str(HERE))
 
 from suite.gateway import CONCURRENCY, Comparison, Sample, compare  # noqa: E402
+from suite.gateway.clients import OPERATIONS, PROGRESS_STEPS  # noqa: E402
 
-__all__ = ["CONCURRENCY", "Comparison", "Sample", "compare", "main"]
+__all__ = ["CONCURRENCY", "OPERATIONS", "PROGRESS_STEPS", "Comparison", "Sample", "compare", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,9 @@ As a toolrelay plugin (``[plugins.echo] module = "gateway_echo"`` with ``bench/`
 path), :func:`register` adds the same tool, answering with the same text.
 
 The server is the MCP SDK's low-level ``Server`` (what an SDK server costs, nothing more),
-with the SDK's defaults for HTTP unless ``--json`` (``json_response=True``).
+with the SDK's defaults for HTTP unless ``--json`` (``json_response=True``). For the rows
+beyond ``tools/call`` it also serves one resource (``echo://text``, read as "hello") and a
+``progress`` tool that reports progress ``steps`` times before it answers.
 """
 
 from __future__ import annotations
@@ -36,6 +38,18 @@ TOOL = types.Tool(
     input_schema=SCHEMA,
     annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
 )
+PROGRESS = types.Tool(
+    name="progress",
+    description="Reports progress `steps` times (to a caller that asked), then answers.",
+    input_schema={
+        "type": "object",
+        "properties": {"steps": {"type": "integer", "minimum": 0, "maximum": 1000}},
+        "required": ["steps"],
+    },
+    annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
+)
+RESOURCE = types.Resource(uri="echo://text", name="text", mime_type="text/plain")
+RESOURCE_TEXT = "hello"
 
 
 # -- as a toolrelay plugin ------------------------------------------------------------------
@@ -59,17 +73,42 @@ def register(registry: ToolRegistry, config: Mapping[str, Any]) -> None:
 async def list_tools(
     ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
 ) -> types.ListToolsResult:
-    return types.ListToolsResult(tools=[TOOL])
+    return types.ListToolsResult(tools=[TOOL, PROGRESS])
 
 
 async def call_tool(
     ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
 ) -> types.CallToolResult:
+    if params.name == PROGRESS.name:
+        steps = int((params.arguments or {}).get("steps", 0))
+        for step in range(1, steps + 1):
+            await ctx.session.report_progress(step, steps)
+        return types.CallToolResult(content=[types.TextContent(type="text", text="done")])
     text = str((params.arguments or {}).get("text", ""))
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
 
-SERVER = Server("echo", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
+async def list_resources(
+    ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+) -> types.ListResourcesResult:
+    return types.ListResourcesResult(resources=[RESOURCE])
+
+
+async def read_resource(
+    ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+) -> types.ReadResourceResult:
+    text = types.TextResourceContents(uri=str(params.uri), mime_type="text/plain", text="hello")
+    return types.ReadResourceResult(contents=[text])
+
+
+SERVER = Server(
+    "echo",
+    version="1",
+    on_list_tools=list_tools,
+    on_call_tool=call_tool,
+    on_list_resources=list_resources,
+    on_read_resource=read_resource,
+)
 
 
 async def serve_stdio() -> None:

@@ -43,6 +43,16 @@ def test_every_server_answers_the_sdk_clients_and_the_light_ones() -> None:
     assert table.count("| 8 light |") == len(expected)
     assert "mcp-proxy" not in table  # no mcp-proxy: no ratio against it
     assert "toolrelay-plugin[json] / upstream[json], saturated" in table
+    # the rows beyond tools/call: every bare upstream serves them, with every notification
+    for server in ("upstream", "upstream[json]"):
+        for operation in bench.OPERATIONS:
+            (sample,) = comparison.operations[server, operation]
+            assert sample.calls == 16, (server, operation)
+        assert f"| {server} | resources/read |" in table
+    # SSE answers carry the notifications; a JSON answer (one body) cannot
+    assert set(comparison.progress["upstream"]) == {bench.PROGRESS_STEPS}
+    assert set(comparison.progress["upstream[json]"]) == {0}
+    assert ("toolrelay-plugin", "resources/read") in comparison.refused  # it has none
 
 
 def test_the_saturated_ratio_carries_the_throughput_target() -> None:

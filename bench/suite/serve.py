@@ -50,4 +50,21 @@ def gateway_rows(comparison: Any, quick: bool) -> list[Row]:
                 f"{f.cpu_ms:.2f} ms/call, RSS {comparison.rss[server]:.0f} MB",
             )
         )
+    from .gateway.figures import Figures  # with the MCP SDK, as above
+
+    for (server, operation), samples in sorted(comparison.operations.items()):
+        f, seen = Figures.of(samples), comparison.progress.get(server, [])
+        notes = f", {min(seen)}–{max(seen)} progress notifications a call" if seen else ""
+        if "progress" not in operation:
+            notes = ""
+        rows.append(
+            Row(
+                "gateway",
+                f"{server}, {operation}, 1 client",
+                f.rate,
+                unit="calls/s",
+                context=f"p50 {f.p50_ms:.2f} ms, p99 {f.p99_ms:.2f} ms, server CPU "
+                f"{f.cpu_ms:.2f} ms/call{notes}",
+            )
+        )
     return rows

@@ -21,6 +21,9 @@ from mcp.client.streamable_http import streamable_http_client
 from .servers import Server
 
 ARGS = {"text": "hello"}
+PROGRESS_STEPS = 10
+"""How many progress notifications a call of the ``progress`` tool asks for."""
+RESOURCE = "echo://text"
 
 
 @contextlib.asynccontextmanager
@@ -41,6 +44,8 @@ async def sessions(server: Server, count: int) -> AsyncIterator[None]:
         if len(names) != 1:
             raise RuntimeError(f"{server.name} lists {[t.name for t in listing.tools]}")
         server.tool = names[0]
+        progress = [tool.name for tool in listing.tools if tool.name.endswith("progress")]
+        server.progress_tool = progress[0] if progress else "progress"
         yield
         server.sessions.clear()
 
@@ -50,6 +55,42 @@ async def call(server: Server, session: ClientSession) -> None:
     text = getattr(result.content[0], "text", None) if result.content else None
     if result.is_error or text != ARGS["text"]:
         raise RuntimeError(f"{server.name} answered {result.model_dump(exclude_none=True)}")
+
+
+async def read(server: Server, session: ClientSession) -> None:
+    result = await session.read_resource(RESOURCE)
+    text = getattr(result.contents[0], "text", None) if result.contents else None
+    if text != ARGS["text"]:
+        raise RuntimeError(f"{server.name} read {result.model_dump(exclude_none=True)}")
+
+
+async def progress(server: Server, session: ClientSession) -> None:
+    """One call of the ``progress`` tool; how many notifications came back is recorded
+    (a gateway that drops them still answers: the table shows it)."""
+    seen = 0
+
+    async def counted(progress: float, total: float | None, message: str | None) -> None:
+        nonlocal seen
+        seen += 1
+
+    arguments = {"steps": PROGRESS_STEPS}
+    result = await session.call_tool(server.progress_tool, arguments, progress_callback=counted)
+    text = getattr(result.content[0], "text", None) if result.content else None
+    if result.is_error or text != "done":
+        raise RuntimeError(f"{server.name} answered {result.model_dump(exclude_none=True)}")
+    server.progress_seen.append(seen)
+
+
+OPERATIONS: dict[str, Callable[[Server, ClientSession], Awaitable[None]]] = {
+    "resources/read": read,
+    f"tools/call with {PROGRESS_STEPS} progress notifications": progress,
+}
+"""The rows beyond a plain ``tools/call``: measured with one SDK client."""
+
+
+async def measure_operation(server: Server, operation: str, calls: int) -> Sample:
+    caller = functools.partial(OPERATIONS[operation], server, server.sessions[0])
+    return await timed(server, [caller], calls)
 
 
 # -- the light load generator ----------------------------------------------------------------

@@ -15,7 +15,15 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from .clients import Sample, light_sessions, measure, saturate, sessions
+from .clients import (
+    OPERATIONS,
+    Sample,
+    light_sessions,
+    measure,
+    measure_operation,
+    saturate,
+    sessions,
+)
 from .figures import Comparison
 from .servers import CONCURRENCY, Server, plan, running, wait_listening
 
@@ -36,6 +44,8 @@ async def compare(
     }
     rss: dict[str, float] = {}
     saturated: dict[str, list[Sample]] = {s.name: [] for s in servers}
+    operations: dict[tuple[str, str], list[Sample]] = {}
+    refused: dict[tuple[str, str], str] = {}
     try:
         with running(servers, workdir):
             for server in servers:
@@ -51,6 +61,7 @@ async def compare(
                         for server in order:
                             sample = await measure(server, clients, calls)
                             results[server.name, clients].append(sample)
+                await measure_operations(servers, rounds, calls, operations, refused)
                 if profile_s:
                     await profile(servers, profile_s)
                 rss = {server.name: server.rss_mb() for server in servers}
@@ -71,7 +82,37 @@ async def compare(
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
     labels = ["", *(name for name, _ in variants)]
-    return Comparison([s.name for s in servers], labels, results, rss, saturated)
+    comparison = Comparison([s.name for s in servers], labels, results, rss, saturated)
+    comparison.operations, comparison.refused = operations, refused
+    comparison.progress = {s.name: s.progress_seen for s in servers if s.progress_seen}
+    return comparison
+
+
+async def measure_operations(
+    servers: Sequence[Server],
+    rounds: int,
+    calls: int,
+    operations: dict[tuple[str, str], list[Sample]],
+    refused: dict[tuple[str, str], str],
+) -> None:
+    """The rows beyond ``tools/call`` (one SDK client, rounds interleaved): a server that
+    does not serve one (the in-process plugin has no resources) is listed as refusing it."""
+    for operation in OPERATIONS:
+        serving = []
+        for server in servers:
+            try:
+                await measure_operation(server, operation, 1)
+            except Exception as exc:  # the server's refusal, reported in the table
+                while isinstance(exc, ExceptionGroup) and exc.exceptions:
+                    exc = exc.exceptions[0]  # the SDK's task groups wrap the MCP error
+                refused[server.name, operation] = " ".join(str(exc).split())[:60]
+            else:
+                serving.append(server)
+                operations[server.name, operation] = []
+        for index in range(rounds):
+            for server in serving if index % 2 == 0 else list(reversed(serving)):
+                sample = await measure_operation(server, operation, calls)
+                operations[server.name, operation].append(sample)
 
 
 async def profile(servers: Sequence[Server], seconds: float) -> None:

@@ -77,6 +77,12 @@ class Comparison:
     rss: dict[str, float]
     saturated: dict[str, list[Sample]] = field(default_factory=dict)
     """Per server: the rounds of :func:`saturate` (the light client, 8 connections)."""
+    operations: dict[tuple[str, str], list[Sample]] = field(default_factory=dict)
+    """Per server and request beyond ``tools/call`` (``OPERATIONS``): its rounds."""
+    refused: dict[tuple[str, str], str] = field(default_factory=dict)
+    """Per server and request it does not serve: why (its error)."""
+    progress: dict[str, list[int]] = field(default_factory=dict)
+    """Per server: the progress notifications each progress-tool call got back."""
 
     def figures(self, server: str, clients: int) -> Figures:
         return Figures.of(self.results[server, clients])
@@ -147,6 +153,22 @@ class Comparison:
                 f"{f.rate:,.0f} | {f.cpu_ms:.2f} ms | {f.upstream_cpu_ms:.2f} ms | "
                 f"{f.client_cpu_ms:.2f} ms | {self.rss[server]:.0f} MB |"
             )
+        if self.operations or self.refused:
+            out += [
+                "",
+                "| server | request (1 SDK client) | p50 | p99 | calls/s | server CPU/call ",
+            ]
+            out[-1] += "| progress notifications a call |"
+            out.append("|---|---|---:|---:|---:|---:|---:|")
+            for (server, operation), samples in sorted(self.operations.items()):
+                f, seen = Figures.of(samples), self.progress.get(server, [])
+                notes = f"{min(seen)}–{max(seen)}" if seen and "progress" in operation else "—"
+                out.append(
+                    f"| {server} | {operation} | {f.p50_ms:.2f} ms | {f.p99_ms:.2f} ms | "
+                    f"{f.rate:,.0f} | {f.cpu_ms:.2f} ms | {notes} |"
+                )
+            for (server, operation), why in sorted(self.refused.items()):
+                out.append(f"| {server} | {operation} | refused: {why} | | | | |")
         out += ["", "| ratio (median of the per-round ratios) | result | target | status |"]
         out.append("|---|---:|---|---|")
         for r in self.ratios():

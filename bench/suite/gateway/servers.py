@@ -72,7 +72,10 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     tool: str = ""
+    progress_tool: str = ""
     sessions: list[ClientSession] = field(default_factory=list)
+    progress_seen: list[int] = field(default_factory=list)
+    """Per call of the ``progress`` tool: the notifications that reached the client."""
 
     @property
     def url(self) -> str:
