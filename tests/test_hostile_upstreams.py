@@ -42,7 +42,8 @@ from toolrelay_plugins.feeds import FeedsPlugin
 from toolrelay_plugins.weather import WeatherPlugin
 from toolrelay_plugins.websearch import WebSearchPlugin
 
-pytestmark = pytest.mark.anyio
+# serial: nearly every test here runs under the loop watchdog (no stall over 50 ms)
+pytestmark = [pytest.mark.anyio, pytest.mark.serial]
 
 DEADLINE_S = 2.0
 MARGIN_S = 0.5
