@@ -20,23 +20,25 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo
 
-# The suite in two phases. First every test not marked `serial`, on WORKERS workers (pytest-
-# xdist; worksteal: an idle worker takes half of another's queue, so no long file is left
-# to run alone at the end). Three workers on two cores: much of the suite waits (servers
-# starting, deadlines, sleeps), and a third worker keeps both CPUs busy. Then the `serial`
-# tests (they bound a time of a few ms: event-loop stalls, deadline overruns, latency
-# ratios; a second worker on two cores broke such a bound, 2.9 ms against 2 ms) alone in one
-# process. Both phases run whatever the first gave; each prints its slowest 15 tests.
-# (pytest exits 5 when no test is marked serial: not a failure.)
+# The suite in two phases, each printing its slowest 15 tests. First every test not marked
+# `serial`, on WORKERS pytest-xdist workers. worksteal: an idle worker takes half of another's
+# queue, so no long file is left running alone at the end. Three workers on two cores: much of
+# the suite waits (servers starting, deadlines, sleeps) and a third keeps both CPUs busy. Then
+# the `serial` tests alone in one process: they bound a time of a few ms (event-loop stalls,
+# deadline overruns, latency ratios), and a second process on two cores broke such a bound
+# (2.9 ms against 2 ms). The first phase names the files holding serial tests (tests/
+# conftest.py), so the second collects only those (all of tests/ if the list is empty; pytest's
+# exit status 5, no test selected, is no failure). Both phases always run.
 PYTEST := $(BIN)/python -m pytest -q --durations=15
 WORKERS ?= 3
 
 test: lint
 	bash .ci/install-servers
-	status=0; \
-	$(PYTEST) -n $(WORKERS) --dist worksteal -m "not serial" || status=1; \
-	$(PYTEST) -m serial || [ $$? -eq 5 ] || status=1; \
-	exit $$status
+	@serial=$$(mktemp); status=0; set -x; \
+	TOOLRELAY_SERIAL_FILES=$$serial $(PYTEST) -n $(WORKERS) --dist worksteal -m "not serial" \
+		|| status=1; \
+	$(PYTEST) -m serial $$(cat $$serial) || [ $$? -eq 5 ] || status=1; \
+	rm -f $$serial; exit $$status
 
 # The inner loop: no real servers, no soak, two workers (timing bounds may be loose here).
 test-fast: $(STAMP)
