@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +23,14 @@ def need_binary(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """make test's parallel phase names, in $TOOLRELAY_SERIAL_FILES, the files holding a test
+    marked ``serial`` (seen here before ``-m "not serial"`` deselects them; written by one
+    worker): the serial phase then collects those files only."""
+    path = os.environ.get("TOOLRELAY_SERIAL_FILES")
+    if path and os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0":
+        files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("serial")}
+        Path(path).write_text("".join(f"{name}\n" for name in sorted(files)))

@@ -112,6 +112,7 @@ async def hammer(dispatcher: Dispatcher, callers: int, seconds: float) -> list[T
     return results
 
 
+@pytest.mark.serial  # the limit follows latency measured in ms
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 async def test_the_limit_falls_when_the_service_saturates(anyio_backend: str, sync: bool) -> None:
     # 8 places at 10 ms; the limit starts at 20, where a call takes 6× as long
@@ -138,6 +139,7 @@ async def test_the_limit_falls_when_the_service_saturates(anyio_backend: str, sy
     assert dispatcher.bulkhead.in_flight()["svc"] == 0  # every place given back
 
 
+@pytest.mark.serial  # the limit follows latency measured in ms
 async def test_the_limit_stays_up_for_a_service_with_room(anyio_backend: str) -> None:
     service = Crowded(capacity=1000, base=0.05)  # never crowded: latency stays flat
     dispatcher, events = build(service.run_async, adaptive_min=2, adaptive_max=40)

@@ -12,6 +12,7 @@ import pytest
 from helpers import load_experiment as load
 
 
+@pytest.mark.serial  # p99 ratios
 def test_adaptive_limit_beside_a_fixed_one(capsys: pytest.CaptureFixture[str]) -> None:
     report = load("adaptive_concurrency").main(["--duration", "7", "--warmup", "2.5"])
     with capsys.disabled():

@@ -135,6 +135,7 @@ UNREADABLE = {
 
 
 # -- clean_text itself ---------------------------------------------------------------------
+@pytest.mark.serial  # a time ratio with 2 ms of slack
 @pytest.mark.parametrize("name", sorted(BOMBS))
 def test_clean_text_is_fast_and_total(name: str) -> None:
     """Linear in its window, whatever the input's size: 100× the input costs no more (it is
@@ -173,6 +174,7 @@ def search(up: StandInUpstream) -> WebSearchPlugin:
     return WebSearchPlugin({"base_url": up.url, "timeout_s": DEADLINE_S})
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 @pytest.mark.parametrize("name", sorted(BOMBS))
 async def test_search_snippet_bombs(upstream: StandInUpstream, name: str) -> None:
     body = search_body(BOMBS[name])
@@ -186,6 +188,7 @@ async def test_search_snippet_bombs(upstream: StandInUpstream, name: str) -> Non
     assert result["snippet"] is None or len(result["snippet"]) <= 300
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 @pytest.mark.parametrize("unit", ["<!--", "&lt;a", "<a "])
 async def test_search_body_at_the_cap(upstream: StandInUpstream, unit: str) -> None:
     body = padded(search_body, unit, CAP)
@@ -195,6 +198,7 @@ async def test_search_body_at_the_cap(upstream: StandInUpstream, unit: str) -> N
     assert got["ok"] is True
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 async def test_search_body_over_the_cap(upstream: StandInUpstream) -> None:
     upstream.serve_static("/search", padded(search_body, "<!--", CAP + 1), "application/json")
     got, _ = await call(search(upstream), "web_search", {"query": "q"})
@@ -206,6 +210,7 @@ async def test_search_body_over_the_cap(upstream: StandInUpstream) -> None:
     }
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 @pytest.mark.parametrize(
     "body",
     [
@@ -221,6 +226,7 @@ async def test_search_huge_json_is_refused(upstream: StandInUpstream, body: Any)
     assert got == UNREADABLE
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 async def test_search_many_junk_results(upstream: StandInUpstream) -> None:
     junk = [{"url": "javascript:x", "title": "<!--" * 5} for _ in range(12_000)]
     good = {"url": "https://example.org/z", "title": "late"}
@@ -235,6 +241,7 @@ def weather(up: StandInUpstream) -> WeatherPlugin:
     return WeatherPlugin({"base_url": up.url, "geocoding_url": up.url, "timeout_s": DEADLINE_S})
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 @pytest.mark.parametrize("name", sorted(BOMBS))
 async def test_geocoder_name_bombs(upstream: StandInUpstream, name: str) -> None:
     body = geocoder_body(BOMBS[name])
@@ -249,12 +256,14 @@ async def test_geocoder_name_bombs(upstream: StandInUpstream, name: str) -> None
         assert place[key] is None or len(place[key]) <= 80
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 async def test_geocoder_body_at_the_cap(upstream: StandInUpstream) -> None:
     upstream.serve_static("/v1/search", padded(geocoder_body, "<!--", CAP), "application/json")
     got, _ = await call(weather(upstream), "weather_current", {"city": "Oslo"})
     assert got["ok"] is True
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 @pytest.mark.parametrize(
     "body",
     [
@@ -268,6 +277,7 @@ async def test_geocoder_huge_json_is_refused(upstream: StandInUpstream, body: by
     assert got == {**UNREADABLE, "message": "open-meteo sent an answer that could not be read"}
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 async def test_forecast_with_huge_columns(upstream: StandInUpstream) -> None:
     n = 9_000
     body = {
@@ -295,6 +305,7 @@ def feeds(**urls: str) -> FeedsPlugin:
     return FeedsPlugin({"feeds": urls, "timeout_s": DEADLINE_S})
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 @pytest.mark.parametrize("name", sorted(BOMBS))
 async def test_feed_text_bombs(upstream: StandInUpstream, name: str) -> None:
     upstream.serve_static("/feed.xml", feed_body(BOMBS[name]), "application/rss+xml")
@@ -305,6 +316,7 @@ async def test_feed_text_bombs(upstream: StandInUpstream, name: str) -> None:
     assert item["summary"] is None or len(item["summary"]) <= 280
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 async def test_feed_over_the_cap(upstream: StandInUpstream) -> None:
     upstream.serve_static("/feed.xml", padded(feed_body, "<!--", CAP + 1), "application/rss+xml")
     got, _ = await call(feeds(news=f"{upstream.url}/feed.xml"), "feed_latest", {"feed": "news"})
@@ -540,6 +552,7 @@ async def mcp_call(dispatcher: Dispatcher, tool: str, args: Mapping[str, Any]) -
 # One server and connection for all the kinds of a test: each assertion is about its own
 # call (in time, no stall, the answer whole or refused, the connection still serving), not
 # about a fresh connection; a failure names its kind.
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 async def test_mcp_parser_hostile_text_passes_without_stalling(
     tmp_path: Path, subtests: pytest.Subtests
 ) -> None:
@@ -553,6 +566,7 @@ async def test_mcp_parser_hostile_text_passes_without_stalling(
     assert [e["arguments"]["kind"] for e in mcp_calls(tmp_path)] == MCP_TEXTS
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 async def test_mcp_huge_wide_or_deep_answers_are_refused(
     tmp_path: Path, subtests: pytest.Subtests
 ) -> None:
@@ -587,6 +601,7 @@ def mcp_starts(tmp_path: Path) -> int:
     return len([e for e in mcp_events(tmp_path) if e["event"] == "started"])
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 async def test_mcp_answer_without_a_leading_id_drops_the_connection(tmp_path: Path) -> None:
     """The id after the result: the reader cannot say whose answer it was, so it drops
     the connection (every waiting call answered at once) and the next call reconnects."""
@@ -600,6 +615,7 @@ async def test_mcp_answer_without_a_leading_id_drops_the_connection(tmp_path: Pa
     assert again["ok"] is True and again["data"] == "fine: fine"
 
 
+@pytest.mark.serial  # under the loop watchdog: no stall over 50 ms
 async def test_mcp_huge_answer_leaves_other_calls_and_memory_alone(tmp_path: Path) -> None:
     """A 20 MiB answer is refused while it is read: another upstream's calls meanwhile stay
     fast, the loop never stalls, and the memory is given back (the SDK's own reader took

@@ -795,6 +795,7 @@ def test_count_errors_must_be_a_valid_pattern() -> None:
         McpSource.stdio(["x"], McpSourceOptions(breaker_key="k", count_errors="(unclosed"))
 
 
+@pytest.mark.serial  # no loop stall over 50 ms
 async def test_a_backtracking_output_pattern_never_holds_the_loop(
     stdio_server: TestServer,
 ) -> None:

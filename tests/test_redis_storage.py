@@ -548,6 +548,7 @@ async def test_a_forced_open_holds_in_three_processes(redis: RedisServer) -> Non
 
 
 # -- slow, dead and hung Redis -------------------------------------------------------------------
+@pytest.mark.serial  # median dispatch under 20 ms
 async def test_a_slow_redis_does_not_slow_dispatch(redis: RedisServer) -> None:
     with SlowProxy("127.0.0.1", redis.port, 0.040) as proxy:
         dispatcher, flaky = make(proxy.url, timeout_s=1.0)
@@ -621,6 +622,7 @@ async def test_unreachable_redis_at_start_still_breaks(caplog: pytest.LogCapture
     await dispatcher.aclose()
 
 
+@pytest.mark.serial  # median dispatch under 20 ms
 async def test_a_hung_redis_costs_dispatch_nothing() -> None:
     """A Redis that accepts connections and never answers: calls go on at full speed."""
     listener = socket.socket()

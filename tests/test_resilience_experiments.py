@@ -12,6 +12,7 @@ from conftest import need_binary
 from helpers import load_experiment as load
 
 
+@pytest.mark.serial  # a p99 ratio
 def test_hedging_cuts_the_slow_tail(capsys: pytest.CaptureFixture[str]) -> None:
     report = load("hedging").main(["--calls", "300", "--concurrency", "10"])
     with capsys.disabled():

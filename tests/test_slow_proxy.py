@@ -40,6 +40,7 @@ def proxy_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
 
 
+@pytest.mark.serial  # a ping under 20 ms
 def test_delay_applies_per_round_trip_and_can_change(server: RedisServer) -> None:
     with SlowProxy("127.0.0.1", server.port, 0.040) as proxy:
         assert proxy.url == f"redis://127.0.0.1:{proxy.port}/0"
@@ -53,6 +54,7 @@ def test_delay_applies_per_round_trip_and_can_change(server: RedisServer) -> Non
         conn.close()
 
 
+@pytest.mark.serial  # 0.19 s against 0.2 s
 def test_connections_are_delayed_independently(server: RedisServer) -> None:
     with SlowProxy("127.0.0.1", server.port, 0.0) as proxy:
         conns = [client(proxy), client(proxy)]

@@ -40,6 +40,7 @@ def _worker_threads(key: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == f"toolrelay-worker[{key}]"]
 
 
+@pytest.mark.serial  # a race with the spawner thread
 async def test_a_flood_of_hung_sync_calls_does_not_delay_another_keys_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
