@@ -303,6 +303,22 @@ async def test_a_client_that_cannot_be_asked_fails_the_upstream_at_once(
     assert reports == [1, 2, 3]
 
 
+async def test_a_log_sent_just_before_the_answer_reaches_the_client(gateway: Gateway) -> None:
+    """The stdio upstream's raw lane answers beside the SDK's session: the log line read
+    before the answer still reaches the call's client (its channel is not closed first)."""
+    capable, plain = Client2025(), Client2025()
+    async with (
+        http_session(gateway.url, **capable.callbacks()) as session,  # the SDK's path
+        http_session(gateway.url, logging_callback=plain.logging) as light,  # the fast lane
+    ):
+        for _ in range(5):
+            await session.call_tool("up__log", {})
+            await light.call_tool("up__log", {})
+    both = [("info", "hello from upstream"), ("debug", "a detail")]
+    assert capable.logs == both * 5
+    assert plain.logs == both * 5
+
+
 async def test_cancellation_reaches_the_upstream_and_back(gateway: Gateway) -> None:
     client = Client2025(hang=True)
     async with http_session(gateway.url, **client.callbacks()) as session:
