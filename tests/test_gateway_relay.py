@@ -309,19 +309,19 @@ async def test_a_client_that_cannot_be_asked_fails_the_upstream_at_once(
 
 
 async def test_a_log_sent_just_before_the_answer_reaches_the_client(gateway: Gateway) -> None:
-    """The stdio upstream's raw lane answers beside the SDK's session: the log line read
-    before the answer still reaches the call's client (its channel is not closed first)."""
+    """A log line sent just before the answer reaches the call's client (its channel is not
+    closed first): over HTTP, and over stdio where the raw lane answers beside the SDK."""
     capable, plain = Client2025(), Client2025()
     async with (
         http_session(gateway.url, **capable.callbacks()) as session,  # the SDK's path
         http_session(gateway.url, logging_callback=plain.logging) as light,  # the fast lane
     ):
-        for _ in range(5):
-            await session.call_tool("up__log", {})
-            await light.call_tool("up__log", {})
+        for tool in ["up__log", "web__log"] * 5:  # over stdio (the raw lane) and HTTP
+            await session.call_tool(tool, {})
+            await light.call_tool(tool, {})
     both = [("info", "hello from upstream"), ("debug", "a detail")]
-    assert capable.logs == both * 5
-    assert plain.logs == both * 5
+    assert capable.logs == both * 10
+    assert plain.logs == both * 10
 
 
 @pytest.mark.filterwarnings("ignore:The logging capability is deprecated")  # 2025-era clients
