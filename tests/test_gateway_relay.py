@@ -75,6 +75,11 @@ breaker_key = "web"
 protocol = "legacy"  # the 2025 handshake: its tools ask the client mid-call
 prefix = "web"
 risk_override = "read"
+[serve.upstreams.modern]  # the same server as the gateway connects by default: 2026-era
+url = "{web}"
+breaker_key = "modern"
+prefix = "new"
+risk_override = "read"
 """
         )
         self.command = [sys.executable, "-m", "toolrelay", "serve", "--config", str(self.config)]
@@ -301,6 +306,36 @@ async def test_a_client_that_cannot_be_asked_fails_the_upstream_at_once(
         assert f"refused {types.METHOD_NOT_FOUND}: {method}" in texts(result)
     assert "hello from upstream" in logs
     assert reports == [1, 2, 3]
+
+
+async def test_a_log_sent_just_before_the_answer_reaches_the_client(gateway: Gateway) -> None:
+    """A log line sent just before the answer reaches the call's client (its channel is not
+    closed first): over HTTP, and over stdio where the raw lane answers beside the SDK."""
+    capable, plain = Client2025(), Client2025()
+    async with (
+        http_session(gateway.url, **capable.callbacks()) as session,  # the SDK's path
+        http_session(gateway.url, logging_callback=plain.logging) as light,  # the fast lane
+    ):
+        for tool in ["up__log", "web__log"] * 5:  # over stdio (the raw lane) and HTTP
+            await session.call_tool(tool, {})
+            await light.call_tool(tool, {})
+    both = [("info", "hello from upstream"), ("debug", "a detail")]
+    assert capable.logs == both * 10
+    assert plain.logs == both * 10
+
+
+@pytest.mark.filterwarnings("ignore:The logging capability is deprecated")  # 2025-era clients
+async def test_a_2026_upstream_asks_the_client_with_input_required(gateway: Gateway) -> None:
+    """By default the gateway speaks the 2026 era to an HTTP upstream that offers it: such
+    an upstream asks mid-call with an ``InputRequiredResult``; its requests reach the
+    calling (2025-era) client, and the call is made again with the answers."""
+    client = Client2025()
+    async with http_session(gateway.url, **client.callbacks()) as session:
+        asked = await session.call_tool("new__ask_2026", {})
+        # asking the 2025 way has no back-channel on a 2026-era connection (docs/serve.md)
+        old_way = await session.call_tool("new__sample", {})
+    assert texts(asked) == "sampled: 4; accept: {'color': 'blue'}", texts(asked)
+    assert old_way.is_error and "no back-channel" in texts(old_way)
 
 
 async def test_cancellation_reaches_the_upstream_and_back(gateway: Gateway) -> None:

@@ -327,12 +327,31 @@ def without_result_meta(shot: Snapshot, direct: Snapshot) -> None:
         call["result"].pop("_meta", None)
 
 
+# Tools a server offers only to a client that declared a capability this test's client
+# (sampling and elicitation) did not: through the gateway, which declares it, they are listed.
+CAPABILITY_TOOLS = {"get-roots-list"}  # server-everything: roots
+
+
+def capabilities_declared(shot: Snapshot, direct: Snapshot) -> None:
+    """The gateway declares every capability it relays, whatever its client declared."""
+    direct_names = {tool["name"] for tool in direct["tools/list"].get("tools", [])}
+    shot["tools/list"]["tools"] = [
+        tool
+        for tool in shot["tools/list"].get("tools", [])
+        if tool["name"] in direct_names or tool["name"] not in CAPABILITY_TOOLS
+    ]
+
+
 DIFFERENCES: list[tuple[str, Callable[[Snapshot, Snapshot], None]]] = [
     ("tool and prompt names get the upstream's `prefix`", unprefix),
     ("a failure is the answer envelope", unwrap_failures),
     ("arguments are validated against the tool's schema before the upstream", validated_first),
     ("the result's own `_meta` is not passed on", without_result_meta),
     ("a successful result always says `isError: false`", unstated_success),
+    (
+        "the gateway declares `sampling`, `elicitation` and `roots` to every upstream",
+        capabilities_declared,
+    ),
 ]
 CLOCK = re.compile(r"\b\d{1,2}:\d{2}:\d{2}( [AP]M)?\b")
 

@@ -7,7 +7,9 @@ Written with the MCP Python SDK's low-level ``Server`` from the scenarios' own r
 (``@modelcontextprotocol/conformance`` 0.1.16, ``conformance list``): the ``test_*`` tools
 (content of every kind, logging, progress, sampling, elicitation with SEP-1034 defaults and
 SEP-1330 enums, an error, a JSON Schema 2020-12 input), the ``test://`` resources, a template
-and subscriptions, the ``test_*`` prompts, completions and ``logging/setLevel``. The suite
+and subscriptions, the ``test_*`` prompts, completions and ``logging/setLevel``. It asks the
+client as each era asks: a request during the call (2025), an ``InputRequiredResult`` and
+the call again with the answer (2026, as the gateway connects over HTTP by default). The suite
 run directly against it proves the server (tests/test_conformance.py); then toolrelay serve
 in front of it must pass the same scenarios. Over HTTP it prints ``PORT <n>`` on stdout once
 it listens; DNS-rebinding protection is the SDK's (on for a loopback bind).
@@ -29,6 +31,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 Ctx = ServerRequestContext[Any]
 
@@ -197,15 +200,59 @@ async def log(ctx: Ctx, level: types.LoggingLevel, message: str) -> None:
         await ctx.session.send_log_message(level, message, related_request_id=ctx.request_id)
 
 
-async def elicit(ctx: Ctx, message: str, schema: dict[str, Any]) -> types.CallToolResult:
-    result = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
+def asked(
+    ctx: Ctx,
+    params: types.CallToolRequestParams,
+    request: types.CreateMessageRequest | types.ElicitRequest,
+) -> types.InputRequiredResult | types.CreateMessageResult | types.ElicitResult | None:
+    """On a 2026-era connection a server asks with an ``InputRequiredResult`` and gets the
+    call again with the answer (``None``: a 2025-era connection, asked with a request)."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return None
+    answer = (params.input_responses or {}).get("ask")
+    if isinstance(answer, types.CreateMessageResult | types.ElicitResult):
+        return answer
+    return types.InputRequiredResult(input_requests={"ask": request})
+
+
+async def elicit(
+    ctx: Ctx, params: types.CallToolRequestParams, message: str, schema: dict[str, Any]
+) -> types.CallToolResult | types.InputRequiredResult:
+    form = types.ElicitRequestFormParams(message=message, requested_schema=schema)
+    result = asked(ctx, params, types.ElicitRequest(params=form))
+    if result is None:
+        result = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
+    if isinstance(result, types.InputRequiredResult):
+        return result
+    assert isinstance(result, types.ElicitResult)
     content = json.dumps(result.content, sort_keys=True)
     return types.CallToolResult(
         content=text(f"Elicitation completed: action={result.action}, content={content}")
     )
 
 
-async def call_tool(ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+async def sample(
+    ctx: Ctx, params: types.CallToolRequestParams, prompt: str
+) -> types.CallToolResult | types.InputRequiredResult:
+    message = types.SamplingMessage(role="user", content=text(prompt)[0])
+    request = types.CreateMessageRequestParams(messages=[message], max_tokens=100)
+    answer = asked(ctx, params, types.CreateMessageRequest(params=request))
+    if answer is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            answer = await ctx.session.create_message(
+                [message], max_tokens=100, related_request_id=ctx.request_id
+            )
+    if isinstance(answer, types.InputRequiredResult):
+        return answer
+    assert isinstance(answer, types.CreateMessageResult)
+    said = answer.content.text if isinstance(answer.content, types.TextContent) else ""
+    return types.CallToolResult(content=text(f"LLM response: {said}"))
+
+
+async def call_tool(
+    ctx: Ctx, params: types.CallToolRequestParams
+) -> types.CallToolResult | types.InputRequiredResult:
     name, args = params.name, params.arguments or {}
     if name == "test_simple_text":
         return types.CallToolResult(content=text("This is a simple text response for testing."))
@@ -254,20 +301,13 @@ async def call_tool(ctx: Ctx, params: types.CallToolRequestParams) -> types.Call
             types.ClientCapabilities(sampling=types.SamplingCapability())
         ):
             raise MCPError(code=types.INVALID_REQUEST, message="the client cannot sample")
-        prompt = types.SamplingMessage(role="user", content=text(str(args["prompt"]))[0])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            answer = await ctx.session.create_message(
-                [prompt], max_tokens=100, related_request_id=ctx.request_id
-            )
-        said = answer.content.text if isinstance(answer.content, types.TextContent) else ""
-        return types.CallToolResult(content=text(f"LLM response: {said}"))
+        return await sample(ctx, params, str(args["prompt"]))
     if name == "test_elicitation":
-        return await elicit(ctx, str(args["message"]), ELICIT_USER)
+        return await elicit(ctx, params, str(args["message"]), ELICIT_USER)
     if name == "test_elicitation_sep1034_defaults":
-        return await elicit(ctx, "Please review the defaults", ELICIT_DEFAULTS)
+        return await elicit(ctx, params, "Please review the defaults", ELICIT_DEFAULTS)
     if name == "test_elicitation_sep1330_enums":
-        return await elicit(ctx, "Please choose", ELICIT_ENUMS)
+        return await elicit(ctx, params, "Please choose", ELICIT_ENUMS)
     if name == "json_schema_2020_12_tool":
         return types.CallToolResult(content=text(json.dumps(args, sort_keys=True)))
     raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {name}")

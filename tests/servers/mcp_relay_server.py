@@ -60,6 +60,7 @@ TOOLS = [
     types.Tool(name="roots", input_schema=OBJECT),
     types.Tool(name="hang", input_schema=OBJECT),
     types.Tool(name="ping", input_schema=OBJECT),
+    types.Tool(name="ask_2026", input_schema=OBJECT),  # asks the 2026 way: input required
     types.Tool(  # retried by toolrelay's policy if it were not for the client it asked
         name="elicit_then_fail",
         input_schema=OBJECT,
@@ -97,6 +98,8 @@ async def call_tool(
         await session.send_log_message("info", "hello from upstream", "relay", related)
         await session.send_log_message("debug", "a detail", "relay", related)
         return types.CallToolResult(content=text("logged"))
+    if name == "ask_2026":
+        return ask_2026(params)
     if name == "progress":
         token = meta.get("progress_token")  # as the SDK parsed it
         if token is not None:
@@ -145,6 +148,38 @@ async def call_tool(
             record(event="cancelled", tool=name)
             raise
     return types.CallToolResult(content=text(f"{name} works"))
+
+
+def ask_2026(
+    params: types.CallToolRequestParams,
+) -> types.CallToolResult | types.InputRequiredResult:
+    """Sampling and elicitation as a 2026-era server asks: an ``InputRequiredResult``, and
+    the call made again with the answers (and the state it was given)."""
+    answers = params.input_responses or {}
+    if params.request_state != "asked" or set(answers) != {"sample", "elicit"}:
+        message = types.SamplingMessage(
+            role="user", content=types.TextContent(type="text", text="2+2?")
+        )
+        schema = {"type": "object", "properties": {"color": {"type": "string", "default": "red"}}}
+        asks: dict[str, Any] = {
+            "sample": types.CreateMessageRequest(
+                params=types.CreateMessageRequestParams(messages=[message], max_tokens=10)
+            ),
+            "elicit": types.ElicitRequest(
+                params=types.ElicitRequestFormParams(
+                    message="Favourite colour?", requested_schema=schema
+                )
+            ),
+        }
+        return types.InputRequiredResult(input_requests=asks, request_state="asked")
+    sampled, elicited = answers["sample"], answers["elicit"]
+    assert isinstance(sampled, types.CreateMessageResult) and isinstance(
+        elicited, types.ElicitResult
+    )
+    said = sampled.content.text if isinstance(sampled.content, types.TextContent) else "?"
+    return types.CallToolResult(
+        content=text(f"sampled: {said}; {elicited.action}: {elicited.content}")
+    )
 
 
 SERVER = Server(

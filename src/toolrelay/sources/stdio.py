@@ -147,6 +147,10 @@ async def _stdio_streams(
             return await refuse(line, too_many(max_values))
         raw_id = lane.owner(line)
         if raw_id is not None:
+            # The session's dispatcher starts a handler for each message it has taken;
+            # one turn lets those read before this answer start first (log lines reach
+            # the call's client before its channel closes), as for the SDK's answers.
+            await anyio.lowlevel.checkpoint()
             lane.answer(raw_id, line)
             return True
         message = parse_line(line.decode(server.encoding, server.encoding_error_handler))
