@@ -37,7 +37,6 @@ from helpers import wait_until
 
 pytestmark = [pytest.mark.servers, pytest.mark.anyio]
 
-SDK_LISTING_REFUSED = "Mcp-Param header validation skipped: the tools/list listing failed"
 LIMITED_TOKEN = "fleet-limited-token-0123456789abcdef"
 RATE_PER_S = 10
 TOOLS = """
@@ -71,9 +70,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with Fleet(workdir, haproxy, redis, tools, env=env) as running:
         yield running
     for replica in running.replicas:
-        # (the SDK's modern server logs a traceback when the tools/list it makes to check a
-        # tools/call's Mcp-Param headers is refused for the client's rate: a known gap)
-        log = replica.log().replace(SDK_LISTING_REFUSED + "\nTraceback", "")
+        log = replica.log()
         assert "Traceback" not in log, log
 
 
@@ -507,9 +504,7 @@ async def test_a_clients_rate_is_fleet_wide(whole: Fleet, record_property: Any) 
     """``rate_per_s`` (10/s, burst 2) holds for one client across the fleet, within 25 %:
     its six sessions, two on each replica, calling as fast as they can, get its rate, not
     three times it. (Today each replica keeps its own bucket — hence xfail until
-    fleet-core's fleet-wide limit is merged.) Sessions, written by hand: a sessionless
-    ``tools/call`` also takes a token for the tools/list the SDK's server makes to check
-    its ``Mcp-Param`` headers (see the closing note)."""
+    fleet-core's fleet-wide limit is merged.) Sessions, written by hand."""
     seconds, answers = 2.0, list[str]()
     call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
     call["params"] = {"name": "lookup", "arguments": {"text": "x"}}

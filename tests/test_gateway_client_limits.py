@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp.types as types
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from test_serve_mcp import (
@@ -205,6 +208,25 @@ async def test_a_client_over_its_rate_is_refused_while_another_is_served(
     assert await admin.metric("toolrelay_tool_calls_total", **outcome) == 0
     breaker = await admin.call("GET", "/breakers/open-meteo")
     assert breaker["state"] == "closed" and breaker["failures"] == 0
+
+
+@pytest.mark.anyio
+async def test_a_sessionless_call_takes_one_token(server: HttpServer) -> None:
+    """A 2026-era ``tools/call`` costs its client one token: the ``tools/list`` the SDK's
+    server makes to check its ``Mcp-Param`` headers is not charged (nor logged as a
+    traceback when refused: ``stop_http_server`` checks the log)."""
+    headers = {"Authorization": f"Bearer {SUPPORT_TOKEN}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        Client(streamable_http_client(server.mcp_url, http_client=http), cache=None) as client,
+    ):
+        assert client.protocol_version == "2026-07-28"
+        await client.list_tools()  # token 1 of 3 (the client's own listing is charged)
+        answers = [await client.call_tool("weather_current", OSLO) for _ in range(3)]
+    assert [a.is_error for a in answers] == [False, False, True], answers
+    assert envelope(answers[2])["error_type"] == "overloaded"
+    rejected = "toolrelay_mcp_client_rejected_total"
+    assert await server.admin.metric(rejected, client="support", reason="rate") == 1
 
 
 @pytest.mark.anyio

@@ -318,3 +318,27 @@ def test_old_breaker_tables_still_work_with_a_warning_naming_the_new_key() -> No
     ):
         parse_config({"breakers": {"x": {"bulkhead_wait_s": -1}}})
     assert "keys.x.bulkhead.wait_s" in str(bad.value)
+
+
+# -- TOML dates -----------------------------------------------------------------------------
+def test_toml_dates_are_read_as_their_iso_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """JSON has no dates: a TOML date or time is read as its ISO 8601 text, so an unquoted
+    ``sunset`` works, and a date under an unknown key is the usual one-line error."""
+    config = tmp_path / "toolrelay.toml"
+    config.write_text(
+        "[serve.catalog.deprecated.old]\n"
+        "since = 2026-01-01\nsunset = 2027-01-01T12:00:00Z\nuse = 'new'\n"
+    )
+    settings = load_config(config)
+    assert isinstance(settings, GatewaySettings)
+    old = settings.serve.catalog.deprecated["old"]
+    assert (old.since, old.sunset) == ("2026-01-01", "2027-01-01T12:00:00+00:00")
+    assert main(["check", str(config)]) == 0
+    for text in ("foo = 2026-01-01\n", "[keys.k]\nwhen = [1979-05-27T07:32:00]\n"):
+        config.write_text(text)
+        assert main(["check", str(config)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Unsupported type" not in err, err
+        assert "foo" in err or "keys.k" in err, err

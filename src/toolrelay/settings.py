@@ -11,6 +11,7 @@ for a value of the wrong type, what type it was (``must be a valid string, not a
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 import inspect
 import os
@@ -244,13 +245,23 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
 
 def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A TOML file's content (read by :func:`read_bytes`); :class:`ConfigError` naming the
-    file when it cannot be read or is not TOML."""
+    file when it cannot be read or is not TOML. Dates and times are read as ISO 8601 text."""
     try:
-        return tomllib.loads(read_bytes(path).decode("utf-8"))
+        data: dict[str, Any] = _iso(tomllib.loads(read_bytes(path).decode("utf-8")))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return data
+
+
+def _iso(value: Any) -> Any:
+    """``value`` with every TOML date and time as its ISO 8601 text (JSON has none)."""
+    if isinstance(value, dict):
+        return {key: _iso(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_iso(item) for item in value]
+    return value.isoformat() if isinstance(value, dt.date | dt.time) else value
 
 
 def _entries(value: Any) -> Mapping[str, Any] | None:

@@ -57,12 +57,12 @@ def check_bind(
 
 def transport_security(host: str, allowed_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
     """DNS-rebinding protection for a server bound to ``host``: the ``Host`` (and ``Origin``)
-    name loopback or ``host`` itself (unless a wildcard) at any port, or one of
+    name loopback or ``host`` itself (unless a wildcard) at any port or none, or one of
     ``allowed_hosts``."""
     names = ["127.0.0.1", "localhost", "[::1]"]
     if not is_loopback(host) and not _wildcard(host):
         names.append(f"[{host}]" if ":" in host else host)
-    hosts = [f"{name}:*" for name in names]
+    hosts = [entry for name in names for entry in (name, f"{name}:*")]
     for name in allowed_hosts:  # a name without a port: any port, or none (a proxy's Host)
         hosts += [name] if ":" in name.rpartition("]")[2] else [name, f"{name}:*"]
     origins = [f"{scheme}://{entry}" for entry in hosts for scheme in ("http", "https")]

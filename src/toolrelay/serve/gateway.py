@@ -191,6 +191,7 @@ class Gateway:
                 on_call_tool=self._call_tool,
                 on_subscriptions_listen=self._listen,
                 on_set_logging_level=self.log_levels.set,
+                get_tool_input_schema=self._input_schema,
             )
         self.server.registry = dispatcher.registry
         # our spans and durations stand for the SDK's (which see only the global provider)
@@ -208,14 +209,20 @@ class Gateway:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        caller = self.callers.current()
-        refusal = self.limits.check(caller.name)
+        refusal = self.limits.check(self.callers.current().name)
         if refusal is not None:
             raise refusal.error()
-        specs = as_stated(
-            self.dispatcher.specs(caller.profile, format="mcp"), self.dispatcher.registry
-        )
+        specs = as_stated(self._specs(), self.dispatcher.registry)
         return types.ListToolsResult(tools=[types.Tool.model_validate(spec) for spec in specs])
+
+    def _specs(self) -> list[dict[str, Any]]:
+        """The tools the current caller is offered (``format="mcp"``)."""
+        return self.dispatcher.specs(self.callers.current().profile, format="mcp")
+
+    def _input_schema(self, name: str) -> dict[str, Any] | None:
+        """The ``inputSchema`` of ``name`` as offered to the current caller: the SDK's check
+        of a 2026-era call's ``Mcp-Param`` headers (uncharged; else it lists the tools)."""
+        return next((s["inputSchema"] for s in self._specs() if s["name"] == name), None)
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
