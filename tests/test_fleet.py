@@ -499,13 +499,13 @@ async def raw_session(http: httpx.AsyncClient, url: str) -> dict[str, str]:
     return headers
 
 
-@pytest.mark.xfail(strict=True, reason="needs fleet-core's fleet-wide rate limit")
 async def test_a_clients_rate_is_fleet_wide(whole: Fleet, record_property: Any) -> None:
     """``rate_per_s`` (10/s, burst 2) holds for one client across the fleet, within 25 %:
     its six sessions, two on each replica, calling as fast as they can, get its rate, not
-    three times it. (Today each replica keeps its own bucket — hence xfail until
-    fleet-core's fleet-wide limit is merged.) Sessions, written by hand."""
-    seconds, answers = 2.0, list[str]()
+    three times it. The replicas share each client's demand through Redis at every sync, so
+    the first second may admit more (each replica starts with a full bucket: docs/serve.md
+    "Across a fleet of replicas"); the rate is counted after it. Sessions, written by hand."""
+    warm_up, seconds, answers = 1.0, 2.0, list[tuple[float, str]]()
     call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
     call["params"] = {"name": "lookup", "arguments": {"text": "x"}}
     headers = {
@@ -514,24 +514,27 @@ async def test_a_clients_rate_is_fleet_wide(whole: Fleet, record_property: Any) 
     }
     async with httpx.AsyncClient(timeout=10, headers=headers) as http:
         sessions = [await raw_session(http, whole.url) for _ in range(6)]
+        start = time.monotonic()
 
         async def caller(session: dict[str, str]) -> None:
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
+            while time.monotonic() < start + warm_up + seconds:
                 result = answer_of(await http.post(whole.url, json=call, headers=session))
                 content = result["result"]
-                answers.append(
+                kind = (
                     "ok" if not content["isError"] else content["structuredContent"]["error_type"]
                 )
+                answers.append((time.monotonic() - start, kind))
                 await anyio.sleep(0.005)
 
         async with anyio.create_task_group() as tg:
             for session in sessions:
                 tg.start_soon(caller, session)
-    oks = answers.count("ok")
-    record_property("fleet_rate", {"ok_per_s": oks / seconds, "limit_per_s": RATE_PER_S})
-    print(f"client rate through 3 replicas: {oks / seconds:.1f}/s (limit {RATE_PER_S}/s)")
-    assert set(answers) == {"ok", "overloaded"}, set(answers)
+    kinds = {kind for _, kind in answers}
+    oks = sum(1 for at, kind in answers if kind == "ok" and warm_up <= at < warm_up + seconds)
+    first = sum(1 for at, kind in answers if kind == "ok" and at < warm_up)
+    record_property("fleet_rate", {"ok_per_s": oks / seconds, "first_s": first})
+    print(f"client rate through 3 replicas: {oks / seconds:.1f}/s after {first} in the first")
+    assert kinds == {"ok", "overloaded"}, kinds
     assert RATE_PER_S * seconds * 0.75 - 2 <= oks <= RATE_PER_S * seconds * 1.25 + 2, oks
 
 
