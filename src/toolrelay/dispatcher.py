@@ -313,7 +313,7 @@ class Dispatcher:
             out.retryable,
             out.retry_after_s,
             duration,
-            0 if asked is None else asked.attempts,
+            out.attempts or (0 if asked is None else asked.attempts),
             None if asked is None else asked.key,
             out.effect_unknown,
             out.served_by,

@@ -32,7 +32,6 @@ class FastFail:
         wait = self.breakers.blocked_for(key)
         if wait is None:
             return call_next(inv)
-        inv = inv.attempt(1)  # the answer counts as one attempt, refused
         if inv.observers:
             inv.emit(REJECTED)
-        return circuit_open(inv, self.breakers.get(key), wait)
+        return circuit_open(inv, self.breakers.get(key), wait, 1)  # one attempt, refused
