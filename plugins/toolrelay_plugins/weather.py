@@ -22,8 +22,6 @@ from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
 
 from ._http import HttpPlugin, HttpSettings, Registrar, ServiceClient, Url, clean_text, malformed
 
-__all__ = ["WMO_CODES", "WeatherPlugin", "WeatherSettings", "register", "wmo_meaning"]
-
 SERVICE = "open-meteo"
 DEFAULT_BASE_URL = "https://api.open-meteo.com"
 DEFAULT_GEOCODING_URL = "https://geocoding-api.open-meteo.com"

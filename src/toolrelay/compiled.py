@@ -20,15 +20,6 @@ from .handler import Handler, is_async
 from .isolation.target import ProcessTarget
 from .schemas import identity_properties
 
-__all__ = [
-    "DEFAULT_RESERVED",
-    "NAME_RE",
-    "CompiledTool",
-    "RegistrationError",
-    "Validator",
-    "compile_tool",
-]
-
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_RESERVED = frozenset({"user_id", "tenant_id"})
 Validator = Any  # jsonschema_rs.Validator; the stubs name no common base

@@ -50,8 +50,6 @@ from .storage import RedisLink, SharedStorage
 from .telemetry import Telemetry
 from .workers import WorkerPools
 
-__all__ = ["Dispatcher"]
-
 log = logging.getLogger("toolrelay")
 
 ANONYMOUS = AuthContext()

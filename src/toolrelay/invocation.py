@@ -26,8 +26,6 @@ from .policy import Profile
 from .registry import CompiledTool
 from .slot import SlotLease
 
-__all__ = ["AuditNote", "Invocation", "Observer"]
-
 _NEW = object.__new__
 _NO_ARGS: dict[str, Any] = {}  # never changed: decode gives a call its own arguments
 

@@ -17,20 +17,6 @@ from typing import Any
 
 from jsonschema_rs import ValidationErrorKind
 
-__all__ = [
-    "DEFAULT_MAX_BYTES",
-    "DEFAULT_MAX_DEPTH",
-    "DEFAULT_MAX_OUTPUT_BYTES",
-    "ENCODER",
-    "TRUNCATION_MARKER",
-    "decode_arguments",
-    "failures",
-    "json_values",
-    "schema_errors",
-    "too_big",
-    "truncated",
-]
-
 DEFAULT_MAX_BYTES = 256 * 1024
 DEFAULT_MAX_DEPTH = 64
 

@@ -14,8 +14,6 @@ from ..outcome import Outcome, failure
 from ..result import ToolCall
 from . import Invocation, Next
 
-__all__ = ["Approve"]
-
 log = logging.getLogger("toolrelay")
 
 

@@ -32,8 +32,6 @@ from ..outcome import Outcome
 from ..registry import CompiledTool
 from . import Invocation, Next
 
-__all__ = ["Fallback", "may_fall_back"]
-
 SKIPPED = frozenset(
     {
         ErrorType.UNKNOWN_TOOL,
