@@ -26,6 +26,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import Field
 
 from toolrelay import (
     AuthContext,
@@ -70,8 +71,16 @@ async def web_search(args: dict[str, Any], ctx: AuthContext) -> list[str]:
     return []
 
 
+Script = Callable[[list[BaseMessage], list[str]], AIMessage]
+
+
 class ScriptedModel(BaseChatModel):
-    """A stand-in for a real chat model: it reads the answers and decides what to do next."""
+    """A stand-in for a real chat model: ``script(messages, offered)`` reads the answers and
+    decides what to do next; ``bound`` records the tool names offered at each turn (the tests
+    use this model too)."""
+
+    script: Script
+    bound: list[list[str]] = Field(default_factory=list)
 
     def bind_tools(
         self, tools: Sequence[Any], **kwargs: Any
@@ -82,8 +91,8 @@ class ScriptedModel(BaseChatModel):
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
     ) -> ChatResult:
         offered = [spec["function"]["name"] for spec in kw.get("tools", [])]
-        print(f"  (offered: {', '.join(offered)})")
-        return ChatResult(generations=[ChatGeneration(message=decide(messages, offered))])
+        self.bound.append(offered)
+        return ChatResult(generations=[ChatGeneration(message=self.script(messages, offered))])
 
     @property
     def _llm_type(self) -> str:
@@ -91,6 +100,7 @@ class ScriptedModel(BaseChatModel):
 
 
 def decide(messages: list[BaseMessage], offered: list[str]) -> AIMessage:
+    print(f"  (offered: {', '.join(offered)})")
     step = sum(isinstance(m, AIMessage) for m in messages) + 1
     if step == 1:
         return AIMessage(
@@ -135,7 +145,7 @@ async def main() -> None:
         audit=None,
     )
     dispatcher.breakers.add_listener(lambda key, old, new: print(f"  breaker {key}: {old} → {new}"))
-    model = ScriptedModel()
+    model = ScriptedModel(script=decide)
 
     @wrap_model_call
     async def healthy_tools_only(

@@ -229,14 +229,26 @@ def live_admin() -> Iterator[LiveAdmin]:
         portal.call(lambda: future.cancel())
 
 
+def open_status(page: Any, admin: LiveAdmin) -> Any:
+    """Load the status page (its response returned, checked ``ok``)."""
+    response = page.goto(f"{admin.url}/ui/")
+    assert response is not None and response.ok
+    return response
+
+
+def log_in(page: Any, token: str = TOKEN) -> None:
+    """Submit ``token`` in the status page's login form."""
+    page.fill("#token", token)
+    page.click("#login button[type=submit]")
+
+
 def test_status_page_needs_the_token_and_shows_a_breaker_opening(
     watched: Watched, live_admin: LiveAdmin
 ) -> None:
     from playwright.sync_api import expect
 
     page = watched.page
-    response = page.goto(f"{live_admin.url}/ui/")
-    assert response is not None and response.ok
+    response = open_status(page, live_admin)
     csp = response.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp
     assert "connect-src 'self'" in csp and "default-src 'none'" in csp
@@ -254,8 +266,7 @@ def test_status_page_needs_the_token_and_shows_a_breaker_opening(
     page.screenshot(path=str(ARTIFACTS / "status-no-token.png"), full_page=True)
 
     # A wrong token is refused, and not kept.
-    page.fill("#token", "not-the-token")
-    page.click("#login button[type=submit]")
+    log_in(page, "not-the-token")
     expect(page.locator("#login-error")).to_contain_text("refused")
     expect(page.locator("#status")).to_be_hidden()
     assert page.evaluate("sessionStorage.length") == 0
@@ -272,8 +283,7 @@ def test_status_page_needs_the_token_and_shows_a_breaker_opening(
     watched.errors.clear()
 
     # The right token: the status shows; the token is in sessionStorage only.
-    page.fill("#token", TOKEN)
-    page.click("#login button[type=submit]")
+    log_in(page)
     tool = page.locator("#tools tr[data-tool=crm_lookup]")
     expect(tool).to_be_visible()
     state = page.locator("#breakers tr[data-key=crm] .state")
@@ -392,9 +402,8 @@ def test_status_page_shows_every_tool_whatever_its_name(
 
     page = watched.page
     page.route(re.compile(r".*/(tools|metrics)$"), _with_unregistrable)
-    page.goto(f"{hostile_admin.url}/ui/")
-    page.fill("#token", TOKEN)
-    page.click("#login button[type=submit]")
+    open_status(page, hostile_admin)
+    log_in(page)
     expected = {"crm_lookup": 1, **HOSTILE, **UNREGISTRABLE}
     rows = page.locator("#tools tbody tr")
     expect(rows).to_have_count(len(expected))

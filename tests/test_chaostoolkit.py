@@ -110,15 +110,10 @@ def test_discover_lists_the_activities() -> None:
     assert document["system"] is None
 
 
-def test_discovery_without_chaoslib_has_the_same_shape() -> None:
-    by_chaoslib = {a["name"]: a for a in chaostoolkit._activities()}
-    by_hand = {a["name"]: a for a in chaostoolkit._describe_activities()}
-    assert by_chaoslib.keys() == by_hand.keys()
-    for name, activity in by_hand.items():
-        theirs = by_chaoslib[name]
-        assert (activity["type"], activity["doc"]) == (theirs["type"], theirs["doc"])
-        strip = [{k: v for k, v in a.items() if k != "type"} for a in theirs["arguments"]]
-        assert activity["arguments"] == strip
+def test_discovery_without_chaoslib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "chaoslib.discovery.discover", None)
+    with pytest.raises(ImportError, match=r"toolrelay\[chaos\]"):
+        chaostoolkit.discover(discover_system=False)
 
 
 def test_discover_system_reads_the_gateway(

@@ -20,10 +20,8 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 from langchain.agents import create_agent
 from langchain.agents.middleware import ModelRequest, ModelResponse, wrap_model_call
-from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -34,9 +32,8 @@ from langgraph.prebuilt import ToolNode, create_react_agent
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from pydantic import Field
 
-from helpers import CITY, OBJ, dispatcher_with
+from helpers import CITY, OBJ, dispatcher_with, load_script
 from toolrelay import (
     AuthContext,
     BreakerOptions,
@@ -157,35 +154,10 @@ def answers(messages: Sequence[BaseMessage]) -> dict[str, dict[str, Any]]:
     }
 
 
-# -- a chat model whose next message is a function of the conversation ------------------
-Script = Callable[[list[BaseMessage], list[str]], AIMessage]
-
-
-class ScriptedChatModel(BaseChatModel):
-    """Answers with ``script(messages, names of the tools bound)``; records the names."""
-
-    script: Script
-    bound: list[list[str]] = Field(default_factory=list)
-
-    def bind_tools(
-        self, tools: Sequence[Any], **kwargs: Any
-    ) -> Runnable[LanguageModelInput, AIMessage]:
-        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: Any = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        names = [spec["function"]["name"] for spec in kwargs.get("tools", [])]
-        self.bound.append(names)
-        return ChatResult(generations=[ChatGeneration(message=self.script(messages, names))])
-
-    @property
-    def _llm_type(self) -> str:
-        return "toolrelay-scripted"
+# -- a chat model whose next message is a function of the conversation: the example's ---
+ScriptedChatModel = load_script(
+    ROOT / "examples" / "langgraph.py", "example_langgraph"
+).ScriptedModel
 
 
 def last_answers(messages: list[BaseMessage]) -> list[dict[str, Any]]:

@@ -60,7 +60,7 @@ def test_the_real_tree_keeps_every_contract() -> None:
         # the bottom layer reaching up to the gateway
         ("contract.py", "from toolrelay.serve import errors as _up", "Layers"),
         # a stage importing another stage's insides
-        ("pipeline/validate.py", "from toolrelay.pipeline import decode as _side", "Stages"),
+        ("pipeline/shape.py", "from toolrelay.pipeline import decode as _side", "Stages"),
         # the core config learning about the gateway's section
         ("config.py", "from toolrelay.serve import settings as _up", "Layers"),
     ],

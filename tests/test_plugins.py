@@ -32,7 +32,7 @@ from toolrelay import (
 from toolrelay.chaos.upstream import StandInUpstream
 from toolrelay_plugins._http import HttpPlugin, clean_text, retry_after_seconds, safe_url
 from toolrelay_plugins.feeds import FeedsPlugin, FeedsSettings, parse_feed
-from toolrelay_plugins.weather import WMO_CODES, WeatherPlugin, wmo_meaning
+from toolrelay_plugins.weather import WMO_CODES, WeatherPlugin
 from toolrelay_plugins.websearch import WebSearchPlugin
 
 pytestmark = pytest.mark.anyio
@@ -271,12 +271,8 @@ async def test_only_measurements_cross(upstream: StandInUpstream) -> None:
 
 
 def test_wmo_table() -> None:
-    assert wmo_meaning(0) == "clear sky" and wmo_meaning(99) == "thunderstorm with heavy hail"
+    assert WMO_CODES[0] == "clear sky" and WMO_CODES[99] == "thunderstorm with heavy hail"
     assert all(0 <= code <= 99 for code in WMO_CODES)
-    assert [wmo_meaning(c) for c in (5, 42, 68)] == ["haze, smoke or dust", "fog", "rain"]
-    assert all(isinstance(wmo_meaning(code), str) for code in range(100))
-    with pytest.raises(ValueError, match="WMO"):
-        wmo_meaning(100)
 
 
 # -- weather: failures ---------------------------------------------------------------------

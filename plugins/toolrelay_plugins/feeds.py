@@ -43,8 +43,6 @@ except ModuleNotFoundError as exc:  # the ``plugins`` extra
         "the feeds plugin needs feedparser: pip install 'toolrelay[plugins]'", name="feedparser"
     ) from exc
 
-__all__ = ["FeedsPlugin", "FeedsSettings", "parse_feed", "register"]
-
 BREAKER_KEY = "feeds"
 DEFAULT_LIMIT = 5
 TITLE_CHARS = 300

@@ -22,8 +22,6 @@ from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
 
 from ._http import HttpPlugin, HttpSettings, Registrar, ServiceClient, Url, clean_text, malformed
 
-__all__ = ["WMO_CODES", "WeatherPlugin", "WeatherSettings", "register", "wmo_meaning"]
-
 SERVICE = "open-meteo"
 DEFAULT_BASE_URL = "https://api.open-meteo.com"
 DEFAULT_GEOCODING_URL = "https://geocoding-api.open-meteo.com"
@@ -59,33 +57,8 @@ WMO_CODES: dict[int, str] = {
     96: "thunderstorm with slight hail",
     99: "thunderstorm with heavy hail",
 }
-"""The WMO 4677 codes Open-Meteo uses, with their meaning (Open-Meteo's documentation)."""
-
-_WMO_GROUPS = (
-    (3, "cloud development"),
-    (9, "haze, smoke or dust"),
-    (19, "mist, lightning or squalls"),
-    (29, "recent precipitation or fog"),
-    (39, "dust storm, sand storm or blowing snow"),
-    (49, "fog"),
-    (59, "drizzle"),
-    (69, "rain"),
-    (79, "snow or ice"),
-    (90, "showers"),
-    (99, "thunderstorm"),
-)
-
-
-def wmo_meaning(code: int) -> str:
-    """The meaning of a WMO 4677 present-weather code (0–99)."""
-    exact = WMO_CODES.get(code)
-    if exact is not None:
-        return exact
-    for last, group in _WMO_GROUPS:
-        if code <= last:
-            return group
-    raise ValueError(f"{code} is not a WMO present-weather code")
-
+"""The WMO 4677 codes Open-Meteo uses, with their meaning (Open-Meteo's documentation); any
+other code (0–99) is answered with ``"weather": null``."""
 
 _PLACE = {
     "city": {
@@ -235,7 +208,7 @@ def _weather(value: Any) -> dict[str, Any]:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 99:
         raise malformed(SERVICE)
-    return {"weather_code": value, "weather": wmo_meaning(value)}
+    return {"weather_code": value, "weather": WMO_CODES.get(value)}
 
 
 def _section(data: Any, key: str) -> dict[str, Any]:

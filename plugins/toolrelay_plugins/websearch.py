@@ -34,8 +34,6 @@ from ._http import (
     safe_url,
 )
 
-__all__ = ["WebSearchPlugin", "WebSearchSettings", "register"]
-
 SERVICE = "searxng"
 DEFAULT_RESULTS = 5
 TITLE_CHARS = 200

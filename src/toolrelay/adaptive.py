@@ -15,8 +15,6 @@ import math
 import time
 from collections.abc import Callable
 
-__all__ = ["AdaptiveLimit"]
-
 Clock = Callable[[], float]
 
 

@@ -14,8 +14,6 @@ from .contract import ToolDeclaration
 from .handler import Handler
 from .isolation.target import ProcessTarget
 
-__all__ = ["Closeable", "DeclaresOne", "HasHandler", "ProcessIsolatable"]
-
 
 @runtime_checkable
 class DeclaresOne(Protocol):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema_rs
@@ -19,16 +19,6 @@ from .contract import ISOLATIONS, RISKS, ToolDeclaration
 from .handler import Handler, is_async
 from .isolation.target import ProcessTarget
 from .schemas import identity_properties
-
-__all__ = [
-    "DEFAULT_RESERVED",
-    "NAME_RE",
-    "CompiledTool",
-    "RegistrationError",
-    "ToolRefused",
-    "Validator",
-    "compile_tool",
-]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_RESERVED = frozenset({"user_id", "tenant_id"})
@@ -62,6 +52,9 @@ class CompiledTool:
     """The declaration as the plugin gave it (the cache key)."""
     process_target: ProcessTarget | None = None
     """Where a worker process finds the handler, for ``isolation="process"``."""
+    timed: list[bool] = field(default_factory=lambda: [True], compare=False, repr=False)
+    """Are the steps of the async handler's next call timed (``pipeline/invoke.py``)? Its
+    one item is what the handler's last call showed, the one thing here that changes."""
 
 
 def _compile_schema(tool: str, what: str, schema: Mapping[str, Any]) -> Validator:

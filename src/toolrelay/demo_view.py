@@ -14,8 +14,6 @@ from .chaos.record import Check, Record, outcome
 from .chaos.timeline import Timeline, percentile, transition_rows
 from .dispatcher import Dispatcher
 
-__all__ = ["DemoReport", "PlainView", "RichView", "pick_view", "print_summary"]
-
 STATE_STYLE = {"closed": "green", "open": "bold red", "half_open": "yellow"}
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from time import perf_counter
 from typing import Any
 
 import anyio
@@ -33,24 +34,22 @@ from .pipeline.bulkhead import Bulkhead
 from .pipeline.deadline import Deadline
 from .pipeline.decode import Decode
 from .pipeline.fallback import Fallback
-from .pipeline.fastfail import FastFail, Join
+from .pipeline.fastfail import FastFail
 from .pipeline.faults import FaultInjector
 from .pipeline.hedge import Hedge
 from .pipeline.invoke import Invoke
+from .pipeline.join import Join
 from .pipeline.resolve import Resolve, find
 from .pipeline.retry import Retry
 from .pipeline.shape import Shape
-from .pipeline.validate import Validate
 from .policy import EVERYTHING, NOTHING, Profile
 from .redact import Redactor
-from .registry import ToolRegistry
+from .registry import RegistrationError, ToolRegistry
 from .result import ToolCall, ToolResult, safe_call_id
 from .slot import ModelSlot, SlotLease
 from .storage import RedisLink, SharedStorage
 from .telemetry import Telemetry
 from .workers import WorkerPools
-
-__all__ = ["Dispatcher"]
 
 log = logging.getLogger("toolrelay")
 
@@ -61,12 +60,11 @@ class Dispatcher:
     """Runs tool calls through the pipeline, in this order (outermost first)::
 
         audit → resolve + policy → fallback → join (shared storage) → fast-fail (open breaker)
-        → decode → validate → approve → shape (on the way out) → deadline → retry → hedge
+        → decode + validate → approve → shape (on the way out) → deadline → retry → hedge
         → breaker → bulkhead → faults → invoke
 
     (``telemetry`` wraps all of it when enabled.) Stages before the deadline never touch the
-    breaker: a caller's mistake is not a service failure. Several dispatchers may share one
-    registry.
+    breaker: a caller's mistake is not a service failure. Dispatchers may share a registry.
     """
 
     def __init__(
@@ -142,7 +140,6 @@ class Dispatcher:
             *join,
             FastFail(self.breakers),
             Decode(limits.max_argument_bytes, limits.max_argument_depth, self.redact),
-            Validate(self.redact),
             Approve(approver),
             Shape(limits.max_output_bytes, limits.truncate_output),
             Deadline(),
@@ -289,9 +286,12 @@ class Dispatcher:
         characters), and that is what the result, the audit line and the span carry.
         """
         call_id = None if call_id is None else safe_call_id(call_id)
-        started = time.perf_counter()
+        started = perf_counter()
         try:
-            tool = find(self.registry, name)
+            try:  # find(), inline: one call less per call
+                tool = self.registry.resolve(name) if isinstance(name, str) else None
+            except RegistrationError:  # the resolve stage says why
+                tool = None
             inv = Invocation.asked(
                 name, raw_args, ANONYMOUS if ctx is None else ctx,
                 EVERYTHING if profile is None else self.profiles.get(profile, NOTHING),
@@ -301,7 +301,7 @@ class Dispatcher:
         except Exception:
             log.exception("toolrelay: internal error while dispatching %r", name)
             out = failure(ErrorType.INTERNAL_ERROR, "toolrelay could not run this call")
-        duration = time.perf_counter() - started
+        duration = perf_counter() - started
         asked = out.request  # the call as it ran (None: no tool by that name)
         return ToolResult(
             out.ok,
@@ -313,7 +313,7 @@ class Dispatcher:
             out.retryable,
             out.retry_after_s,
             duration,
-            0 if asked is None else asked.attempts,
+            out.attempts or (0 if asked is None else asked.attempts),
             None if asked is None else asked.key,
             out.effect_unknown,
             out.served_by,

@@ -18,8 +18,6 @@ from .contract import ErrorType
 from .jsonlimits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, too_big
 from .settings import DATACLASS, Seconds, Share, one_line_errors
 
-__all__ = ["FAULT_KINDS", "Fault", "FaultKind", "InjectedFault"]
-
 FaultKind = Literal["latency", "error", "exception", "hang", "bad_output"]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 

@@ -1,17 +1,5 @@
-"""One call as the pipeline stages pass it inward: an immutable value.
-
-The dispatcher builds an :class:`Invocation` from what the caller asked (name, raw
-arguments, context, profile, call id, slot, observers) and the tool that name finds. A
-stage that establishes something passes a *new* value on (:meth:`~Invocation.decoded`,
-:meth:`~Invocation.bounded`, :meth:`~Invocation.attempt`, ``dataclasses.replace``); none
-writes a field another stage reads later. What comes back out travels in the answer: an
-:class:`~toolrelay.outcome.Outcome` names the invocation it answers (``request``).
-
-An invocation is frozen for the type checker (``Final`` fields), not at run time: a
-frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` (five times
-the cost, and a call builds three invocations), and a ``NamedTuple``'s fields are slower
-to read than slots.
-"""
+"""One call as the pipeline stages pass it inward: an immutable value (docs/architecture.md,
+"Values, not shared state", says why it is frozen for the type checker only)."""
 
 from __future__ import annotations
 
@@ -25,8 +13,6 @@ from .events import Event
 from .policy import Profile
 from .registry import CompiledTool
 from .slot import SlotLease
-
-__all__ = ["AuditNote", "Invocation", "Observer"]
 
 _NEW = object.__new__
 _NO_ARGS: dict[str, Any] = {}  # never changed: decode gives a call its own arguments

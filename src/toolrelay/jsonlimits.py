@@ -17,20 +17,6 @@ from typing import Any
 
 from jsonschema_rs import ValidationErrorKind
 
-__all__ = [
-    "DEFAULT_MAX_BYTES",
-    "DEFAULT_MAX_DEPTH",
-    "DEFAULT_MAX_OUTPUT_BYTES",
-    "ENCODER",
-    "TRUNCATION_MARKER",
-    "decode_arguments",
-    "failures",
-    "json_values",
-    "schema_errors",
-    "too_big",
-    "truncated",
-]
-
 DEFAULT_MAX_BYTES = 256 * 1024
 DEFAULT_MAX_DEPTH = 64
 
@@ -126,24 +112,24 @@ def too_big(value: Any, max_depth: int, max_bytes: int) -> str | None:
 
 def decode_arguments(raw: Any, max_bytes: int, max_depth: int) -> dict[str, Any] | str:
     """The decoded arguments, or a one-line reason they were refused."""
-    if isinstance(raw, Mapping):
+    if isinstance(raw, str):  # first: the commonest, and a Mapping check is an ABC's
+        text = raw
+        if len(text) > max_bytes or (
+            len(text) * 4 > max_bytes and len(text.encode("utf-8", "surrogatepass")) > max_bytes
+        ):
+            return f"arguments are larger than {max_bytes} bytes"
+    elif isinstance(raw, Mapping):
         problem = _not_json(raw, max_depth, max_bytes)
         if problem is not None:
             return problem
         return raw if isinstance(raw, dict) else dict(raw)
-    if isinstance(raw, bytes | bytearray | memoryview):
+    elif isinstance(raw, bytes | bytearray | memoryview):
         if len(raw) > max_bytes:
             return f"arguments are larger than {max_bytes} bytes"
         try:
             text = bytes(raw).decode("utf-8")
         except UnicodeDecodeError:
             return "arguments are not valid UTF-8"
-    elif isinstance(raw, str):
-        text = raw
-        if len(text) > max_bytes or (
-            len(text) * 4 > max_bytes and len(text.encode("utf-8", "surrogatepass")) > max_bytes
-        ):
-            return f"arguments are larger than {max_bytes} bytes"
     elif raw is None:
         return {}
     else:

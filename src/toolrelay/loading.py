@@ -22,8 +22,6 @@ from typing import Any
 from .contract import ToolPlugin
 from .registry import ToolRegistry
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginLoadError", "load_entry_points", "load_plugins"]
-
 ENTRY_POINT_GROUP = "toolrelay.plugins"
 MAX_CAUSE_CHARS = 200
 

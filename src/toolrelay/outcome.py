@@ -61,6 +61,9 @@ class Outcome:
     After a fallback answered, the primary's."""
     queued_s: Final[float] = 0.0
     """How long the attempt waited for its bulkhead place (not the service's time)."""
+    attempts: Final[int] = 0
+    """The attempts this answer counts itself, when its request made none: fast-fail's one
+    refused attempt (``0``: the request's ``attempts`` say)."""
 
     def __await__(self) -> Generator[Any, None, Outcome]:
         """An outcome is its own finished awaitable: a stage that answers at once (or
@@ -198,8 +201,11 @@ class OpenBreaker(Protocol):
     def retry_after(self) -> float: ...
 
 
-def circuit_open(inv: Invocation, breaker: OpenBreaker, wait: float | None = None) -> Outcome:
-    """The ``circuit_open`` answer, with when to try again (``wait``, if already known).
+def circuit_open(
+    inv: Invocation, breaker: OpenBreaker, wait: float | None = None, attempts: int = 0
+) -> Outcome:
+    """The ``circuit_open`` answer, with when to try again (``wait``, if already known);
+    ``attempts``: the refused attempt it counts itself (fast-fail's).
 
     A breaker pinned open by an operator (``force_open``) is due no trial: the answer says
     so instead of promising one, and ``retry_after_s`` is the break, as an interval at
@@ -221,4 +227,4 @@ def circuit_open(inv: Invocation, breaker: OpenBreaker, wait: float | None = Non
             hint = "a trial call is testing it; try again in a moment"
         message = f"{name} is paused because {breaker.key} is failing; {hint}"
     return Outcome(False, None, ErrorType.CIRCUIT_OPEN, short(message), True, wait,
-                   Verdict.SUCCESS, False, False, None, inv)  # fmt: skip
+                   Verdict.SUCCESS, False, False, None, inv, 0.0, attempts)  # fmt: skip

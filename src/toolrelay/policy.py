@@ -15,8 +15,6 @@ from pydantic.dataclasses import dataclass
 from .contract import RISK_ORDER, Risk, ToolDeclaration
 from .settings import DATACLASS, one_line_errors
 
-__all__ = ["Profile"]
-
 
 @one_line_errors("{}")
 @dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)

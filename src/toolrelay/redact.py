@@ -20,8 +20,6 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["DEFAULT_SECRET_PATTERNS", "MASK", "Redactor", "describe_exception"]
-
 MASK = "***"
 
 # Names whose value is a secret, in text (``password: x``, ``"api_key": "x"``, ``token=x``)

@@ -12,8 +12,6 @@ from typing import Any
 
 import jsonschema_rs
 
-__all__ = ["identity_properties", "nodes"]
-
 
 def nodes(
     document: Any, *, skip: frozenset[str] = frozenset()

@@ -7,8 +7,6 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-__all__ = ["ModelSlot", "SlotLease"]
-
 
 class SlotLease:
     """One hold of the slot. Tool deadlines are capped by :meth:`remaining`."""

@@ -29,8 +29,6 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-__all__ = ["KeyWorkers", "WorkerPools"]
-
 log = logging.getLogger("toolrelay")
 
 IDLE_S = 30.0

@@ -109,7 +109,7 @@ class BreakerMachine(Replica):
         self.known = _STATE[self.cb.state.name]
         self.joined = self.shared is None
         """Whether a call has decided on this key yet (with shared storage, the first ones
-        wait for the fleet's state: :class:`~toolrelay.pipeline.fastfail.Join`)."""
+        wait for the fleet's state: :class:`~toolrelay.pipeline.join.Join`)."""
         if self.shared is not None:
             self.shared.attach(self)
 

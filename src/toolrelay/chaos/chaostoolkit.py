@@ -7,14 +7,9 @@ annotations as Python types.)
 """
 
 import importlib
-import inspect
 import os
-import platform
-import sys
 import time
-import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -208,48 +203,14 @@ def answered_ratio(
 
 
 # -- discovery -----------------------------------------------------------------------------
-def _chaoslib_discovery() -> Any:
-    try:
-        return importlib.import_module("chaoslib.discovery.discover")
-    except ImportError:  # Chaos Toolkit is not installed
-        return None
-
-
-def _activities() -> list[dict[str, Any]]:
-    chaoslib = _chaoslib_discovery()
-    if chaoslib is None:
-        return _describe_activities()
-    found: list[dict[str, Any]] = chaoslib.discover_activities(__name__, "action")
+def _activities(discovery: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = discovery.discover_activities(__name__, "action")
     activities = []
     for activity in found:
         if activity["name"] in PROBES:
             activity["type"] = "probe"
         if activity["name"] in ACTIONS + PROBES:
             activities.append(activity)
-    return activities
-
-
-def _describe_activities() -> list[dict[str, Any]]:
-    """The same entries ``chaoslib.discovery.discover_activities`` would give."""
-    module = sys.modules[__name__]
-    activities = []
-    for name in ACTIONS + PROBES:
-        func = getattr(module, name)
-        arguments = []
-        for param in inspect.signature(func).parameters.values():
-            argument: dict[str, Any] = {"name": param.name}
-            if param.default is not inspect.Parameter.empty:
-                argument["default"] = param.default
-            arguments.append(argument)
-        activities.append(
-            {
-                "type": "probe" if name in PROBES else "action",
-                "name": name,
-                "mod": __name__,
-                "doc": inspect.getdoc(func),
-                "arguments": arguments,
-            }
-        )
     return activities
 
 
@@ -265,26 +226,16 @@ def _system(configuration: Configuration | None) -> dict[str, Any] | None:
 def discover(discover_system: bool = True) -> dict[str, Any]:
     """The Chaos Toolkit discovery document: these activities and, with
     ``discover_system`` and a reachable admin API (``TOOLRELAY_ADMIN_URL`` and
-    ``TOOLRELAY_ADMIN_TOKEN``), the gateway's tools and breakers."""
-    chaoslib = _chaoslib_discovery()
-    if chaoslib is None:
-        node = platform.uname()
-        result: dict[str, Any] = {
-            "id": str(uuid.uuid4()),
-            "target": "toolrelay",
-            "date": datetime.now(UTC).isoformat(),
-            "platform": {
-                "system": node.system,
-                "node": node.node,
-                "python": platform.python_version(),
-            },
-            "extension": {"name": "toolrelay", "version": __version__},
-            "activities": [],
-            "system": None,
-        }
-    else:
-        result = chaoslib.initialize_discovery_result("toolrelay", __version__, "toolrelay")
-    result["activities"].extend(_activities())
+    ``TOOLRELAY_ADMIN_TOKEN``), the gateway's tools and breakers. Needs Chaos Toolkit
+    (``chaostoolkit-lib``, in the ``chaos`` extra)."""
+    try:
+        discovery = importlib.import_module("chaoslib.discovery.discover")
+    except ImportError:
+        raise ImportError("discovery is Chaos Toolkit's: pip install 'toolrelay[chaos]'") from None
+    result: dict[str, Any] = discovery.initialize_discovery_result(
+        "toolrelay", __version__, "toolrelay"
+    )
+    result["activities"].extend(_activities(discovery))
     if discover_system:
         result["system"] = _system(None)
     return result

@@ -6,8 +6,6 @@ import math
 
 from .record import Check, Run
 
-__all__ = ["judge"]
-
 
 def judge(run: Run) -> list[Check]:
     """The checks of an experiment defined in data, in the order they are reported."""

@@ -19,8 +19,6 @@ from ..settings import ConfigError, read_toml, schema_problems
 from .record import Check, Run
 from .upstream_faults import UpstreamFault
 
-__all__ = ["EXPERIMENT_SCHEMA", "Experiment", "Extras", "Model", "Switch"]
-
 _SECONDS = {"type": "number", "minimum": 0}
 EXPERIMENT_SCHEMA: dict[str, Any] = {
     "type": "object",

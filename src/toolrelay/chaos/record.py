@@ -16,8 +16,6 @@ from ..invocation import Invocation
 from ..result import ToolResult
 from .timeline import Timeline, Window
 
-__all__ = ["Answered", "Check", "Record", "Run", "Transition", "outcome"]
-
 Transition = tuple[float, str, str, str, int, int, int]
 """(at, breaker key, from, to, admitted, trials admitted, failures recorded) at the move."""
 

@@ -15,8 +15,6 @@ from typing import Any
 
 from ..config import ConfigError
 
-__all__ = ["render_html", "require_renderer", "write_html"]
-
 OUTCOME_COLOURS = {
     "ok": "#2e8b57",
     "timeout": "#e6850e",

@@ -29,8 +29,6 @@ from .record import Record, Run, outcome
 from .timeline import REFUSALS, Timeline, Window
 from .upstream import StandInUpstream
 
-__all__ = ["View", "play"]
-
 View = Callable[[Record, Dispatcher], Coroutine[Any, Any, None]]
 """Watches the run until cancelled (the demo's live view)."""
 

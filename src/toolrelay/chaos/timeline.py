@@ -12,8 +12,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_POINTS", "Answer", "Timeline", "Window", "percentile", "transition_rows"]
-
 MAX_POINTS = 3000
 """The most call points the report's scatter shows; past it, ok answers are sampled evenly."""
 

@@ -11,8 +11,6 @@ from ..net import is_loopback
 from ._upstream_replies import Reply, json_reply
 from .upstream_faults import FaultError, FaultTable, UpstreamFault
 
-__all__ = ["answer", "refusal"]
-
 MAX_ADMIN_BODY = 64 * 1024
 
 

@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FAULT_KINDS", "UpstreamFault", "FaultError", "FaultTable"]
-
 FAULT_KINDS: dict[str, frozenset[str]] = {
     "delay": frozenset({"seconds"}),
     "slow_body": frozenset({"seconds"}),

@@ -16,15 +16,6 @@ from anyio.abc import SocketAttribute, SocketStream
 
 from ._upstream_replies import Reply
 
-__all__ = [
-    "TooLarge",
-    "linger_zero",
-    "phrase",
-    "read_request",
-    "send",
-    "until_closed",
-]
-
 MAX_REQUEST_BODY = 1024 * 1024
 SERVER = "toolrelay-upstream"
 LINGER_RST = struct.pack("ii", 1, 0)

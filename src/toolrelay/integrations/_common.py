@@ -6,8 +6,6 @@ import json
 
 from ..result import ToolResult
 
-__all__ = ["envelope_text"]
-
 
 def envelope_text(result: ToolResult) -> str:
     """``result.to_model()`` as compact JSON text, non-ASCII characters kept as they are

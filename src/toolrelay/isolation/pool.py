@@ -19,18 +19,6 @@ from ..workers import Spawner
 from .wire import frame, receive, send
 from .worker import start_context, worker_main
 
-__all__ = [
-    "BASE_ENV",
-    "IDLE_S",
-    "KILL_WAIT_S",
-    "PoolFull",
-    "ProcessPool",
-    "ProcessPools",
-    "StartFailed",
-    "WorkerCrashed",
-    "WorkerRaised",
-]
-
 log = logging.getLogger("toolrelay")
 
 IDLE_S = 30.0

@@ -7,8 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProcessTarget", "target_of"]
-
 
 @dataclass(frozen=True, slots=True)
 class ProcessTarget:

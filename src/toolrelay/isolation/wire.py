@@ -15,8 +15,6 @@ import anyio
 from ..contract import AuthContext
 from .target import ProcessTarget
 
-__all__ = ["Attempt", "encode_call", "frame", "receive", "receive_blocking", "send"]
-
 _HEADER = struct.Struct("!Q")
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 

@@ -21,8 +21,6 @@ from ..handler import Handler
 from .target import ProcessTarget
 from .wire import frame, receive_blocking
 
-__all__ = ["start_context", "worker_main"]
-
 
 def _leave() -> NoReturn:
     """End the process and whatever its handlers started (its process group), if the group

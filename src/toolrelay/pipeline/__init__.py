@@ -1,16 +1,6 @@
-"""The dispatch pipeline: one stage a module, composed once by the dispatcher.
-
-A stage is an object whose ``__call__(call_next, inv)`` returns an awaitable
-:class:`~toolrelay.outcome.Outcome`. It may answer at once or pass the invocation on to
-``call_next(inv)`` — a new :class:`~toolrelay.invocation.Invocation` when it established
-something (invocations are immutable), and an answer changed on the way out is a new
-outcome (``dataclasses.replace``). A stage that only checks or prepares the call is a plain
-``def`` that returns an outcome (an outcome is its own finished awaitable) or
-``call_next(inv)`` itself, so it adds no coroutine frame to a call; a stage that must see
-the answer (or a cancellation) is an ``async def`` that awaits ``call_next(inv)``. Stages
-never raise for a failure of the call; only a cancellation (and bugs) propagate. No stage
-imports another.
-"""
+"""The dispatch pipeline: one stage a module, composed once by the dispatcher. A stage's
+protocol, its two kinds (plain ``def`` / ``async def``) and the values it passes:
+docs/architecture.md, "The pipeline"."""
 
 from __future__ import annotations
 

@@ -14,8 +14,6 @@ from ..outcome import Outcome, failure
 from ..result import ToolCall
 from . import Invocation, Next
 
-__all__ = ["Approve"]
-
 log = logging.getLogger("toolrelay")
 
 
@@ -35,7 +33,7 @@ class Approve:
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         assert inv.tool is not None
         decl = inv.tool.decl
-        if not inv.profile.needs_approval(decl):
+        if decl.risk not in inv.profile.require_approval:  # Profile.needs_approval, inline
             if inv.audit is not None:
                 inv.audit(inv, "not_required", None)
             return call_next(inv)

@@ -20,8 +20,6 @@ from ..outcome import Outcome
 from ..redact import Redactor, describe_exception
 from . import Invocation, Next
 
-__all__ = ["Audit", "AuditSink", "log_sink"]
-
 AuditSink = Callable[[dict[str, Any]], None]
 _LOG = logging.getLogger("toolrelay.audit")
 

@@ -29,8 +29,6 @@ from ..outcome import Outcome, failure
 from ..settings import DATACLASS, Count, Seconds, one_line_errors
 from . import Invocation, Next
 
-__all__ = ["Bulkhead", "BulkheadOptions"]
-
 
 @one_line_errors("BulkheadOptions.{}")
 @dataclass(frozen=True, slots=True, kw_only=True, config=DATACLASS)

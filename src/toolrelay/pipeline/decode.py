@@ -1,18 +1,23 @@
-"""Decode: raw arguments (JSON text, bytes or a mapping) into a dict, within limits
-(:mod:`toolrelay.jsonlimits`)."""
+"""Decode and validate: raw arguments (JSON text, bytes or a mapping) into a dict, within
+limits (:mod:`toolrelay.jsonlimits`), checked by the tool's compiled JSON Schema 2020-12
+validator. One stage: the two checks always run back to back, and a stage costs a call."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
 from ..contract import ErrorType
-from ..jsonlimits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, decode_arguments
+from ..jsonlimits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, decode_arguments, schema_errors
 from ..outcome import Outcome, failure
 from . import Invocation, Next
 
 
 class Decode:
-    """Refuse what is not a JSON object, too large or too deep → ``invalid_arguments``."""
+    """Refuse what is not a JSON object, too large or too deep → ``invalid_arguments``;
+    arguments that fail the tool's schema → ``validation_error`` (the handler never runs).
+
+    A refusal may quote the model's text (a duplicate key's name, the property names in a
+    schema error): it is redacted like every message that carries outside text."""
 
     __slots__ = ("max_bytes", "max_depth", "redact")
 
@@ -24,12 +29,35 @@ class Decode:
     ):
         self.max_bytes = max_bytes
         self.max_depth = max_depth
-        self.redact = redact  # a refusal may quote the model's text (a duplicate key's name)
+        self.redact = redact
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
+        tool = inv.tool
+        assert tool is not None
         args = decode_arguments(inv.raw_args, self.max_bytes, self.max_depth)
         if isinstance(args, str):
-            if self.redact is not None:
-                args = self.redact(args)
-            return failure(ErrorType.INVALID_ARGUMENTS, args, inv)
-        return call_next(inv.decoded(args))
+            return failure(ErrorType.INVALID_ARGUMENTS, self._redacted(args), inv)
+        inv = inv.decoded(args)
+        validator = tool.validator
+        try:
+            valid = validator.is_valid(args)
+        except (ValueError, TypeError, OverflowError):
+            return failure(
+                ErrorType.INVALID_ARGUMENTS, "arguments hold values that are not JSON", inv
+            )
+        if valid:
+            return call_next(inv)
+        try:
+            reasons = schema_errors(validator, args)
+        except (ValueError, TypeError, OverflowError):  # e.g. lone surrogates
+            return failure(
+                ErrorType.INVALID_ARGUMENTS, "arguments hold text that is not valid Unicode", inv
+            )
+        return failure(
+            ErrorType.VALIDATION_ERROR,
+            "arguments do not match the schema: " + self._redacted(reasons),
+            inv,
+        )
+
+    def _redacted(self, text: str) -> str:
+        return text if self.redact is None else self.redact(text)

@@ -32,8 +32,6 @@ from ..outcome import Outcome
 from ..registry import CompiledTool
 from . import Invocation, Next
 
-__all__ = ["Fallback", "may_fall_back"]
-
 SKIPPED = frozenset(
     {
         ErrorType.UNKNOWN_TOOL,
@@ -87,6 +85,8 @@ class Fallback:
         if out.ok:
             return out
         asked = inv if out.request is None else out.request  # the primary, as it ran
+        if out.attempts:  # fast-fail's refused attempt, counted by the primary's call
+            asked = asked.attempt(out.attempts)
         assert asked.tool is not None
         # the primary's deadline, or (answered before the deadline stage: a fast-fail)
         # what it would have been
@@ -104,13 +104,14 @@ class Fallback:
             )  # fmt: skip
             answer = await self.reenter(sub)
             ran = sub if answer.request is None else answer.request
+            made = answer.attempts or ran.attempts
             result = "ok" if answer.ok else str(answer.error_type)
             passed = answer.error_type in SKIPPED or (
                 ran.tool is not None
                 and may_fall_back(answer, ran.tool.decl, end - anyio.current_time())
             )
             if asked.observers:
-                asked.emit(FallbackEnded(name, ran.key, result, not passed, primary, ran.attempts))
+                asked.emit(FallbackEnded(name, ran.key, result, not passed, primary, made))
             if not passed:  # the outer stages read the primary's call: its key, attempts
-                return dataclasses.replace(answer, served_by=name, request=asked)
+                return dataclasses.replace(answer, served_by=name, request=asked, attempts=0)
         return out

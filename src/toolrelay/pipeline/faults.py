@@ -20,8 +20,6 @@ from ..faults import Fault, InjectedFault
 from ..outcome import Outcome, error_outcome, timeout_outcome
 from . import Invocation, Next
 
-__all__ = ["FaultInjector"]
-
 
 class FaultInjector:
     """The faults in force. Change them at run time: ``add``, ``remove``, ``clear``, ``seed``."""

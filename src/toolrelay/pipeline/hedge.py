@@ -34,8 +34,6 @@ from ..outcome import Outcome
 from ..settings import DATACLASS, Count, Positive, one_line_errors
 from . import Invocation, Next
 
-__all__ = ["MIN_SAMPLES", "Hedge", "HedgeOptions", "LatencyWindow"]
-
 MIN_SAMPLES = 20
 """An adaptive delay needs this many attempt latencies of the key before hedging starts."""
 WINDOW_SAMPLES = 256

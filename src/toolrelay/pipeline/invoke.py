@@ -32,10 +32,12 @@ from ..outcome import (
     unexpected,
 )
 from ..redact import Redactor, describe_exception
+from ..registry import CompiledTool
 from ..workers import WorkerPools
 from . import Invocation
 
 _DEFAULT_REDACTOR = Redactor()
+_UNTIMED = [0.0]  # an untimed call's held time: never written
 SUCCESS = Verdict.SUCCESS  # an answer built positionally: ~0.1 µs less than by keyword
 
 log = logging.getLogger("toolrelay")
@@ -71,7 +73,7 @@ def _stepped(coro: Coroutine[Any, Any, Any], held: list[float]) -> Generator[Any
 
 
 class Invoke:
-    __slots__ = ("blocking", "processes", "redact", "timed", "workers")
+    __slots__ = ("blocking", "processes", "redact", "workers")
 
     def __init__(
         self,
@@ -82,7 +84,6 @@ class Invoke:
         self.workers = workers
         self.redact = redact
         self.blocking: set[str] = set()  # tools logged as holding the loop
-        self.timed: dict[str, bool] = {}  # tool → are its next call's steps timed?
         self.processes = processes or isolation.ProcessPools(
             lambda key: workers.get(key).max_threads
         )
@@ -98,8 +99,8 @@ class Invoke:
         attempt = CURRENT_ATTEMPT.set([inv, None])
         # its steps are timed unless its last call ended within BLOCKING_STEP_S (a call
         # that short cannot have held the loop that long): fast tools cost nothing more
-        timed = self.timed.get(tool.decl.name, True)
-        held = [0.0]
+        timed = tool.timed[0]
+        held = [0.0] if timed else _UNTIMED
         try:
             with anyio.CancelScope(deadline=inv.deadline) as scope:
                 start = perf_counter()
@@ -114,19 +115,20 @@ class Invoke:
                     return error_outcome(inv, exc, self.redact)
                 finally:
                     if timed or perf_counter() - start >= BLOCKING_STEP_S:
-                        self._timed(tool.decl.name, perf_counter() - start, held[0], inv)
+                        self._timed(tool, perf_counter() - start, held[0], inv)
         finally:
             CURRENT_ATTEMPT.reset(attempt)
         if scope.cancel_called:
             return timeout_outcome(inv)
         return Outcome(True, data, None, "", False, None, SUCCESS, False, False, None, inv)
 
-    def _timed(self, name: str, took: float, held: float, inv: Invocation) -> None:
+    def _timed(self, tool: CompiledTool, took: float, held: float, inv: Invocation) -> None:
         """After a call that was step-timed or took ``BLOCKING_STEP_S`` or more: whether
         the next is timed; the time its steps held the loop counted, the tool logged once."""
-        self.timed[name] = took >= BLOCKING_STEP_S
+        tool.timed[0] = took >= BLOCKING_STEP_S
         if not held:
             return
+        name = tool.decl.name
         if name not in self.blocking:
             self.blocking.add(name)
             log.warning(

@@ -30,8 +30,6 @@ from ..outcome import Outcome
 from ..settings import DATACLASS, Count, Seconds, one_line_errors
 from . import Invocation, Next
 
-__all__ = ["Retry", "RetryOptions"]
-
 NOT_RETRIED = frozenset({ErrorType.CIRCUIT_OPEN, ErrorType.OVERLOADED})
 FIRST_OK = AttemptEnded(1, "ok")  # events are immutable: the commonest one is built once
 

@@ -121,7 +121,8 @@ class Telemetry:
             # the last attempt (earlier ones were counted as they were retried); after a
             # fallback answered, the primary's and the fallback's: _fallback_ended
             key = asked.key
-            if asked.attempts and out.served_by is None:
+            attempts = out.attempts or asked.attempts
+            if attempts and out.served_by is None:
                 count_attempt(1)
                 if outcome == "circuit_open" and key is not None:
                     metrics.key_child(metrics.breaker_rejected, key)(1)
@@ -138,7 +139,7 @@ class Telemetry:
                     content = (redact.value(asked.args or inv.raw_args), redact.value(out.data))
                 finish(
                     span, name, inv.call_id, decl.description if decl else None, key,
-                    asked.attempts, outcome, out.message if out.ok else redact(out.message),
+                    attempts, outcome, out.message if out.ok else redact(out.message),
                     content,
                 )  # fmt: skip
                 if exemplars.due(elapsed, ended):

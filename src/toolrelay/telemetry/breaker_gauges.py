@@ -23,8 +23,6 @@ from prometheus_client.registry import Collector
 
 from ..breakers import Breakers, KeyBreaker
 
-__all__ = ["BREAKER_GAUGES", "BREAKER_REFRESH_S", "BreakerGauges", "breaker_reading"]
-
 BREAKER_GAUGES: tuple[tuple[str, str], ...] = (
     (
         "breaker_failure_rate",

@@ -22,15 +22,6 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from .._compat.prometheus_client import value_inc
 from .breaker_gauges import BreakerGauges
 
-__all__ = [
-    "DURATION_BUCKETS",
-    "EXEMPLAR_INTERVAL_S",
-    "UNKNOWN_TOOL",
-    "ExemplarGate",
-    "Metrics",
-    "adder",
-]
-
 UNKNOWN_TOOL = "_unknown"
 """The ``tool`` label of calls naming a tool nobody registered (never the made-up name)."""
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OtlpUnavailable", "otlp_meter_provider", "otlp_tracer_provider"]
-
 
 class OtlpUnavailable(RuntimeError):
     """The ``otlp`` extra is not installed."""

@@ -18,15 +18,6 @@ from opentelemetry.util.types import Attributes
 
 from .._version import __version__
 
-__all__ = [
-    "MCP_SERVER_BUCKETS",
-    "TOOL_BUCKETS",
-    "LazyHistogram",
-    "execute_tool_duration",
-    "mcp_server_duration",
-    "tool_attributes",
-]
-
 TOOL_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
                 40.96, 81.92)  # fmt: skip
 """The buckets the GenAI conventions advise for ``gen_ai.execute_tool.duration``."""

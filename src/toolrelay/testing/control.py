@@ -14,8 +14,6 @@ from ..events import Event
 from ..invocation import Invocation
 from ..outcome import Verdict
 
-__all__ = ["CapturedEvent", "EventLog", "FrozenClock", "capture_events", "force_state"]
-
 E = TypeVar("E")
 
 

@@ -17,8 +17,6 @@ from ..handler import ASYNC_MARK, Handler
 from ..jsonlimits import failures
 from .signature import EMPTY, NONE, is_union, split
 
-__all__ = ["caller", "converts", "dump", "input_plan"]
-
 _JSON_TYPES: frozenset[type] = frozenset({dict, list, str, int, float, bool, NONE})
 
 

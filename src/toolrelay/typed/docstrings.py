@@ -9,9 +9,6 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal
 
-__all__ = ["docstring"]
-
-
 _ARGS_HEADER = re.compile(r"^(args|arguments|params|parameters|keyword args):\s*$", re.I)
 
 

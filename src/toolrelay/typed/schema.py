@@ -7,9 +7,6 @@ from typing import Any
 
 from ..schemas import nodes
 
-__all__ = ["tidy"]
-
-
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas", "$defs"})
 _SCHEMA_ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else",
                          "contains", "propertyNames", "unevaluatedItems",

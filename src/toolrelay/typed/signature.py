@@ -15,19 +15,6 @@ import typing_extensions
 
 from ..contract import AuthContext
 
-__all__ = [
-    "EMPTY",
-    "NONE",
-    "SignatureError",
-    "call_parameters",
-    "is_context",
-    "is_legacy",
-    "is_union",
-    "modern",
-    "read_signature",
-    "split",
-]
-
 EMPTY = inspect.Parameter.empty
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 NONE = type(None)

@@ -29,8 +29,6 @@ from .signature import (
     split,
 )
 
-__all__ = ["TypedTool", "typed_tool"]
-
 
 @dataclass(frozen=True, slots=True)
 class TypedTool:
