@@ -24,6 +24,7 @@ import pytest
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from node_packages import unavailable
 from test_gateway_clients import (
     CALLS,
     MCP_LINE,
@@ -33,7 +34,6 @@ from test_gateway_clients import (
     node_clients,
     serve_command,
     serve_env,
-    unavailable,
 )
 from toolrelay.config import ConfigError
 from toolrelay.serve.settings import parse_serve_section

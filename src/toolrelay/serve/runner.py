@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 import anyio.abc
@@ -27,7 +27,6 @@ from ..dispatcher import Dispatcher
 from ..net import is_loopback
 from ..registry import ToolRegistry
 from ..sources.errors import innermost
-from .admin import AdminState, admin_app
 from .approvals import ElicitingApprover
 from .auth import StaticTokenVerifier, check_bind, resolve_secret, transport_security
 from .callers import Callers
@@ -43,6 +42,9 @@ from .settings import GatewaySettings, ServeSection, load
 from .tuning import settle_heap
 from .upstreams import Upstreams
 from .watch import ToolListWatcher
+
+if TYPE_CHECKING:
+    from .admin import AdminState
 
 __all__ = ["Service", "main"]
 
@@ -136,17 +138,17 @@ class Service:
         self.health = UpstreamHealth(
             self.metrics_registry, ping_interval_s=settings.ping_interval_s
         )
-        self.admin_state = (
-            None
-            if self.admin_token is None
-            else AdminState(
+        self.admin_state: AdminState | None = None
+        if self.admin_token is not None:  # FastAPI is imported only for an admin API (~0.3 s)
+            from .admin import AdminState
+
+            self.admin_state = AdminState(
                 self.dispatcher,
                 self.metrics_registry,
                 self.admin_token,
                 upstreams=self.health,
                 catalog=self.catalog,
             )
-        )
         self.upstreams = Upstreams(self.dispatcher.registry, self.environ, self.health)
         self.reloader = Reloader(self, overrides)
         ConfigInfo(self.metrics_registry, lambda: self.reloader.loaded)
@@ -215,6 +217,8 @@ class Service:
         state, admin = self.admin_state, self.settings.admin
         if state is None or admin.port is None:
             return None
+        from .admin import admin_app
+
         hosts = transport_security(admin.host, self.settings.allowed_hosts)
         service = HttpService(admin_app(state, hosts), admin.host, admin.port)
         await service.start(tg)
