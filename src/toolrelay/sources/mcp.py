@@ -164,12 +164,6 @@ class McpSource(Connector):
         entry = self._tools.entries.get(name)
         return None if entry is None else entry.tool
 
-    @property
-    def instructions(self) -> str | None:
-        """The server's ``instructions`` (``None``: none, or not connected)."""
-        conn = self.conn
-        return None if conn is None or conn.client is None else conn.client.instructions
-
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
         """Call the tool on the server. ``ctx`` is not forwarded to the server; the
         call's channel to its client (:mod:`.relay`), when the host set one, is."""

@@ -66,6 +66,8 @@ class Connector:
         self._tg: anyio.abc.TaskGroup | None = None
         self.handshake_refused = False
         """The server refused the 2025 handshake ``auto`` offers over stdio first."""
+        self.instructions: str | None = None
+        """The server's ``instructions`` as of its last handshake (``None``: none yet)."""
         self.relay = Relay(name)
         """Routes the server's requests and notifications to the call they belong to."""
         self.notice: Callable[[mcp_types.ServerNotification], Awaitable[None]] | None = None
@@ -300,6 +302,7 @@ class Connector:
                     tg.start_soon(self._refresher, conn, client)
                     scope.deadline = math.inf
                     conn.client = client
+                    self.instructions = client.instructions
                     conn.state = State.READY
                     self.backoff.succeeded()
                     self.connects += 1
