@@ -296,7 +296,8 @@ def test_the_instance_selector_splits_a_fleet_and_panels_add_it_up(prometheus: P
     instances = {r["metric"]["instance"] for r in prometheus.query("toolrelay_tool_calls_total")}
     assert len(instances) >= 2
     each = [value(panel.replace('instance=~".*"', f'instance=~"{i}"')) for i in sorted(instances)]
-    assert all(v > 0 for v in each)
+    # a replica whose workload ended before the rate window shows 0; two still calling suffice
+    assert sum(v > 0 for v in each) >= 2, each
     assert value(panel) == pytest.approx(sum(each))
     (info,) = prometheus.query('toolrelay_config_info{job="toolrelay"}')  # the gateway's
     assert re.fullmatch(r"[0-9a-f]{64}", info["metric"]["hash"])
