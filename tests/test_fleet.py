@@ -445,6 +445,12 @@ async def test_half_open_trials_across_the_fleet_stay_within_the_limit(whole: Fl
     async with modern(r1.mcp_url) as client:
         for _ in range(3):
             await pay(client)
+    # every replica has heard of the open (within the convergence bound measured above):
+    # until then a replica that has not decides alone, which is not a half-open trial
+    heard_by = time.monotonic() + 5.0
+    while any(admin(r, "GET", "/breakers/payments")["state"] == "closed" for r in whole.replicas):
+        assert time.monotonic() < heard_by, "the open did not reach every replica in 5 s"
+        await anyio.sleep(0.02)
     (whole.workdir / "down").unlink()
     before = len(pay_log(whole))
     outcomes: list[str] = []
