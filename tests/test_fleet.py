@@ -10,6 +10,7 @@ docs/deploy.md quotes them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import signal
@@ -542,6 +543,43 @@ async def test_a_clients_rate_is_fleet_wide(whole: Fleet, record_property: Any) 
     print(f"client rate through 3 replicas: {oks / seconds:.1f}/s after {first} in the first")
     assert kinds == {"ok", "overloaded"}, kinds
     assert RATE_PER_S * seconds * 0.75 - 2 <= oks <= RATE_PER_S * seconds * 1.25 + 2, oks
+
+
+# -- hot reload across the fleet -----------------------------------------------------------------
+def test_a_reload_converges_and_a_failed_one_stands_out(whole: Fleet) -> None:
+    """Every replica's ``/readyz`` names the hash of the config it runs: after a reload on
+    each they agree on the new file's; a replica whose reload was refused keeps the old hash
+    (so it stands out, as in ``toolrelay_config_info{hash}``) until a good reload."""
+
+    def hashes() -> list[str]:
+        return [admin(replica, "GET", "/readyz")["config_hash"] for replica in whole.replicas]
+
+    def reload(replica: Replica) -> int:
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        url = replica.admin_url + "/reload"
+        return httpx.post(url, headers=headers, timeout=30).status_code
+
+    config = whole.replicas[0].config  # one file, as deploy/ has it
+    original = config.read_text()
+    digest = hashlib.sha256(original.encode()).hexdigest()
+    assert hashes() == [digest] * 3
+    r1, r2, r3 = whole.replicas
+    try:
+        changed = original + "\n# reviewed again\n"
+        config.write_text(changed)
+        new = hashlib.sha256(changed.encode()).hexdigest()
+        assert reload(r2) < 300 and reload(r3) < 300
+        config.write_text(original + "\n[[broken\n")
+        assert reload(r1) >= 400  # refused: r1 keeps serving the file it had
+        assert hashes() == [digest, new, new]
+        config.write_text(changed)
+        assert reload(r1) < 300
+        assert hashes() == [new] * 3
+    finally:
+        config.write_text(original)
+        for replica in whole.replicas:
+            reload(replica)
+    assert hashes() == [digest] * 3
 
 
 # -- a replica killed under load -----------------------------------------------------------------
