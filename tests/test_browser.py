@@ -9,7 +9,7 @@ tests skip, or fail under TOOLRELAY_REQUIRE_SERVERS=1. Screenshots go to ``tests
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,13 +209,30 @@ def live_admin() -> Iterator[LiveAdmin]:
             await dispatcher.dispatch("crm_lookup", "{}", call_id=f"c{n}")
             await anyio.sleep(0.05)
 
+    hosts = transport_security("127.0.0.1")  # as toolrelay serve: the page passes them
+    yield from served(state, dispatcher, hosts, beside=traffic)
+
+
+def served(
+    state: AdminState,
+    dispatcher: Dispatcher,
+    hosts: Any = None,
+    *,
+    before: Callable[[], Awaitable[None]] | None = None,
+    beside: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> Iterator[LiveAdmin]:
+    """The admin API of ``state`` served on loopback from a portal's event loop: ``before``
+    awaited first, ``beside`` running while it serves; the dispatcher closed at the end."""
+
     async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
-        hosts = transport_security("127.0.0.1")  # as toolrelay serve: the page passes them
+        if before is not None:
+            await before()
         service = HttpService(admin_app(state, hosts), "127.0.0.1", 0)
         try:
             async with anyio.create_task_group() as tg:
                 await service.start(tg)
-                tg.start_soon(traffic)
+                if beside is not None:
+                    tg.start_soon(beside)
                 task_status.started(service.url)
                 await anyio.sleep_forever()
         finally:
@@ -350,25 +367,12 @@ def hostile_admin() -> Iterator[LiveAdmin]:
     dispatcher = Dispatcher(registry, metrics_registry=metrics, audit=None)
     state = AdminState(dispatcher, metrics, TOKEN, ready=True)
 
-    async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
+    async def calls() -> None:
         for name, times in {"crm_lookup": 1, **HOSTILE}.items():
             for _ in range(times):
                 assert (await dispatcher.dispatch(name, "{}")).ok
-        service = HttpService(admin_app(state), "127.0.0.1", 0)
-        try:
-            async with anyio.create_task_group() as tg:
-                await service.start(tg)
-                task_status.started(service.url)
-                await anyio.sleep_forever()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await service.aclose()
-                await dispatcher.aclose()
 
-    with start_blocking_portal("asyncio") as portal:
-        future, url = portal.start_task(serve)
-        yield LiveAdmin(url, state)
-        portal.call(lambda: future.cancel())
+    yield from served(state, dispatcher, before=calls)
 
 
 async def _answer(args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
