@@ -463,11 +463,13 @@ async def test_bulkhead_bounded_wait() -> None:
 async def test_hung_sync_threads_are_bounded_per_key() -> None:
     registry = ToolRegistry()
     release = threading.Event()
-    started = threading.Semaphore(0)
+    entered: list[int] = []
 
-    @registry.tool(name="legacy", parameters=OBJ, breaker_key="A", timeout_s=0.1)
+    # The deadline leaves a loaded machine time to start the five threads; a job whose
+    # thread starts after its deadline is skipped, never run late (and not "abandoned").
+    @registry.tool(name="legacy", parameters=OBJ, breaker_key="A", timeout_s=0.5)
     def legacy(args: dict[str, Any], ctx: AuthContext) -> str:
-        started.release()
+        entered.append(1)
         release.wait(30)
         return "late"
 
@@ -492,11 +494,20 @@ async def test_hung_sync_threads_are_bounded_per_key() -> None:
             [_call("legacy") for _ in range(8)] + [_call("other")]
         )
         kinds = [r.error_type for r in results[:8]]
-        assert kinds.count(ErrorType.TIMEOUT) == 5  # five threads started and were abandoned
+        assert kinds.count(ErrorType.TIMEOUT) == 5  # five places taken, five deadlines
         assert kinds.count(ErrorType.OVERLOADED) == 3
         assert results[8].ok and results[8].data == "fine"  # key B is untouched
-        assert dispatcher.workers.abandoned()["A"] == 5
-        # The abandoned threads still hold their places: more calls are shed, none started.
+        # Every handler that started is abandoned and still holds its place; a job whose
+        # thread came too late was skipped and gave its place back.
+        await wait_until(lambda: dispatcher.workers.live()["A"] == len(entered))
+        assert 1 <= dispatcher.workers.abandoned()["A"] == len(entered) <= 5
+        # The abandoned threads still hold their places: once all five are taken by hung
+        # handlers, more calls are shed and none is started.
+        for _ in range(10):
+            if dispatcher.workers.live()["A"] == 5:
+                break
+            await dispatcher.dispatch("legacy", "{}")
+        assert dispatcher.workers.abandoned()["A"] == len(entered) == 5
         shed = await dispatcher.dispatch("legacy", "{}")
         assert shed.error_type is ErrorType.OVERLOADED
         assert dispatcher.workers.live()["A"] == 5
