@@ -108,6 +108,7 @@ async def _stdio_streams(
     outbox, lines_out = anyio.create_memory_object_stream[bytes](math.inf)
     writer_done = anyio.Event()
     shutting_down = False
+    handed = False  # the session has taken a message since the raw lane's last answer
 
     def broken() -> None:
         lane.close()
@@ -145,18 +146,23 @@ async def _stdio_streams(
         """Pass one message on (or refuse it); False: drop the connection."""
         if json_values(line, max_values) > max_values:
             return await refuse(line, too_many(max_values))
+        nonlocal handed
         raw_id = lane.owner(line)
         if raw_id is not None:
-            # The session's dispatcher starts a handler for each message it has taken;
-            # one turn lets those read before this answer start first (log lines reach
-            # the call's client before its channel closes), as for the SDK's answers.
-            await anyio.lowlevel.checkpoint()
+            if handed:
+                # The session's dispatcher starts a handler for each message it has
+                # taken; one turn lets those read before this answer start first (log
+                # lines reach the call's client before its channel closes), as for the
+                # SDK's answers. None taken since the last answer: no turn to wait.
+                handed = False
+                await anyio.lowlevel.checkpoint()
             lane.answer(raw_id, line)
             return True
         message = parse_line(line.decode(server.encoding, server.encoding_error_handler))
         if isinstance(message, Exception) and answered_id(line[:HEAD_BYTES]) is not None:
             # e.g. nested too deeply to parse: answer the call instead of leaving it waiting
             return await refuse(line, UNREADABLE_TEXT, MESSAGE_UNREADABLE)
+        handed = True
         await read_writer.send(message)
         return True
 
