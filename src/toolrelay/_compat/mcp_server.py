@@ -7,9 +7,7 @@ offer a public way, docs/architecture.md ("Third-party internals") writes the re
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from http import HTTPStatus
 
 import anyio
@@ -106,25 +104,36 @@ def is_busy(transport: StreamableHTTPServerTransport) -> bool:
     return bool(transport._requests_in_flight)
 
 
-@contextlib.contextmanager
-def busy(transport: StreamableHTTPServerTransport) -> Iterator[None]:
-    """Count a request the fast lane serves outside the transport as the transport counts its
-    own: in flight, and the session's idle timer stopped until the last one ends.
+class _Busy:
+    __slots__ = ("_idle", "_transport")
+
+    def __init__(self, transport: StreamableHTTPServerTransport) -> None:
+        self._transport = transport
+        self._idle = transport.idle_scope
+
+    def __enter__(self) -> None:
+        self._transport._requests_in_flight += 1
+        if self._idle is not None:
+            self._idle.deadline = math.inf
+
+    def __exit__(self, *exc_info: object) -> None:
+        transport, idle = self._transport, self._idle
+        transport._requests_in_flight -= 1
+        timeout = transport._idle_timeout
+        if idle is not None and timeout is not None and not transport._requests_in_flight:
+            idle.deadline = anyio.current_time() + timeout
+
+
+def busy(transport: StreamableHTTPServerTransport) -> _Busy:
+    """``with busy(transport):`` count a request the fast lane serves outside the transport
+    as the transport counts its own: in flight, and the session's idle timer stopped until
+    the last one ends (a class, not a generator: every call of the lane enters one).
 
     Relies on ``_requests_in_flight`` (read and written) and ``_idle_timeout`` with the public
     ``idle_scope``, as ``StreamableHTTPServerTransport.handle_request`` uses them: the fast
     lane halves the gateway's CPU per call, and a session must not expire under its calls.
     """
-    idle, timeout = transport.idle_scope, transport._idle_timeout
-    transport._requests_in_flight += 1
-    if idle is not None:
-        idle.deadline = math.inf
-    try:
-        yield
-    finally:
-        transport._requests_in_flight -= 1
-        if idle is not None and timeout is not None and not transport._requests_in_flight:
-            idle.deadline = anyio.current_time() + timeout
+    return _Busy(transport)
 
 
 async def send_to_session(

@@ -2,7 +2,7 @@
 
 :class:`SessionChannel` (a call the SDK serves) and :class:`LaneChannel` (a call the fast
 lane serves) are the :class:`~toolrelay.sources.relay.CallChannel` the gateway puts around
-``dispatch`` (:meth:`Channel.serving`): an upstream's progress comes back with the client's
+``dispatch`` (``with channel:``): an upstream's progress comes back with the client's
 own ``progressToken``, its ``notifications/message`` at the levels the client wants, and its
 ``sampling/createMessage``, ``elicitation/create`` and ``roots/list`` go to the client on the
 call's own stream — or, when the client did not declare the capability, cannot be asked on
@@ -17,8 +17,10 @@ each client still gets only the levels it asked for).
 from __future__ import annotations
 
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from contextvars import Token
+from types import MappingProxyType
 from typing import Any, cast
 
 import anyio
@@ -45,6 +47,7 @@ _CAPABILITY = {
 }
 _SET_LEVEL_S = 5.0
 _WITHDRAW_S = 1.0  # at most this long, a cancelled call waits to withdraw its requests
+_NO_META: Mapping[str, Any] = MappingProxyType({})
 
 
 def _refused(method: str, why: str) -> types.ErrorData:
@@ -55,22 +58,23 @@ class Channel:
     """What both channels share: the call's ``_meta``, its progress token, its end."""
 
     def __init__(self, meta: Mapping[str, Any] | None) -> None:
-        meta = dict(meta or {})
-        if "progress_token" in meta:  # as the SDK parsed it: the wire's name
+        if meta and "progress_token" in meta:  # as the SDK parsed it: the wire's name
+            meta = dict(meta)
             meta["progressToken"] = meta.pop("progress_token")
-        self.meta: Mapping[str, Any] = meta
-        self.token = meta.get("progressToken")
+        self.meta: Mapping[str, Any] = meta or _NO_META
+        self.token = self.meta.get("progressToken")
         self.closed = False
+        self._serving: Token[CallChannel | None] | None = None
 
-    @contextmanager
-    def serving(self) -> Iterator[None]:
-        """The dispatch inside runs with this channel; after it, the channel is closed."""
-        token = CALL_CHANNEL.set(cast("CallChannel", self))  # each subclass is one
-        try:
-            yield
-        finally:
-            self.closed = True
-            CALL_CHANNEL.reset(token)
+    def __enter__(self) -> None:
+        """The dispatch inside ``with channel:`` runs with this channel; after it, the
+        channel is closed (a class, not a generator: every ``tools/call`` enters one)."""
+        self._serving = CALL_CHANNEL.set(cast("CallChannel", self))  # each subclass is one
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.closed = True
+        if self._serving is not None:
+            CALL_CHANNEL.reset(self._serving)
 
 
 class SessionChannel(Channel):
@@ -93,9 +97,9 @@ class SessionChannel(Channel):
 
     @asynccontextmanager
     async def relaying(self) -> AsyncIterator[None]:
-        """:meth:`serving`; at the end, a request still waiting on the client is withdrawn
+        """``with self``; at the end, a request still waiting on the client is withdrawn
         (its ``notifications/cancelled`` goes out while the call's stream is open)."""
-        with self.serving():
+        with self:
             try:
                 yield
             finally:

@@ -187,7 +187,7 @@ class FastLane:
             methods.validate_client_request("tools/call", version, params)
         except (ValidationError, KeyError, ValueError):
             return False
-        level = self.levels.of_connection(connection)
+        level = self.levels.of_connection(connection) if sse else None  # JSON: no logs
         call = _Call(session_id, transport, request_id, version, params, level)
         if sse:
             await self._stream(scope, receive, send, call)
@@ -229,7 +229,7 @@ class FastLane:
             self.telemetry.serving(
                 "tools/call", call.version, request_id, scope, session_id, name, params.get("_meta")
             ) as outcome,
-            LaneChannel(params.get("_meta"), emit, call.log_level).serving(),
+            LaneChannel(params.get("_meta"), emit, call.log_level),
         ):
             if watch is None:
                 answered = await self.call_tool(name, arguments, request_id)

@@ -5,8 +5,6 @@ exceptions), and a server's text quoted safely (:func:`cap`)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import anyio
 import mcp.types as mcp_types
@@ -170,18 +168,28 @@ def mapped(exc: MCPError) -> McpCallError:
     return Refused(exc.message, counted=counted, stale=stale)
 
 
-@contextmanager
-def map_mcp_errors() -> Iterator[None]:
+class _McpErrors:
+    """:func:`map_mcp_errors`' block (a class, not a generator: every call enters one)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, MCPError):
+            raise mapped(exc) from None
+        if isinstance(exc, _STREAM_ENDS):
+            raise Disconnected(type(exc).__name__) from None
+        if isinstance(exc, ValidationError):
+            raise NotAToolResult(str(exc)) from None
+
+
+_MCP_ERRORS = _McpErrors()
+
+
+def map_mcp_errors() -> _McpErrors:
     """Translate what an MCP request raises into :class:`McpCallError`, in one place (as
     httpx maps httpcore's exceptions): an ``MCPError`` by its code (:func:`mapped`), the
     transport's streams ending as :class:`Disconnected`, and pydantic's
     ``ValidationError`` (an answer that does not parse as a tool result) as
     :class:`NotAToolResult`. Cancellation and anything else pass unchanged."""
-    try:
-        yield
-    except MCPError as exc:
-        raise mapped(exc) from None
-    except _STREAM_ENDS as exc:
-        raise Disconnected(type(exc).__name__) from None
-    except ValidationError as exc:
-        raise NotAToolResult(str(exc)) from None
+    return _MCP_ERRORS

@@ -24,8 +24,7 @@ asked the client is not retried: its failure is final (:meth:`Relay.attempt`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any, Protocol, TypeVar, cast
 
@@ -84,6 +83,8 @@ def forwarded_meta(meta: Mapping[str, Any]) -> mcp_types.RequestParamsMeta | Non
     progress token (the upstream gets the source's own), trace context (the gateway's
     span is the parent) and the 2026-era per-request stamps of the client's connection
     (the upstream connection has its own), except the log-level opt-in."""
+    if not meta:
+        return None
     kept = {
         key: value
         for key, value in meta.items()
@@ -98,11 +99,31 @@ def level_passes(level: str, wanted: str | None) -> bool:
 
 
 class _Attempt:
-    __slots__ = ("asked",)
+    """An attempt of ``channel``'s call in flight on the upstream, while inside ``with``
+    (a class, not a generator: every attempt of a ``tools/call`` enters one)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_active", "asked", "channel")
+
+    def __init__(self, active: dict[CallChannel, list[_Attempt]], channel: CallChannel) -> None:
+        self._active = active
+        self.channel = channel
         self.asked = False
         """This attempt relayed a request to the client (it must not be made again)."""
+
+    def __enter__(self) -> _Attempt:
+        attempts = self._active.get(self.channel)
+        if attempts is None:
+            self._active[self.channel] = [self]
+        else:
+            attempts.append(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        attempts = self._active[self.channel]
+        if len(attempts) == 1:
+            del self._active[self.channel]
+        else:
+            attempts.remove(self)
 
 
 class Relay:
@@ -114,18 +135,10 @@ class Relay:
         self.log_level: mcp_types.LoggingLevel | None = None
         """The level clients asked for (the most verbose so far), applied on every connect."""
 
-    @contextmanager
-    def attempt(self, channel: CallChannel) -> Iterator[_Attempt]:
-        """An attempt of ``channel``'s call is in flight on the upstream."""
-        attempt = _Attempt()
-        attempts = self._active.setdefault(channel, [])
-        attempts.append(attempt)
-        try:
-            yield attempt
-        finally:
-            attempts.remove(attempt)
-            if not attempts:
-                del self._active[channel]
+    def attempt(self, channel: CallChannel) -> _Attempt:
+        """``with relay.attempt(channel):`` an attempt of ``channel``'s call is in flight
+        on the upstream."""
+        return _Attempt(self._active, channel)
 
     def _route(self) -> CallChannel | None:
         channel = CALL_CHANNEL.get()
