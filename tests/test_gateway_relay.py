@@ -478,6 +478,43 @@ async def test_a_call_that_asked_its_client_is_not_retried(tmp_path: Path) -> No
     assert not retried.ok
 
 
+async def test_a_plain_answer_on_the_raw_lane_waits_no_loop_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stdio reader lets the session's handlers run before a raw-lane answer only when
+    the session took a message since the last answer (a log line): a plain call's answer
+    is handed over at once, without an extra pass of the event loop (issue 30 item 4)."""
+    from toolrelay.sources import stdio
+
+    turns: list[str] = []
+    checkpoint = anyio.lowlevel.checkpoint
+
+    async def counted() -> None:
+        turns.append(sys._getframe(1).f_code.co_name)
+        await checkpoint()
+
+    monkeypatch.setattr(stdio.anyio.lowlevel, "checkpoint", counted)
+    command = [sys.executable, str(SERVER), "--record", str(tmp_path / "upstream.rec")]
+    options = McpSourceOptions(breaker_key="relay", risk_override="read")
+    async with McpSource.stdio(command, options, errlog=sys.stderr) as source:
+        registry = ToolRegistry()
+        registry.register(source)
+        dispatcher = Dispatcher(registry)
+        channel = Asked()
+        token = CALL_CHANNEL.set(channel)
+        try:
+            await dispatcher.dispatch("plain", {})  # after the session's own (the listing)
+            turns.clear()
+            plain = [await dispatcher.dispatch("plain", {}) for _ in range(3)]
+            plain_turns, turns[:] = list(turns), []
+            logged = await dispatcher.dispatch("log", {})
+        finally:
+            CALL_CHANNEL.reset(token)
+    assert all(result.ok for result in plain) and logged.ok
+    assert plain_turns == []
+    assert turns[:1] == ["deliver"]  # the log lines went to the session first: one turn
+
+
 async def test_a_hedged_call_asks_its_client_once() -> None:
     relay = Relay("up")
     channel = Asked()
