@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -94,6 +94,8 @@ class Offerings:
         self.limits = limits
         self._upstreams: Mapping[str, tuple[UpstreamSettings, McpSource]] = {}
         self._listings: dict[int, Listing] = {}
+        self._prepared: dict[int, Listing] = {}
+        """Upstreams a reload connected, read before they are registered."""
         self._subscribers: dict[str, dict[int, ServerSession]] = {}
         """The 2025-era connections subscribed to each URI (forgotten when they close)."""
         self._listened: Counter[str] = Counter()
@@ -133,20 +135,38 @@ class Offerings:
             for listing in self.listings():
                 tg.start_soon(listing.listen)
 
+    async def prepare(self, sources: Iterable[McpSource]) -> None:
+        """Read the lists of upstreams a reload is about to register (for :meth:`check`)."""
+        for source in sources:
+            self._prepared[id(source)] = listing = self._listing(source)
+            await self._refresh(listing)
+
+    def check(self) -> None:
+        """Refuse (:class:`ServeError`) a URI, template or prompt name that two of the
+        upstreams open now offer (a reload, before it is applied)."""
+        try:
+            self._check_collisions()
+        finally:
+            self._prepared.clear()
+
     def listings(self) -> list[Listing]:
         """One :class:`Listing` per open upstream, in the config's order."""
         listings: dict[int, Listing] = {}
         for _, source in self._upstreams.values():
-            listing = self._listings.get(id(source))
-            if listing is None:
-                listing = Listing(source)
-                listing.on_event = self._changed
-                source.notice = listing.notice
-                if source.conn is not None:
-                    source.conn.notice = listing.notice
+            listing = self._listings.get(id(source)) or self._listing(source)
             listings[id(source)] = listing
         self._listings = listings
         return list(listings.values())
+
+    def _listing(self, source: McpSource) -> Listing:
+        listing = self._prepared.get(id(source))
+        if listing is None:
+            listing = Listing(source)
+            listing.on_event = self._changed
+            source.notice = listing.notice
+            if source.conn is not None:
+                source.conn.notice = listing.notice
+        return listing
 
     def _check_collisions(self) -> None:
         seen: dict[tuple[str, str], str] = {}
