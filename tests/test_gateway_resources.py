@@ -235,6 +235,30 @@ async def test_a_2025_client_is_told_of_updates_to_what_it_subscribed(gateway: G
         assert "a__late" in {p.name for p in (await session.list_prompts()).prompts}
 
 
+def subscriptions(record: Path, uri: str) -> list[str]:
+    """What an upstream was asked about ``uri``, in order (``subscribe``, ``unsubscribe``)."""
+    events = [json.loads(line) for line in record.read_text().splitlines()]
+    return [e["event"] for e in events if e.get("uri") == uri and "subscribe" in e["event"]]
+
+
+@pytest.mark.anyio
+@GATEWAY_PROCESS
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed")
+async def test_a_subscriber_that_disconnects_is_unsubscribed_upstream(gateway: Gateway) -> None:
+    """The upstream keeps a subscription only while some client holds it: two sessions
+    subscribe to one URI, the first leaving keeps it, the last leaving drops it."""
+    uri, record = "a://doc/7", gateway.tmp / "rec-a"
+    async with http_session(gateway.url) as first:
+        async with http_session(gateway.url) as second:
+            await first.subscribe_resource(uri)
+            await second.subscribe_resource(uri)
+        await anyio.sleep(0.3)  # the second session is closed (DELETE)
+        assert subscriptions(record, uri) == ["subscribe"]
+    with anyio.fail_after(5):
+        while subscriptions(record, uri) != ["subscribe", "unsubscribe"]:  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+
+
 @pytest.mark.anyio
 @GATEWAY_PROCESS
 async def test_a_2026_client_reads_gets_and_listens_through_a_2026_upstream(

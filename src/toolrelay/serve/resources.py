@@ -288,15 +288,29 @@ class Offerings:
         connection = connection_of(ctx.session)
         key = id(ctx.session if connection is None else connection)
         if key not in subscribers and connection is not None:
-            connection.exit_stack.callback(self._forget, uri, key)
+            connection.exit_stack.push_async_callback(self._gone, listing, uri, key)
         subscribers[key] = ctx.session
         return types.EmptyResult()
 
-    def _forget(self, uri: str, key: int) -> None:
+    def _forget(self, uri: str, key: int) -> bool:
+        """Forget one subscriber of ``uri``; whether the upstream is to be unsubscribed
+        (it was subscribed, and nobody else holds the URI now)."""
         subscribers = self._subscribers.get(uri, {})
-        subscribers.pop(key, None)
+        if subscribers.pop(key, None) is None:
+            return False
         if not subscribers:
             self._subscribers.pop(uri, None)
+        return not subscribers and not self._listened[uri]
+
+    async def _gone(self, listing: Listing, uri: str, key: int) -> None:
+        """A subscribed connection closed: the upstream is unsubscribed when it was the last
+        (a refusal or a slow upstream is only logged)."""
+        if self._forget(uri, key):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(NOTIFY_TIMEOUT_S):
+                try:
+                    await self._ask(listing, partial(listing.subscribe, uri=uri, on=False))
+                except MCPError as exc:
+                    log.info("toolrelay serve: %s not unsubscribed: %s", uri[:200], exc)
 
     async def _unsubscribe(
         self, ctx: Ctx, params: types.UnsubscribeRequestParams
@@ -304,8 +318,7 @@ class Offerings:
         uri = str(params.uri)
         listing = self._owner(uri)
         connection = connection_of(ctx.session)
-        self._forget(uri, id(ctx.session if connection is None else connection))
-        if not self._subscribers.get(uri) and not self._listened[uri]:  # nobody else: tell it
+        if self._forget(uri, id(ctx.session if connection is None else connection)):
             await self._ask(listing, partial(listing.subscribe, uri=uri, on=False))
         return types.EmptyResult()
 
