@@ -95,6 +95,8 @@ breaker_key = "new"
 prefix = "new"
 risk_override = "read"
 tool_timeouts = {{ test_elicitation_sep1330_enums = {SLOW} }}
+tool_risk_override = {{ test_simple_text = "write" }}  # needs the client's approval
+new_tool_risk = "read"
 [serve.upstreams.rec]
 command = {json.dumps(relay)}
 breaker_key = "rec"
@@ -287,3 +289,21 @@ async def test_a_client_that_never_comes_back_holds_nothing_past_the_deadline(
         again = await first_round(bob, *slow)
         assert isinstance(again, types.InputRequiredResult), again
     assert "closed → open" not in gateway.errlog.read_text()
+
+
+async def test_a_2026_client_approves_a_risky_call_in_a_round(gateway: Gateway) -> None:
+    asked: list[str] = []
+
+    async def approve(
+        context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept" if len(asked) == 1 else "decline")
+
+    async with client(gateway.url, ALICE, elicitation_callback=approve) as alice:
+        approved = await alice.call_tool("new__test_simple_text", {})
+        declined = await alice.call_tool("new__test_simple_text", {})
+    assert texts(approved) == "This is a simple text response for testing."
+    assert asked[0].startswith("Allow the write action 'new__test_simple_text'"), asked
+    answer = json.loads(texts(declined))
+    assert answer["error_type"] == "denied" and answer["message"].endswith("(declined)"), answer
