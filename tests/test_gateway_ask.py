@@ -25,7 +25,7 @@ import anyio
 import httpx2
 import mcp.types as types
 import pytest
-from mcp import Client, MCPError
+from mcp import Client, ClientSession, MCPError
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 
@@ -307,3 +307,31 @@ async def test_a_2026_client_approves_a_risky_call_in_a_round(gateway: Gateway) 
     assert asked[0].startswith("Allow the write action 'new__test_simple_text'"), asked
     answer = json.loads(texts(declined))
     assert answer["error_type"] == "denied" and answer["message"].endswith("(declined)"), answer
+
+
+async def test_a_2025_client_that_does_not_answer_is_cut_before_the_deadline_too(
+    gateway: Gateway,
+) -> None:
+    """The same bound for a request on a 2025-era call's stream: the upstream gets its
+    error before the call's deadline and answers the call itself (no timeout counted)."""
+
+    async def silent(
+        context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    headers = {"Authorization": f"Bearer {ALICE}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0)) as http,
+        streamable_http_client(gateway.url, http_client=http) as (read, write),
+        ClientSession(read, write, elicitation_callback=silent) as session,
+    ):
+        await session.initialize()
+        started = time.monotonic()
+        answer = await session.call_tool("rec__elicit", {})
+        took = time.monotonic() - started
+    assert SLOW / 2 <= took < SLOW, took
+    envelope = json.loads(texts(answer))
+    assert envelope["error_type"] == "tool_error", envelope  # the upstream's, not a timeout
+    assert "did not answer before the call's deadline" in envelope["message"]
