@@ -293,7 +293,8 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
         handler = self.watcher.listen_handler(self.callers.current().profile)
-        async with self.offerings.watching(params.notifications.resource_subscriptions or ()):
+        uris = params.notifications.resource_subscriptions or ()
+        async with self.offerings.subscriptions.watching(uris):
             return await handler(ctx, params)
 
     # -- transports ---------------------------------------------------------------------------
