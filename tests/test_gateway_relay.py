@@ -359,9 +359,11 @@ async def test_cancellation_reaches_the_upstream_and_back(gateway: Gateway) -> N
     assert sorted(e["tool"] for e in gateway.events("cancelled")) == ["hang", "sample"]
 
 
-async def test_a_2026_client_gets_progress_and_its_logs_and_is_never_asked(
+async def test_a_2026_client_gets_progress_and_its_logs_and_is_asked_in_rounds(
     gateway: Gateway,
 ) -> None:
+    """Its calls run in InputRequiredResult rounds (tests/test_gateway_ask.py): progress and
+    logs still reach it, and what an upstream asks at once is asked in one round."""
     client = Client2025()
     reports: list[float] = []
 
@@ -373,9 +375,15 @@ async def test_a_2026_client_gets_progress_and_its_logs_and_is_never_asked(
         await modern.call_tool("up__log", {})
         await modern.call_tool("up__progress", {}, progress_callback=progress)
         sampled = await modern.call_tool("up__sample", {})
+        first = await modern.session.call_tool("new__ask_2026", {}, allow_input_required=True)
     assert ("info", "hello from upstream") in client.logs
     assert reports == [1, 2, 3]
-    assert sampled.is_error and "refused" in texts(sampled)
+    assert texts(sampled) == "sampled: 4"
+    assert isinstance(first, types.InputRequiredResult) and first.input_requests is not None
+    assert sorted(r.method for r in first.input_requests.values()) == [
+        "elicitation/create",
+        "sampling/createMessage",
+    ]
 
 
 async def test_a_stdio_client_is_reached_during_its_call(gateway: Gateway) -> None:

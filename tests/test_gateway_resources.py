@@ -38,6 +38,7 @@ from test_gateway_transparency import (
     wait_for_port,
 )
 from toolrelay.serve import ServeError, Service, load
+from toolrelay.serve.errors import ReloadRefused
 from toolrelay.sources.errors import innermost
 
 # the gateway and the upstreams are processes of their own; only the SDK's client runs here
@@ -234,6 +235,30 @@ async def test_a_2025_client_is_told_of_updates_to_what_it_subscribed(gateway: G
         assert "a__late" in {p.name for p in (await session.list_prompts()).prompts}
 
 
+def subscriptions(record: Path, uri: str) -> list[str]:
+    """What an upstream was asked about ``uri``, in order (``subscribe``, ``unsubscribe``)."""
+    events = [json.loads(line) for line in record.read_text().splitlines()]
+    return [e["event"] for e in events if e.get("uri") == uri and "subscribe" in e["event"]]
+
+
+@pytest.mark.anyio
+@GATEWAY_PROCESS
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed")
+async def test_a_subscriber_that_disconnects_is_unsubscribed_upstream(gateway: Gateway) -> None:
+    """The upstream keeps a subscription only while some client holds it: two sessions
+    subscribe to one URI, the first leaving keeps it, the last leaving drops it."""
+    uri, record = "a://doc/7", gateway.tmp / "rec-a"
+    async with http_session(gateway.url) as first:
+        async with http_session(gateway.url) as second:
+            await first.subscribe_resource(uri)
+            await second.subscribe_resource(uri)
+        await anyio.sleep(0.3)  # the second session is closed (DELETE)
+        assert subscriptions(record, uri) == ["subscribe"]
+    with anyio.fail_after(5):
+        while subscriptions(record, uri) != ["subscribe", "unsubscribe"]:  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+
+
 @pytest.mark.anyio
 @GATEWAY_PROCESS
 async def test_a_2026_client_reads_gets_and_listens_through_a_2026_upstream(
@@ -314,6 +339,44 @@ async def test_two_upstreams_offering_one_uri_are_refused_at_start(
         "upstreams 'x' and 'y' both offer the resource URI 'b://blob'; "
         "give one a prefix (prompts) or leave one out"
     )
+
+
+@pytest.mark.anyio
+@GATEWAY_PROCESS
+async def test_a_reload_that_would_collide_is_refused_and_the_old_config_kept(
+    gateway: Gateway, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = config(tmp_path, http_upstream(gateway.b_url, "x"))
+    config_file, settings = load(path)
+    out = io.StringIO()
+    service = Service(config_file, settings, environ=ENV, handle_signals=False, out=out)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(service.run)
+        with anyio.fail_after(20):
+            while "MCP on" not in out.getvalue():  # noqa: ASYNC110 - its start-up line
+                await anyio.sleep(0.02)
+        loaded = service.reloader.loaded
+        # y offers what x offers (its prompts are prefixed apart; its URIs are the same)
+        path.write_text(path.read_text() + http_upstream(gateway.b_url, "y"))
+        with pytest.raises(ReloadRefused) as refused:
+            await service.reloader.reload()
+        assert (refused.value.status, refused.value.error) == (400, "reload_failed")
+        assert refused.value.message == (
+            "upstreams 'x' and 'y' both offer the resource URI 'b://blob'; "
+            "give one a prefix (prompts) or leave one out"
+        )
+        assert "reload refused, the old config keeps serving: upstreams 'x' and 'y'" in (
+            caplog.text
+        )
+        assert list(service.upstreams.open) == ["x"] and service.reloader.loaded == loaded
+        assert not service.dispatcher.registry.owns("y__touch")
+        # the same prefix: the same tool names (refused before the URIs are looked at)
+        path.write_text(path.read_text().replace('prefix = "y"', 'prefix = "x"'))
+        with pytest.raises(ReloadRefused) as same_tools:
+            await service.reloader.reload()
+        assert same_tools.value.message.endswith("is registered twice"), same_tools.value.message
+        assert list(service.upstreams.open) == ["x"] and service.reloader.loaded == loaded
+        service.stop()
 
 
 @pytest.mark.anyio

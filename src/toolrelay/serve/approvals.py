@@ -14,10 +14,10 @@ decided: ``elicitation:<client>`` (the client's name from its bearer token), or
 ``elicitation`` without tokens.
 
 The client is asked only when it can be: it declared the ``elicitation`` capability (form
-mode), the transport can carry a request to it mid-call (not in ``json_response`` or
-``stateless`` HTTP mode), and it speaks a 2025-era protocol (2026-era ``tools/call``
-elicits through ``InputRequiredResult`` round trips instead, not served yet). Otherwise
-the approver returns :data:`~toolrelay.approval.UNASKED`: ``needs_approval``, as
+mode), and the transport can carry a request to it mid-call (not in ``json_response`` or
+``stateless`` HTTP mode) or, for a 2026-era ``tools/call``, the call is served in
+``InputRequiredResult`` rounds (:mod:`toolrelay.serve.rounds`: the form is one round).
+Otherwise the approver returns :data:`~toolrelay.approval.UNASKED`: ``needs_approval``, as
 without an approver.
 
 The gateway's server middleware (:meth:`ElicitingApprover.middleware`) remembers which
@@ -33,6 +33,7 @@ from contextvars import ContextVar
 from typing import Any, Final
 
 import anyio
+import mcp.types as types
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
@@ -42,6 +43,8 @@ from ..approval import UNASKED, Approval, Decision, shown_arguments
 from ..contract import AuthContext, ToolDeclaration
 from ..redact import Redactor
 from ..result import ToolCall
+from ..sources.relay import CALL_CHANNEL
+from .rounds import HeldCall
 from .settings import DEFAULT_APPROVAL_TIMEOUT_S
 
 __all__ = ["ElicitingApprover"]
@@ -86,7 +89,9 @@ class ElicitingApprover:
 
     async def __call__(self, call: ToolCall, decl: ToolDeclaration, auth: AuthContext) -> Decision:
         request = _REQUEST.get()
-        if request is None or not _can_elicit(request):
+        held = CALL_CHANNEL.get()  # a 2026-era call served in rounds: asked in one
+        held = held if isinstance(held, HeldCall) else None
+        if request is None or not _can_elicit(request, held is not None):
             return UNASKED
         shown = shown_arguments(call.arguments, self.redact)
         if not isinstance(shown, str):
@@ -94,13 +99,19 @@ class ElicitingApprover:
         by = "elicitation" if auth.user_id is None else f"elicitation:{auth.user_id}"
         left = anyio.current_effective_deadline() - anyio.current_time()
         limit = max(0.0, min(self.timeout_s, left))
+        message = f"Allow the {decl.risk} action {decl.name!r} with these arguments?\n{shown}"
         with anyio.move_on_after(limit) as scope:
             try:
-                result = await request.session.elicit_form(
-                    f"Allow the {decl.risk} action {decl.name!r} with these arguments?\n{shown}",
-                    _FORM,
-                    related_request_id=request.request_id,
-                )
+                if held is None:
+                    result = await request.session.elicit_form(
+                        message, _FORM, related_request_id=request.request_id
+                    )
+                else:
+                    form = types.ElicitRequestFormParams(message=message, requested_schema=_FORM)
+                    answer = await held.ask(types.ElicitRequest(params=form), types.ElicitResult)
+                    if isinstance(answer, types.ErrorData):
+                        raise MCPError.from_error_data(answer)
+                    result = answer
             except (MCPError, ValidationError) as exc:
                 log.warning(
                     "toolrelay serve: asking the client to approve %s failed: %s",
@@ -115,10 +126,11 @@ class ElicitingApprover:
         return Approval(False, by, "declined" if result.action == "decline" else "cancelled")
 
 
-def _can_elicit(request: ServerRequestContext[Any, Any]) -> bool:
+def _can_elicit(request: ServerRequestContext[Any, Any], in_rounds: bool) -> bool:
     """Whether this request's client can be asked now (see the module's docstring)."""
     session = request.session
-    if request.protocol_version in MODERN_PROTOCOL_VERSIONS or not session.can_send_request:
+    modern = request.protocol_version in MODERN_PROTOCOL_VERSIONS
+    if not in_rounds and (modern or not session.can_send_request):
         return False
     capabilities = session.client_capabilities
     elicitation = None if capabilities is None else capabilities.elicitation

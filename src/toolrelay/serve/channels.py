@@ -50,7 +50,7 @@ _WITHDRAW_S = 1.0  # at most this long, a cancelled call waits to withdraw its r
 _NO_META: Mapping[str, Any] = MappingProxyType({})
 
 
-def _refused(method: str, why: str) -> types.ErrorData:
+def refused(method: str, why: str) -> types.ErrorData:
     return types.ErrorData(code=types.METHOD_NOT_FOUND, message=f"{method}: {why}")
 
 
@@ -127,14 +127,20 @@ class SessionChannel(Channel):
         ):
             await self._send(types.LoggingMessageNotification(params=params))
 
+    def declines(self, method: str) -> types.ErrorData | None:
+        """The upstream's error when the client did not declare what ``method`` needs."""
+        capabilities = self._session.client_capabilities
+        if capabilities is not None and getattr(capabilities, _CAPABILITY[method]) is not None:
+            return None
+        return refused(method, "the client of this call did not declare the capability")
+
     async def ask(self, request: types.ServerRequest, result_type: type[R]) -> R | types.ErrorData:
         method = request.method
-        capabilities = self._session.client_capabilities
-        declared = None if capabilities is None else getattr(capabilities, _CAPABILITY[method])
-        if declared is None:
-            return _refused(method, "the client of this call did not declare the capability")
+        declined = self.declines(method)
+        if declined is not None:
+            return declined
         if self.closed or self._modern or not self._session.can_send_request:
-            return _refused(method, "the client of this call cannot be asked now")
+            return refused(method, "the client of this call cannot be asked now")
         related = ServerMessageMetadata(related_request_id=self._request_id)
         with anyio.CancelScope() as scope:
             self._asking.add(scope)
@@ -149,7 +155,7 @@ class SessionChannel(Channel):
                 self._asking.discard(scope)
                 if not self._asking and self.closed:
                     self._withdrawn.set()
-        return _refused(method, "the call ended before the client answered")
+        return refused(method, "the call ended before the client answered")
 
 
 class LaneChannel(Channel):
@@ -184,7 +190,7 @@ class LaneChannel(Channel):
             await self._send("notifications/message", _wire(params))
 
     async def ask(self, request: types.ServerRequest, result_type: type[R]) -> R | types.ErrorData:
-        return _refused(request.method, "the client of this call did not declare the capability")
+        return refused(request.method, "the client of this call did not declare the capability")
 
 
 def _wire(params: BaseModel) -> dict[str, Any]:

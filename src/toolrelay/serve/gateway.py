@@ -59,6 +59,7 @@ from .limits import BodyLimit, bounded_stdin
 from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics
 from .relayed import as_stated, upstream_instructions
 from .resources import Offerings
+from .rounds import Rounds
 from .sessions import SessionManager
 from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_S
 from .tracing import McpServerTelemetry
@@ -182,6 +183,8 @@ class Gateway:
         self.catalog: Catalog | None = None
         """The tool catalog (``[serve.catalog]``): a deprecated tool's answers carry its hint."""
         self.log_levels = LogLevels(dispatcher.registry)
+        self.rounds = Rounds()
+        """2026-era calls held between ``InputRequiredResult`` rounds (while it runs)."""
         with warnings.catch_warnings():  # deprecated in 2026-era protocol, served to 2025's
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             self.server = _GatewayServer(
@@ -226,8 +229,11 @@ class Gateway:
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
-        async with SessionChannel(ctx, self.log_levels).relaying():
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        channel = SessionChannel(ctx, self.log_levels)
+        if self.rounds.serves(ctx, params):  # a 2026-era client its upstream may ask
+            return await self.rounds.call(ctx, params, channel, self.call_tool)
+        async with channel.relaying():
             return await self.call_tool(params.name, params.arguments, ctx.request_id)
 
     async def call_tool(
@@ -287,7 +293,8 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
         handler = self.watcher.listen_handler(self.callers.current().profile)
-        async with self.offerings.watching(params.notifications.resource_subscriptions or ()):
+        uris = params.notifications.resource_subscriptions or ()
+        async with self.offerings.subscriptions.watching(uris):
             return await handler(ctx, params)
 
     # -- transports ---------------------------------------------------------------------------

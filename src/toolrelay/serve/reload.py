@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
@@ -49,6 +49,9 @@ from .errors import ReloadRefused, ServeError
 from .settings import GatewaySettings, ServeSection, load
 from .upstreams import Upstreams
 from .watch import ToolListWatcher
+
+if TYPE_CHECKING:
+    from .gateway import Gateway
 
 __all__ = [
     "LIVE",
@@ -93,6 +96,7 @@ class ReloadTarget(Protocol):
     verifier: ReloadableVerifier | None
     watcher: ToolListWatcher
     upstreams: Upstreams
+    gateway: Gateway
 
     @property
     def settings(self) -> ServeSection:
@@ -205,6 +209,7 @@ class Reloader:
             except ServeError as exc:
                 raise ReloadRefused(400, "reload_failed", str(exc)) from None
         connected = await self._connect(settings, changed)
+        await service.gateway.offerings.prepare(connected.values())  # for collisions
         undo: list[Callable[[], object]] = []
         try:
             retired = self._commit(config, settings, changed, connected, undo)
@@ -301,6 +306,8 @@ class Reloader:
             if name in connected:
                 upstreams.register(settings.upstreams[name], connected[name])
                 undo.append(partial(upstreams.unregister, name))
+        if _names(changed, "serve.upstreams."):  # two upstreams offering one URI or prompt
+            service.gateway.offerings.check()
         return retired
 
     def _drain_terms(self, plugin: Any) -> tuple[set[str], float]:

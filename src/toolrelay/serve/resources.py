@@ -16,23 +16,18 @@ prompts it does not reach (:meth:`~toolrelay.policy.Profile.reaches`). Lists are
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import mcp.types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
-from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ResourceUpdated, ServerEvent
 
-from .._compat.mcp_server import connection_of
 from ..breakers import REJECT
 from ..dispatcher import Dispatcher
 from ..outcome import Verdict
@@ -42,6 +37,7 @@ from .callers import Callers
 from .client_limits import ClientLimits
 from .errors import ServeError
 from .settings import UpstreamSettings
+from .subscriptions import Subscriptions
 from .watch import ToolListWatcher
 
 if TYPE_CHECKING:
@@ -55,7 +51,6 @@ PAGE_SIZE = 100
 """Items per page of a list the gateway answers."""
 RESOURCE_NOT_FOUND = -32002
 """The MCP error code of a resource nobody offers (or the caller may not read)."""
-NOTIFY_TIMEOUT_S = 2.0
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any]
 
@@ -94,9 +89,10 @@ class Offerings:
         self.limits = limits
         self._upstreams: Mapping[str, tuple[UpstreamSettings, McpSource]] = {}
         self._listings: dict[int, Listing] = {}
-        self._subscribers: dict[str, dict[int, ServerSession]] = {}
-        """The 2025-era connections subscribed to each URI (forgotten when they close)."""
-        self._listened: Counter[str] = Counter()
+        self._prepared: dict[int, Listing] = {}
+        """Upstreams a reload connected, read before they are registered."""
+        self.subscriptions = Subscriptions(self._owner, self._ask)
+        """Who holds which upstream subscription (2025-era sessions, 2026-era streams)."""
 
     # -- start ----------------------------------------------------------------------------
     async def start(self, upstreams: Mapping[str, tuple[UpstreamSettings, McpSource]]) -> None:
@@ -106,16 +102,16 @@ class Offerings:
         listings = self.listings()
         for listing in listings:
             await self._refresh(listing)
-        self._check_collisions()
-        caps = [listing.capabilities for listing in listings]
+        self.check()
+        caps, subs = [listing.capabilities for listing in listings], self.subscriptions
         handlers: list[tuple[str, type[Any], Any]] = []
         if any(c.resources is not None for c in caps):
             handlers += [
                 ("resources/list", types.PaginatedRequestParams, self._list_resources),
                 ("resources/templates/list", types.PaginatedRequestParams, self._list_templates),
                 ("resources/read", types.ReadResourceRequestParams, self._read),
-                ("resources/subscribe", types.SubscribeRequestParams, self._subscribe),
-                ("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe),
+                ("resources/subscribe", types.SubscribeRequestParams, subs.subscribe),
+                ("resources/unsubscribe", types.UnsubscribeRequestParams, subs.unsubscribe),
             ]
         if any(c.prompts is not None for c in caps):
             handlers += [
@@ -133,22 +129,32 @@ class Offerings:
             for listing in self.listings():
                 tg.start_soon(listing.listen)
 
+    async def prepare(self, sources: Iterable[McpSource]) -> None:
+        """Read the lists of upstreams a reload is about to register (for :meth:`check`)."""
+        self._prepared = {id(source): self._listing(source) for source in sources}
+        for listing in self._prepared.values():
+            await self._refresh(listing)
+
     def listings(self) -> list[Listing]:
         """One :class:`Listing` per open upstream, in the config's order."""
         listings: dict[int, Listing] = {}
         for _, source in self._upstreams.values():
-            listing = self._listings.get(id(source))
-            if listing is None:
-                listing = Listing(source)
-                listing.on_event = self._changed
-                source.notice = listing.notice
-                if source.conn is not None:
-                    source.conn.notice = listing.notice
-            listings[id(source)] = listing
+            listings[id(source)] = self._listing(source)
         self._listings = listings
         return list(listings.values())
 
-    def _check_collisions(self) -> None:
+    def _listing(self, source: McpSource) -> Listing:
+        listing = self._listings.get(id(source)) or self._prepared.get(id(source))
+        if listing is None:
+            listing = Listing(source)
+            listing.on_event = self._changed
+            source.notice = listing.notice
+            if source.conn is not None:
+                source.conn.notice = listing.notice
+        return listing
+
+    def check(self) -> None:
+        """Refuse (:class:`ServeError`) a URI, template or prompt name two upstreams offer."""
         seen: dict[tuple[str, str], str] = {}
         for listing in self.listings():
             name = listing.source.name
@@ -259,62 +265,6 @@ class Offerings:
 
         return self._capped(await self._ask(listing, read))
 
-    async def _subscribe(self, ctx: Ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
-        uri = str(params.uri)
-        listing = self._owner(uri)
-        if not self._subscribers.get(uri) and not self._listened[uri]:
-            await self._ask(listing, partial(listing.subscribe, uri=uri, on=True))
-        subscribers = self._subscribers.setdefault(uri, {})
-        connection = connection_of(ctx.session)
-        key = id(ctx.session if connection is None else connection)
-        if key not in subscribers and connection is not None:
-            connection.exit_stack.callback(self._forget, uri, key)
-        subscribers[key] = ctx.session
-        return types.EmptyResult()
-
-    def _forget(self, uri: str, key: int) -> None:
-        subscribers = self._subscribers.get(uri, {})
-        subscribers.pop(key, None)
-        if not subscribers:
-            self._subscribers.pop(uri, None)
-
-    async def _unsubscribe(
-        self, ctx: Ctx, params: types.UnsubscribeRequestParams
-    ) -> types.EmptyResult:
-        uri = str(params.uri)
-        listing = self._owner(uri)
-        connection = connection_of(ctx.session)
-        self._forget(uri, id(ctx.session if connection is None else connection))
-        if not self._subscribers.get(uri) and not self._listened[uri]:  # nobody else: tell it
-            await self._ask(listing, partial(listing.subscribe, uri=uri, on=False))
-        return types.EmptyResult()
-
-    @contextlib.asynccontextmanager
-    async def watching(self, uris: Sequence[str]) -> AsyncIterator[None]:
-        """While a 2026-era client's ``subscriptions/listen`` stream is open: its resource
-        subscriptions held on their upstreams (a refusal is only logged: the stream stays)."""
-        held = []
-        for uri in uris:
-            try:
-                listing = self._owner(uri)
-                if not self._listened[uri]:
-                    await self._ask(listing, partial(listing.subscribe, uri=uri, on=True))
-            except MCPError as exc:
-                log.info("toolrelay serve: no upstream subscription to %s: %s", uri[:200], exc)
-                continue
-            self._listened[uri] += 1
-            held.append((listing, uri))
-        try:
-            yield
-        finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(NOTIFY_TIMEOUT_S):
-                for listing, uri in held:
-                    self._listened[uri] -= 1
-                    if not self._listened[uri] and not self._subscribers.get(uri):
-                        del self._listened[uri]
-                        with contextlib.suppress(MCPError):
-                            await self._ask(listing, partial(listing.subscribe, uri=uri, on=False))
-
     # -- prompts --------------------------------------------------------------------------
     def _prompt_name(self, listing: Listing, name: str) -> str:
         prefix = listing.source.options.prefix
@@ -381,13 +331,8 @@ class Offerings:
     async def _changed(self, listing: Listing, event: ServerEvent) -> None:
         """An upstream's change, told to the clients it concerns."""
         if isinstance(event, ResourceUpdated):
-            for key, session in list(self._subscribers.get(event.uri, {}).items()):
-                with anyio.move_on_after(NOTIFY_TIMEOUT_S):
-                    try:
-                        await session.send_resource_updated(event.uri)
-                    except Exception:  # the client is gone
-                        self._forget(event.uri, key)
             uri = event.uri
+            await self.subscriptions.updated(listing, uri)
             profiles = self.dispatcher.profile
             await self.watcher.tell(event, lambda p: profiles(p).reaches("resource", uri))
         else:

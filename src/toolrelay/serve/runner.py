@@ -231,6 +231,7 @@ class Service:
             tg.start_soon(self.watcher.run)
             tg.start_soon(self.health.run)
             tg.start_soon(self.gateway.offerings.run)
+            tg.start_soon(self.gateway.rounds.run)
             if self.settings.transport == "stdio":
                 tg.start_soon(self._run_stdio)
                 self._ready("MCP over stdio")

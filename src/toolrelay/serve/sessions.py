@@ -123,7 +123,7 @@ class SessionManager(SdkSessionManager):
             return
         user = scope.get("user")
         requestor = authorization_context(user) if isinstance(user, AuthenticatedUser) else None
-        client = _client_key(scope)
+        client = client_key(scope)
         refusal: tuple[str, int, str] | None = None
         transport = None
         async with self.creation_lock:
@@ -234,7 +234,7 @@ class _WatchedPost:
         ]
 
 
-def _client_key(scope: Scope) -> str:
+def client_key(scope: Scope) -> str:
     """Who opens a session: the verified token's client name, else the peer address."""
     user = scope.get("user")
     if isinstance(user, AuthenticatedUser):

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any, Protocol, TypeVar, cast
 
+import anyio
 import mcp.types as mcp_types
 from mcp import Client, MCPError
 from mcp.client.session import ClientRequestContext
@@ -49,6 +50,7 @@ _LOG_LEVELS = {"debug": 10, "info": 20, "notice": 25, "warning": 30, "error": 40
 _OWN_META = frozenset({"progressToken", "traceparent", "tracestate", "baggage"})
 _MODERN_META = "io.modelcontextprotocol/"
 LOG_LEVEL_META = "io.modelcontextprotocol/logLevel"
+_ANSWER_MARGIN_S = 1.0  # at most this long before the deadline (a fifth of what is left)
 
 
 class CallChannel(Protocol):
@@ -102,13 +104,15 @@ class _Attempt:
     """An attempt of ``channel``'s call in flight on the upstream, while inside ``with``
     (a class, not a generator: every attempt of a ``tools/call`` enters one)."""
 
-    __slots__ = ("_active", "asked", "channel")
+    __slots__ = ("_active", "asked", "channel", "deadline")
 
     def __init__(self, active: dict[CallChannel, list[_Attempt]], channel: CallChannel) -> None:
         self._active = active
         self.channel = channel
         self.asked = False
         """This attempt relayed a request to the client (it must not be made again)."""
+        self.deadline = anyio.current_effective_deadline()
+        """The call's deadline: the client's answer is awaited until shortly before it."""
 
     def __enter__(self) -> _Attempt:
         attempts = self._active.get(self.channel)
@@ -159,9 +163,16 @@ class Relay:
         if len(attempts) > 1:
             why = f"{what}: several attempts of this call are in flight; the client is asked once"
             return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=why)
-        for attempt in attempts:
-            attempt.asked = True
-        return await channel.ask(request, result_type)
+        [attempt] = attempts
+        attempt.asked = True
+        # the upstream gets an error in time to answer before the call's deadline: a client
+        # that does not answer must not make the upstream's breaker count a timeout
+        left = attempt.deadline - anyio.current_time()
+        with anyio.move_on_after(left - min(_ANSWER_MARGIN_S, left / 5)):
+            return await channel.ask(request, result_type)
+        log.info("toolrelay: the client did not answer %s's %s in time", self.server, what)
+        why = f"{what}: the client did not answer before the call's deadline"
+        return mcp_types.ErrorData(code=mcp_types.METHOD_NOT_FOUND, message=why)
 
     async def sampling(
         self, context: ClientRequestContext, params: mcp_types.CreateMessageRequestParams
