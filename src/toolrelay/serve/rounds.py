@@ -107,7 +107,7 @@ class HeldCall(Channel):
         end get an error."""
         name, arguments = self.call
         try:
-            with self._scope, self.serving():
+            with self._scope, self:
                 self.result = await call(name, arguments, request_id)
         finally:
             self._rounds.forget(self)
