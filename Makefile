@@ -14,11 +14,19 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/toolrelay demo
 
+# Seconds since $$1 (a `date +%s.%N` reading), to a tenth.
+SINCE := since() { awk -v a="$$1" -v b="$$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# mypy (cold: ~25 s of one CPU) runs beside the other three (~1 s), its report printed after
+# theirs; lint fails when any of the four does.
 lint: $(STAMP)
-	$(BIN)/ruff check src plugins tests bench examples fuzz
-	$(BIN)/ruff format --check src plugins tests bench examples fuzz
-	$(BIN)/mypy
-	$(BIN)/lint-imports --no-logo
+	@$(SINCE); start=$$(date +%s.%N); report=$$(mktemp); status=0; \
+	$(BIN)/mypy >$$report 2>&1 & mypy=$$!; \
+	$(BIN)/ruff check src plugins tests bench examples fuzz || status=1; \
+	$(BIN)/ruff format --check src plugins tests bench examples fuzz || status=1; \
+	$(BIN)/lint-imports --no-logo || status=1; \
+	wait $$mypy || status=1; cat $$report; rm -f $$report; \
+	echo "lint: $$(since $$start) s"; exit $$status
 
 # The suite in two phases, each printing its slowest 15 tests. First every test not marked
 # `serial`, on WORKERS pytest-xdist workers. worksteal: an idle worker takes half of another's
@@ -28,17 +36,24 @@ lint: $(STAMP)
 # deadline overruns, latency ratios), and a second process on two cores broke such a bound
 # (2.9 ms against 2 ms). The first phase names the files holding serial tests (tests/
 # conftest.py), so the second collects only those (all of tests/ if the list is empty; pytest's
-# exit status 5, no test selected, is no failure). Both phases always run.
-PYTEST := $(BIN)/python -m pytest -q --durations=15
+# exit status 5, no test selected, is no failure). Both phases always run, and the last line
+# gives each one's wall time. No test uses the pytest plugins of langsmith (a langchain
+# dependency) and, in the serial phase, of schemathesis: importing them cost each pytest
+# process ~2 s of CPU before its first test.
+PYTEST := $(BIN)/python -m pytest -q --durations=15 -p no:langsmith_plugin
 WORKERS ?= 3
 
-test: lint
-	bash .ci/install-servers
-	@serial=$$(mktemp); status=0; set -x; \
+test: $(STAMP)
+	@$(SINCE); start=$$(date +%s.%N); $(MAKE) --no-print-directory lint || exit 1; \
+	lint=$$(since $$start); bash .ci/install-servers; \
+	serial=$$(mktemp); status=0; start=$$(date +%s.%N); set -x; \
 	TOOLRELAY_SERIAL_FILES=$$serial $(PYTEST) -n $(WORKERS) --dist worksteal -m "not serial" \
 		|| status=1; \
-	$(PYTEST) -m serial $$(cat $$serial) || [ $$? -eq 5 ] || status=1; \
-	rm -f $$serial; exit $$status
+	{ set +x; } 2>/dev/null; parallel=$$(since $$start); start=$$(date +%s.%N); set -x; \
+	$(PYTEST) -p no:schemathesis -m serial $$(cat $$serial) || [ $$? -eq 5 ] || status=1; \
+	{ set +x; } 2>/dev/null; rm -f $$serial; \
+	echo "make test: lint $$lint s, parallel phase ($(WORKERS) workers) $$parallel s," \
+		"serial phase $$(since $$start) s"; exit $$status
 
 # The inner loop: no real servers, no soak, two workers (timing bounds may be loose here).
 test-fast: $(STAMP)

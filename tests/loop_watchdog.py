@@ -21,9 +21,11 @@ out of the gaps: every system call gives the GIL away, and while a worker thread
 (5 ms). The old harness opened, read and closed the file on every tick: three hand-overs,
 up to 15 ms of its own added to each gap it measured.
 
-The garbage collector is run before the block and paused during it: late in a long test
-session a full collection of the whole heap takes 100+ ms, which is CPython's pause, not
-the input under test's.
+The garbage collector is paused during the block: late in a long test session a full
+collection of the whole heap takes 100+ ms, which is CPython's pause, not the input under
+test's. It is not run before the block either: with the heap of a test session that
+collection took 0.1-0.5 s, paid by every block (~80 of them in the serial tests), and a
+paused collector cannot interrupt the block whatever garbage it finds.
 """
 
 from __future__ import annotations
@@ -92,7 +94,6 @@ async def watchdog(tick_s: float = 0.005) -> AsyncIterator[Watchdog]:
 
     with contextlib.suppress(OSError):  # the loop's thread: the one entering the block
         dog.schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-    gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
     try:

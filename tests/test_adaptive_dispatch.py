@@ -115,17 +115,19 @@ async def hammer(dispatcher: Dispatcher, callers: int, seconds: float) -> list[T
 @pytest.mark.serial  # the limit follows latency measured in ms
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 async def test_the_limit_falls_when_the_service_saturates(anyio_backend: str, sync: bool) -> None:
-    # 8 places at 10 ms; the limit starts at 20, where a call takes 6× as long
+    # 8 places at 10 ms; the limit starts at 20, where a call takes 6× as long. Windows
+    # last ~50 ms: on a quiet machine the limit is down to 10-13 after ~0.5 s; on one loaded
+    # 6× over (a baseline probed slow) it falls more slowly, and 1.2 s once left it at 16
     service = Crowded(capacity=8, base=0.01)
     dispatcher, events = build(
         service.run_sync if sync else service.run_async, adaptive_min=2, adaptive_max=40
     )
-    results = await hammer(dispatcher, callers=30, seconds=2.5)
+    results = await hammer(dispatcher, callers=30, seconds=2.0)
     seen = limits(events)
     assert seen and seen[0] <= 20
     assert max(seen[-5:]) <= 15, seen  # it settled near the service's capacity
     refused = [r for r in results if r.error_type is ErrorType.OVERLOADED]
-    assert refused and all(r.ok for r in results if r not in refused)
+    assert refused and all(r.ok for r in results if r.error_type is not ErrorType.OVERLOADED)
     assert all(r.retryable and r.retry_after_s is not None for r in refused)
     assert all(0 < r.retry_after_s <= 2.0 for r in refused if r.retry_after_s is not None)
     model = refused[-1].to_model()
@@ -143,7 +145,8 @@ async def test_the_limit_falls_when_the_service_saturates(anyio_backend: str, sy
 async def test_the_limit_stays_up_for_a_service_with_room(anyio_backend: str) -> None:
     service = Crowded(capacity=1000, base=0.05)  # never crowded: latency stays flat
     dispatcher, events = build(service.run_async, adaptive_min=2, adaptive_max=40)
-    results = await hammer(dispatcher, callers=30, seconds=2.0)
+    # windows of ~0.1 s after a probe at 2, about one place more each: 25-30 after 1.5 s
+    results = await hammer(dispatcher, callers=30, seconds=1.5)
     seen = limits(events)
     assert seen and max(seen[-3:]) > 20, seen  # it grew towards the callers' 30
     assert all(r.ok or r.error_type is ErrorType.OVERLOADED for r in results)

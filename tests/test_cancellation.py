@@ -741,12 +741,15 @@ async def test_host_deadlines_racing_the_tool_deadline_never_turn_into_answers()
     async def hang(args: dict[str, Any], ctx: AuthContext) -> Any:
         await anyio.sleep_forever()
 
-    dispatcher = _deadline_dispatcher(hang, 0.01)
+    # 5 ms deadlines, the host's ±2.5 ms around it: 150 rounds take 0.75 s. (The next test
+    # keeps 10 ms ± 2 ms: its handler's scope starts after the pipeline's own overhead, and
+    # at 5 ms ± 1 ms the tool's deadline won all 150 rounds.)
+    dispatcher = _deadline_dispatcher(hang, 0.005)
     rng = random.Random(SEED)
     answers = cancels = 0
     overdue: list[float] = []
     for _ in range(150):
-        with anyio.move_on_after(0.01 + rng.uniform(-0.005, 0.005)) as scope:
+        with anyio.move_on_after(0.005 + rng.uniform(-0.0025, 0.0025)) as scope:
             result = await dispatcher.dispatch("slow", "{}")
             # An answer is only ever handed over while the host still wants it: had the
             # host's deadline passed well before dispatch returned, dispatch went through a

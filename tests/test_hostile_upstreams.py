@@ -490,11 +490,12 @@ def test_internal_addresses() -> None:
 
 # -- the MCP source ------------------------------------------------------------------------
 MCP_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
+HOSTILE_SERVER = Path(__file__).parent / "servers" / "mcp_hostile_server.py"  # no SDK: fast
 
 
 def _server_texts() -> dict[str, str]:
-    """The test server's parser-hostile texts (loaded by path: it is a script)."""
-    spec = importlib.util.spec_from_file_location("mcp_hostile_server", MCP_SERVER)
+    """The hostile server's parser-hostile texts (loaded by path: it is a script)."""
+    spec = importlib.util.spec_from_file_location("mcp_hostile_server", HOSTILE_SERVER)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -515,16 +516,15 @@ def rss_bytes() -> int:
 async def mcp_relay(
     tmp_path: Path,
     *,
-    hostile: bool = True,
     attempts: int = 3,
     backoff_s: float = 1.0,
     timeout_s: float = DEADLINE_S,
 ) -> AsyncIterator[Dispatcher]:
-    """``servers/mcp_test_server.py`` (``--hostile`` by default) over stdio, registered."""
-    command = [sys.executable, str(MCP_SERVER), "--record", str(tmp_path / "record.jsonl")]
+    """``servers/mcp_hostile_server.py`` over stdio, registered."""
+    command = [sys.executable, str(HOSTILE_SERVER), "--record", str(tmp_path / "record.jsonl")]
     with (tmp_path / "server.log").open("a") as log:
         source = McpSource.stdio(
-            [*command, "--hostile"] if hostile else command,
+            command,
             McpSourceOptions(
                 breaker_key="hostile", timeout_s=timeout_s, backoff_initial_s=backoff_s
             ),
@@ -631,18 +631,17 @@ async def test_mcp_huge_answer_leaves_other_calls_and_memory_alone(tmp_path: Pat
     other_dir = tmp_path / "other"
     other_dir.mkdir()
     # two independent servers: started side by side
-    relays = entered_together(mcp_relay(tmp_path), mcp_relay(other_dir, hostile=False))
+    relays = entered_together(mcp_relay(tmp_path), mcp_relay(other_dir))
     async with relays as (hostile, other):
-        await mcp_call(other, "structured", {"n": 1})  # warm both paths up
+        await mcp_call(other, "hostile", {"kind": "warm"})  # warm both paths up
         await mcp_call(hostile, "hostile", {"kind": "fine"})
         before = rss_bytes()
         answers: list[dict[str, Any]] = []
 
         async def meanwhile() -> None:
             for n in range(20):
-                answers.append(
-                    (await other.dispatch("structured", json.dumps({"n": n}))).to_model()
-                )
+                call = json.dumps({"kind": f"n{n}"})  # answered "fine: n<n>"
+                answers.append((await other.dispatch("hostile", call)).to_model())
 
         async with watchdog() as dog, anyio.create_task_group() as tg:
             tg.start_soon(meanwhile)
@@ -650,7 +649,7 @@ async def test_mcp_huge_answer_leaves_other_calls_and_memory_alone(tmp_path: Pat
                 got = await hostile.dispatch("hostile", json.dumps({"kind": "big", "mib": 20}))
                 assert got.to_model()["error_type"] == "invalid_output"
         assert dog.max_gap < MAX_STALL_S, f"the loop stalled {dog.max_gap * 1000:.0f} ms"
-        assert [a["data"]["doubled"] for a in answers] == [2 * n for n in range(20)]
+        assert [a.get("data") for a in answers] == [f"fine: n{n}" for n in range(20)]
         gc.collect()
         growth = rss_bytes() - before
         assert growth < 60 * 1024 * 1024, f"RSS grew {growth / 2**20:.0f} MiB"

@@ -622,9 +622,9 @@ async def test_unreachable_redis_at_start_still_breaks(caplog: pytest.LogCapture
     await dispatcher.aclose()
 
 
-@pytest.mark.serial  # median dispatch under 20 ms
 async def test_a_hung_redis_costs_dispatch_nothing() -> None:
-    """A Redis that accepts connections and never answers: calls go on at full speed."""
+    """A Redis that accepts connections and never answers: calls go on at full speed. (Not
+    ``serial``: a median under 20 ms against a 1 s Redis timeout holds on a loaded machine.)"""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
@@ -643,14 +643,15 @@ async def test_a_hung_redis_costs_dispatch_nothing() -> None:
     thread.start()
     try:
         url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
-        dispatcher, flaky = make(url, probe_interval_s=30, timeout_s=2.0)
+        # closing waits out the writer's command: 1 s, far above any dispatch still
+        dispatcher, flaky = make(url, probe_interval_s=30, timeout_s=1.0)
         flaky.failing = False
         took = []
         for _ in range(100):
             started = time.perf_counter()
             assert (await dispatcher.dispatch("lookup", {})).ok
             took.append(time.perf_counter() - started)
-        assert statistics.median(took) < 0.020  # not one 2 s Redis timeout on the loop
+        assert statistics.median(took) < 0.020  # not one 1 s Redis timeout on the loop
         flaky.failing = True
         kinds = [(await dispatcher.dispatch("lookup", {})).error_type for _ in range(4)]
         assert kinds == [ErrorType.TOOL_ERROR] * 3 + [ErrorType.CIRCUIT_OPEN]

@@ -40,7 +40,8 @@ def proxy_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
 
 
-@pytest.mark.serial  # a ping under 20 ms
+# not serial: the best of five pings under 20 ms holds beside other tests, where the single
+# pings of the next test (0.19 s against 0.2 s) do not
 def test_delay_applies_per_round_trip_and_can_change(server: RedisServer) -> None:
     with SlowProxy("127.0.0.1", server.port, 0.040) as proxy:
         assert proxy.url == f"redis://127.0.0.1:{proxy.port}/0"
