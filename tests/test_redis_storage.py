@@ -696,9 +696,17 @@ async def test_no_redis_command_per_call(redis: RedisServer) -> None:
         stats = client.info("commandstats")
         return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
 
-    before = commands()
+    # The link's start-up syncs (the first, then a re-read once it listens) may still be
+    # under way on a loaded machine: wait until Redis has heard nothing for a moment.
+    before, quiet = commands(), 0
+    while quiet < 3:
+        await anyio.sleep(0.05)
+        now = commands()
+        quiet, before = (quiet + 1 if now == before else 0), now
     for _ in range(200):
         assert (await dispatcher.dispatch("lookup", {})).ok
-    assert commands() - before == 0  # counts are published per sync interval, not per call
+    # Counts are published per sync interval, not per call: 200 calls send nothing (a late
+    # start-up sync is a handful of commands, a command per call would be 200).
+    assert commands() - before < 10
     client.close()
     await dispatcher.aclose()
