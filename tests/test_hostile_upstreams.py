@@ -490,11 +490,12 @@ def test_internal_addresses() -> None:
 
 # -- the MCP source ------------------------------------------------------------------------
 MCP_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
+HOSTILE_SERVER = Path(__file__).parent / "servers" / "hand_written_server.py"
 
 
 def _server_texts() -> dict[str, str]:
-    """The test server's parser-hostile texts (loaded by path: it is a script)."""
-    spec = importlib.util.spec_from_file_location("mcp_hostile_server", MCP_SERVER)
+    """The hostile server's parser-hostile texts (loaded by path: it is a script)."""
+    spec = importlib.util.spec_from_file_location("mcp_hostile_server", HOSTILE_SERVER)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -520,8 +521,10 @@ async def mcp_relay(
     backoff_s: float = 1.0,
     timeout_s: float = DEADLINE_S,
 ) -> AsyncIterator[Dispatcher]:
-    """``servers/mcp_test_server.py`` (``--hostile`` by default) over stdio, registered."""
-    command = [sys.executable, str(MCP_SERVER), "--record", str(tmp_path / "record.jsonl")]
+    """``servers/hand_written_server.py --hostile`` (else ``servers/mcp_test_server.py``)
+    over stdio, registered."""
+    server = HOSTILE_SERVER if hostile else MCP_SERVER
+    command = [sys.executable, str(server), "--record", str(tmp_path / "record.jsonl")]
     with (tmp_path / "server.log").open("a") as log:
         source = McpSource.stdio(
             [*command, "--hostile"] if hostile else command,

@@ -51,6 +51,7 @@ from toolrelay.sources.mcp import McpConnectError, McpSource, McpSourceOptions, 
 pytestmark = pytest.mark.anyio
 
 TEST_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
+HAND_WRITTEN = Path(__file__).parent / "servers" / "hand_written_server.py"
 OPEN = {"open": Profile(require_approval=())}  # tools without hints are "write" tools
 NO_RETRY = KeyPolicy(retry=RetryOptions(max_attempts=1))
 # The era each mode pins with an SDK 2.x server (``auto``: tests of its own below).
@@ -750,7 +751,9 @@ async def test_non_conforming_listing_is_refused_by_the_sdk(tmp_path: Path) -> N
     srv = TestServer("stdio", tmp_path)
     try:
         source = McpSource.stdio(
-            [*srv.command, "--raw"], McpSourceOptions(breaker_key="raw"), errlog=srv.log
+            [sys.executable, str(HAND_WRITTEN), "--record", str(srv.record), "--raw"],
+            McpSourceOptions(breaker_key="raw"),
+            errlog=srv.log,
         )
         with pytest.raises(McpConnectError, match="ValidationError"):
             async with source:

@@ -2,15 +2,14 @@
 
     python mcp_test_server.py --record FILE               # over stdio
     python mcp_test_server.py --record FILE --http PORT   # streamable HTTP, 127.0.0.1:PORT/mcp
-    python mcp_test_server.py --record FILE --raw         # hand-written, non-conforming stdio
-    python mcp_test_server.py --record FILE --hostile     # hand-written, pathological answers
     python mcp_test_server.py --record FILE --content     # also the CONTENT tools
     python mcp_test_server.py --record FILE --modern-only # refuses the 2025 handshake
     python mcp_test_server.py --record FILE --lists TAG   # also resources, prompts, completions
 
 It serves both protocol eras (the client's first request decides). Every ``tools/call`` it
 receives, and every call cancelled under it, is appended to FILE as one JSON line, so a
-test can prove what did (and did not) reach the server. The low-level server is used (not
+test can prove what did (and did not) reach the server. (Servers written without the SDK,
+as servers in other languages are: ``hand_written_server.py``.) The low-level server is used (not
 ``MCPServer``) so the test controls the exact listing and results: annotations, odd names,
 odd schemas, ``structuredContent`` next to different text, ``isError``.
 """
@@ -497,127 +496,11 @@ async def serve_http(port: int, json_response: bool = False) -> None:
     await uvicorn.Server(config).serve()
 
 
-def serve_raw() -> None:
-    """A minimal 2025-era server written without the SDK, as servers in other languages are,
-    that lists one tool with ``inputSchema: {}`` (no ``"type": "object"``)."""
-    import sys
-
-    for line in sys.stdin:
-        message = json.loads(line)
-        if "id" not in message:
-            continue
-        method = message.get("method")
-        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
-        if method == "initialize":
-            reply["result"] = {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "raw", "version": "1"},
-            }
-        elif method == "tools/list":
-            reply["result"] = {
-                "tools": [
-                    {"name": "fine", "inputSchema": {"type": "object"}},
-                    {"name": "untyped", "inputSchema": {}},
-                ]
-            }
-        elif method == "tools/call":
-            record(event="call", tool=message["params"]["name"])
-            reply["result"] = {"content": [{"type": "text", "text": "raw"}]}
-        else:
-            reply["error"] = {"code": types.METHOD_NOT_FOUND, "message": "Method not found"}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
-
-
-def _deep(levels: int) -> str:
-    return '{"d":' * levels + "1" + "}" * levels
-
-
-MIB = 1024 * 1024
-HOSTILE: dict[str, Any] = {
-    # text answers the pipeline must pass through without a quadratic step on the loop
-    "comments": "<!--" * 30000,
-    "cdata": "<![CDATA[" * 20000,
-    "entities": "&lt;a" * 20000,
-    "charrefs": "&#" * 50000,
-    "commas": "a," * 100000,  # many commas inside a string: not JSON values
-    "bearer": "Authorization: Bearer " + "a" * 200000,
-    "pem": "-----BEGIN PRIVATE KEY-----" * 8000,
-    "keys": "sk-" * 60000,
-    "password": "password=" * 25000,
-    "backtrack": "a" * 100000 + "!",
-}
-
-
-def hostile_answer(request_id: Any, args: dict[str, Any]) -> str:
-    """One JSON-RPC answer line, written by hand so that no size or shape is off limits."""
-    kind = str(args.get("kind"))
-    head = f'{{"jsonrpc":"2.0","id":{json.dumps(request_id)},"result":'
-    if kind in HOSTILE:
-        return head + json.dumps({"content": [{"type": "text", "text": HOSTILE[kind]}]}) + "}"
-    if kind in ("big", "big_id_last"):
-        size = int(float(args.get("mib", 50)) * MIB)
-        result = '{"content":[{"type":"text","text":"' + "a" * size + '"}]}'
-        if kind == "big":
-            return head + result + "}"
-        return f'{{"jsonrpc":"2.0","result":{result},"id":{json.dumps(request_id)}}}'
-    if kind == "items":  # 100k values
-        items = ",".join(["0"] * 100_000)
-        return head + f'{{"content":[],"structuredContent":{{"items":[{items}]}}}}}}'
-    if kind == "deep":  # nested 100k levels
-        return head + f'{{"content":[],"structuredContent":{_deep(100_000)}}}}}'
-    if kind == "deep_array":
-        nested = "[" * 100_000 + "]" * 100_000
-        return head + f'{{"content":[],"structuredContent":{{"a":{nested}}}}}}}'
-    return head + json.dumps({"content": [{"type": "text", "text": f"fine: {kind}"}]}) + "}"
-
-
-def serve_hostile() -> None:
-    """A conforming 2025-era stdio server, written without the SDK, whose ``hostile`` tool
-    answers with whatever ``kind`` names: huge, deep, wide or parser-hostile."""
-    import sys
-
-    listing = [
-        {
-            "name": "hostile",
-            "inputSchema": _schema({"kind": {"type": "string"}, "mib": {"type": "number"}}),
-            "annotations": {"readOnlyHint": True},
-        }
-    ]
-    for line in sys.stdin:
-        message = json.loads(line)
-        if "id" not in message:
-            continue
-        method = message.get("method")
-        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
-        if method == "initialize":
-            reply["result"] = {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "hostile", "version": "1"},
-            }
-        elif method == "tools/list":
-            reply["result"] = {"tools": listing}
-        elif method == "tools/call":
-            args = message["params"].get("arguments") or {}
-            record(event="call", tool=message["params"]["name"], arguments=args)
-            sys.stdout.write(hostile_answer(message["id"], args) + "\n")
-            sys.stdout.flush()
-            continue
-        else:
-            reply["error"] = {"code": types.METHOD_NOT_FOUND, "message": "Method not found"}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
-
-
 def main() -> None:
     global RECORD
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--record", required=True, help="append calls and cancellations here")
     parser.add_argument("--http", type=int, metavar="PORT", help="serve HTTP on 127.0.0.1:PORT")
-    parser.add_argument("--raw", action="store_true", help="a non-conforming server, no SDK")
-    parser.add_argument("--hostile", action="store_true", help="pathological answers, no SDK")
     parser.add_argument("--json", action="store_true", help="HTTP answers as JSON, not SSE")
     parser.add_argument("--content", action="store_true", help="also the CONTENT tools")
     parser.add_argument("--modern-only", action="store_true", help="refuse the 2025 handshake")
@@ -637,11 +520,7 @@ def main() -> None:
     if options.lists:
         offer_lists(options.lists)
     record(event="started", pid=os.getpid())
-    if options.raw:
-        serve_raw()
-    elif options.hostile:
-        serve_hostile()
-    elif options.http is None:
+    if options.http is None:
         anyio.run(serve_stdio)
     else:
         anyio.run(serve_http, options.http, options.json)
