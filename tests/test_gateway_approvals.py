@@ -7,10 +7,16 @@ whether a call reached it, and the server's stderr carries the audit lines.
 
 The upstream's ``careful`` tool is a write (its hints say so), ``wipe`` is destructive,
 ``text`` is read-only and ``dotted.name`` has no annotations at all (a write, per the spec).
+
+A gateway start (and its upstream's) costs seconds of CPU: the tests whose settings are
+``SHARED`` share one HTTP gateway per module (``shared``); each reads the upstream's record
+and the audit lines from its own start on (a worker runs one test at a time). Over stdio
+each client starts a gateway of its own, as MCP clients do.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -18,8 +24,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +88,11 @@ class Gateway:
         admin: bool = False,
     ) -> None:
         tmp.mkdir(exist_ok=True)
+        self.transport = transport
         self.record = tmp / "upstream.rec"
         self.errlog = tmp / "serve.err"
+        self.url: str | None = None  # a gateway over HTTP already serving (``serving``)
+        self.since = (0, 0)  # the bytes of the record and of the log before this test
         command = [sys.executable, str(SERVER), "--record", str(self.record)]
         command += [arg for tool in tools for arg in ("--tool", tool)]  # open-schema tools
         self.config = tmp / "toolrelay.toml"
@@ -107,6 +116,27 @@ prefix = "up"
         )
         self.command = [sys.executable, "-m", "toolrelay", "serve", "--config", str(self.config)]
 
+    @contextmanager
+    def serving(self) -> Iterator[Gateway]:
+        """This gateway over HTTP, serving until the block ends (for a module's tests)."""
+        proc = self._spawn()
+        try:
+            self.url = self._announced(proc)
+            yield self
+        finally:
+            _stop(proc)
+        assert "Traceback" not in self.errlog.read_text()
+
+    def view(self) -> Gateway:
+        """This serving gateway for one test: its record and log read from here on."""
+        view = copy.copy(self)
+        view.since = (_size(self.record), _size(self.errlog))
+        return view
+
+    def log(self) -> str:
+        """What the gateway wrote on stderr (since this test began)."""
+        return self.errlog.read_bytes()[self.since[1] :].decode()
+
     async def metric(self, name: str) -> float:
         """One of the upstream's metrics, from the admin API (``admin=True``)."""
         found = ADMIN_URL.search(self.errlog.read_text())
@@ -127,13 +157,14 @@ prefix = "up"
         """The calls the upstream was asked to run (``tool``, ``arguments``, …)."""
         if not self.record.exists():
             return []
-        events = [json.loads(line) for line in self.record.read_text().splitlines() if line]
+        lines = self.record.read_bytes()[self.since[0] :].decode().splitlines()
+        events = [json.loads(line) for line in lines if line]
         return [event for event in events if event["event"] == "call"]
 
     def audit(self) -> list[dict[str, Any]]:
         """The audit lines the gateway wrote (JSON on stderr)."""
         lines = []
-        for line in self.errlog.read_text().splitlines():
+        for line in self.log().splitlines():
             if line.startswith("{") and '"decision"' in line:
                 lines.append(json.loads(line))
         return lines
@@ -163,24 +194,37 @@ prefix = "up"
             ):
                 await session.initialize()
                 yield session
-        assert "Traceback" not in self.errlog.read_text()
+        assert "Traceback" not in self.log()
 
     @asynccontextmanager
     async def http(self, human: ElicitationFnT | None) -> AsyncIterator[ClientSession]:
+        """A session with this gateway over HTTP: the serving one, else one started for it."""
+        if self.url is not None:
+            async with self._http_session(self.url, human) as session:
+                yield session
+            assert "Traceback" not in self.log()
+            return
         proc = self._spawn()
         try:
             url = await anyio.to_thread.run_sync(self._announced, proc)
-            headers = {"Authorization": f"Bearer {TOKEN}"}
-            async with (
-                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0)) as http,
-                streamable_http_client(url, http_client=http) as (read, write),
-                ClientSession(read, write, elicitation_callback=human) as session,
-            ):
-                await session.initialize()
+            async with self._http_session(url, human) as session:
                 yield session
         finally:
             await anyio.to_thread.run_sync(_stop, proc)
-        assert "Traceback" not in self.errlog.read_text()
+        assert "Traceback" not in self.log()
+
+    @asynccontextmanager
+    async def _http_session(
+        self, url: str, human: ElicitationFnT | None
+    ) -> AsyncIterator[ClientSession]:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0)) as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(read, write, elicitation_callback=human) as session,
+        ):
+            await session.initialize()
+            yield session
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         with self.errlog.open("a") as err:
@@ -201,8 +245,12 @@ prefix = "up"
             time.sleep(0.05)
         raise AssertionError(f"the gateway did not start:\n{self.errlog.read_text()}")
 
-    def session(self, transport: str, human: ElicitationFnT | None) -> Any:
-        return self.stdio(human) if transport == "stdio" else self.http(human)
+    def session(self, human: ElicitationFnT | None) -> Any:
+        return self.stdio(human) if self.transport == "stdio" else self.http(human)
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -220,36 +268,64 @@ def envelope(result: types.CallToolResult) -> dict[str, Any]:
     return parsed
 
 
-TRANSPORTS = pytest.mark.parametrize("transport", ["stdio", "http"])
 # The gateway is a process of its own, on its own event loop: the backend here would only
 # choose the loop of the MCP SDK's client, so these tests run it once (as test_gateway_traces
 # and test_gateway_fast_lane do). The library's own approvals run on both backends below.
 GATEWAY_PROCESS = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 WHO = {"stdio": "elicitation", "http": "elicitation:support"}
+# The settings of the module's gateway: ``release`` and ``deploy`` are read-only by their
+# hints, their floors make them a write and dangerous; ``text`` and ``careful`` are named at
+# their hints' risk (read, write: a floor of "read" names a tool without raising it; an
+# unnamed one would be dangerous, ``new_tool_risk``); ``dotted.name`` (no hints) is
+# overridden to a read; one secret pattern of the operator's own.
+SHARED: dict[str, Any] = {
+    "upstream": 'tool_risk = { deploy = "dangerous", release = "write", text = "read", '
+    'careful = "read" }\n'
+    'tool_risk_override = { "dotted.name" = "read" }\n'
+    '[dispatcher]\nsecret_patterns = ["corp-[0-9]{6}"]',
+    "tools": ("deploy", "release"),
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with Gateway(tmp_path_factory.mktemp("served"), "http", **SHARED).serving() as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def shared(served: Gateway) -> Gateway:
+    """The module's gateway (``SHARED``, over HTTP), read from this test on."""
+    return served.view()
+
+
+@pytest.fixture(params=["stdio", "http"])
+def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Gateway:
+    """``SHARED``: over stdio a gateway of this test's own, over HTTP the module's."""
+    if request.param == "http":
+        shared: Gateway = request.getfixturevalue("shared")
+        return shared
+    return Gateway(tmp_path, "stdio", **SHARED)
 
 
 # -- the human decides ------------------------------------------------------------------------
 @GATEWAY_PROCESS
-@TRANSPORTS
 async def test_an_approved_call_runs_and_the_audit_line_names_the_approver(
-    tmp_path: Path, transport: str
+    gateway: Gateway,
 ) -> None:
     """The human is shown every argument the tool gets, sorted by name, one a line (not in the
     model's order), invisible and bidi characters escaped; the approved call gets them all."""
-    # ``deploy`` is read-only by its hints: the floor makes it a write that needs approval
-    gateway = Gateway(
-        tmp_path, transport, upstream='tool_risk = { deploy = "write" }', tools=("deploy",)
-    )
+    # ``release`` is read-only by its hints: the floor makes it a write that needs approval
     human = Human("accept")
     arguments = {"z_note": "ok", "path": "/srv/\u202estaging", "a": [1, {"b": None}]}
-    async with gateway.session(transport, human) as session:
-        result = await session.call_tool("up__deploy", arguments)
+    async with gateway.session(human) as session:
+        result = await session.call_tool("up__release", arguments)
         assert result.is_error is not True, result
     [called] = gateway.upstream_events()
-    assert called["tool"] == "deploy" and called["arguments"] == arguments  # the tool got it all
+    assert called["tool"] == "release" and called["arguments"] == arguments  # got it all
     [asked] = human.asked
     assert isinstance(asked, types.ElicitRequestFormParams)
-    assert "'up__deploy'" in asked.message and "write" in asked.message
+    assert "'up__release'" in asked.message and "write" in asked.message
     shown = asked.message.split("\n", 1)[1]
     assert shown == (
         "{\n"
@@ -258,22 +334,20 @@ async def test_an_approved_call_runs_and_the_audit_line_names_the_approver(
         '  "z_note": "ok"\n'
         "}"
     ), shown
-    line = await gateway.audit_line("up__deploy")
+    line = await gateway.audit_line("up__release")
     assert line["decision"] == "approved" and line["outcome"] == "ok"
-    assert line["approver"] == WHO[transport]
+    assert line["approver"] == WHO[gateway.transport]
 
 
 # -- what cannot be shown is not asked -----------------------------------------------------------
 @GATEWAY_PROCESS
-async def test_arguments_too_long_to_show_are_not_put_to_the_human(tmp_path: Path) -> None:
+async def test_arguments_too_long_to_show_are_not_put_to_the_human(shared: Gateway) -> None:
     """The padding attack: the real target after enough padding to fall past a cut. The
     human is not asked for a blind yes: ``needs_approval``, with the reason."""
-    gateway = Gateway(
-        tmp_path, "stdio", upstream='tool_risk = { deploy = "dangerous" }', tools=("deploy",)
-    )
+    gateway = shared
     human = Human("accept")
     padded = {"comment": "x" * (MAX_SHOWN_CHARS + 10), "path": "/srv/prod/ALL"}
-    async with gateway.stdio(human) as session:
+    async with gateway.http(human) as session:
         answer = envelope(await session.call_tool("up__deploy", padded))
         # just within the budget: asked, and shown whole
         fits = {"comment": "x" * (MAX_SHOWN_CHARS - 60), "path": "/srv/prod/ALL"}
@@ -299,16 +373,13 @@ async def test_arguments_too_long_to_show_are_not_put_to_the_human(tmp_path: Pat
     ],
 )
 async def test_arguments_that_would_be_masked_are_never_approvable(
-    tmp_path: Path, arguments: dict[str, Any]
+    shared: Gateway, arguments: dict[str, Any]
 ) -> None:
     """The ``*_token`` key attack: what a mask would hide is never put to the human (it
     would be approved blind); a tool needing a secret gets it from the host, not the model."""
-    rules = (
-        'tool_risk = { deploy = "dangerous" }\n[dispatcher]\nsecret_patterns = ["corp-[0-9]{6}"]'
-    )
-    gateway = Gateway(tmp_path, "stdio", upstream=rules, tools=("deploy",))
+    gateway = shared  # deploy is dangerous; the operator's secret_patterns: corp-NNNNNN
     human = Human("accept")
-    async with gateway.stdio(human) as session:
+    async with gateway.http(human) as session:
         answer = envelope(await session.call_tool("up__deploy", arguments))
     assert answer["error_type"] == "denied" and answer["retryable"] is False, answer
     assert "secret" in answer["message"] and "AuthContext" in answer["message"], answer
@@ -319,13 +390,11 @@ async def test_arguments_that_would_be_masked_are_never_approvable(
 
 
 @GATEWAY_PROCESS
-@TRANSPORTS
-async def test_a_declined_or_cancelled_elicitation_denies(tmp_path: Path, transport: str) -> None:
+async def test_a_declined_or_cancelled_elicitation_denies(gateway: Gateway) -> None:
     """Declined, then cancelled: one gateway and session, a call (and an audit line) each."""
-    gateway = Gateway(tmp_path, transport)
     human = Human(None)
     answers = {}
-    async with gateway.session(transport, human) as session:
+    async with gateway.session(human) as session:
         for asked, action in enumerate(("decline", "cancel"), start=1):
             human.action = action
             answers[action] = envelope(await session.call_tool("up__careful", {}))
@@ -337,15 +406,15 @@ async def test_a_declined_or_cancelled_elicitation_denies(tmp_path: Path, transp
     lines = await gateway.audit_lines("up__careful", 2)
     for line in lines:
         assert line["decision"] == "denied" and line["outcome"] == "denied", line
-        assert line["approver"] == WHO[transport], line
+        assert line["approver"] == WHO[gateway.transport], line
 
 
 @GATEWAY_PROCESS
-@TRANSPORTS
+@pytest.mark.parametrize("transport", ["stdio", "http"])
 async def test_no_answer_denies_after_the_approval_timeout(tmp_path: Path, transport: str) -> None:
     gateway = Gateway(tmp_path, transport, serve="approval_timeout_s = 0.5")
     human = Human(None)
-    async with gateway.session(transport, human) as session:
+    async with gateway.session(human) as session:
         with anyio.fail_after(10):
             result = await session.call_tool("up__careful", {})
     answer = envelope(result)
@@ -357,13 +426,11 @@ async def test_no_answer_denies_after_the_approval_timeout(tmp_path: Path, trans
 
 
 @GATEWAY_PROCESS
-@TRANSPORTS
 async def test_a_call_cancelled_while_the_human_thinks_is_cancelled_not_answered(
-    tmp_path: Path, transport: str
+    gateway: Gateway,
 ) -> None:
-    gateway = Gateway(tmp_path, transport)  # the default wait: 60 s
-    human = Human(None)
-    async with gateway.session(transport, human) as session:
+    human = Human(None)  # the gateway waits for an answer 60 s (the default)
+    async with gateway.session(human) as session:
         with anyio.move_on_after(1.0) as scope:
             await session.call_tool("up__careful", {})
         assert scope.cancelled_caught
@@ -380,12 +447,8 @@ async def test_a_call_cancelled_while_the_human_thinks_is_cancelled_not_answered
 
 # -- nobody to ask ----------------------------------------------------------------------------
 @GATEWAY_PROCESS
-@TRANSPORTS
-async def test_a_client_without_elicitation_gets_needs_approval(
-    tmp_path: Path, transport: str
-) -> None:
-    gateway = Gateway(tmp_path, transport)
-    async with gateway.session(transport, None) as session:
+async def test_a_client_without_elicitation_gets_needs_approval(gateway: Gateway) -> None:
+    async with gateway.session(None) as session:
         result = await session.call_tool("up__careful", {})
     assert envelope(result)["error_type"] == "needs_approval"
     assert gateway.upstream_calls() == []
@@ -415,14 +478,11 @@ async def test_json_response_mode_cannot_ask_mid_call(tmp_path: Path) -> None:
 
 # -- the operator's risk overrides --------------------------------------------------------------
 @GATEWAY_PROCESS
-@TRANSPORTS
 async def test_an_override_lets_an_unannotated_tool_run_without_approval(
-    tmp_path: Path, transport: str
+    gateway: Gateway,
 ) -> None:
-    gateway = Gateway(
-        tmp_path, transport, upstream='tool_risk_override = { "dotted.name" = "read" }'
-    )
-    async with gateway.session(transport, None) as session:
+    # SHARED: tool_risk_override = { "dotted.name" = "read" }
+    async with gateway.session(None) as session:
         listed = {tool.name: tool for tool in (await session.list_tools()).tools}
         ran = await session.call_tool("up__dotted_name", {})
         careful = await session.call_tool("up__careful", {})

@@ -32,7 +32,6 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from helpers import entered_together
 from toolrelay import Dispatcher, DispatcherOptions, ToolRegistry
 from toolrelay.sources.mcp import McpSource, McpSourceOptions
 
@@ -161,12 +160,6 @@ prefix = "up"
         assert "Traceback" not in (log.read_text() if log.exists() else "")
 
     @asynccontextmanager
-    async def direct(self) -> AsyncIterator[ClientSession]:
-        """A session with an upstream of its own (the same program, the same answers)."""
-        async with stdio_session(self.upstream_command, self.tmp / "direct.err") as session:
-            yield session
-
-    @asynccontextmanager
     async def through(self) -> AsyncIterator[ClientSession]:
         serve = [sys.executable, "-m", "toolrelay", "serve", "--config", str(self.config)]
         errlog = self.tmp / "serve.err"
@@ -191,18 +184,32 @@ ROUTES = [("stdio", "stdio"), ("stdio", "http"), ("http", "http")]
 GATEWAY_PROCESS = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
+@pytest.fixture(scope="module")
+def direct(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """What the upstream answers a client of its own (the same program, the same answers),
+    per tool the route tests call: asked once per module."""
+    tmp = tmp_path_factory.mktemp("direct")
+    command = [sys.executable, str(SERVER), "--record", str(tmp / "rec"), "--content"]
+
+    async def ask() -> dict[str, dict[str, Any]]:
+        async with stdio_session(command, tmp / "direct.err") as direct:
+            answers = {name: sent(await direct.call_tool(name, {})) for name in CONTENT_TOOLS}
+            answers["texts"] = sent(await direct.call_tool("texts", {}))
+            answers["structured"] = sent(await direct.call_tool("structured", {"n": 3}))
+        return answers
+
+    return anyio.run(ask)
+
+
 @GATEWAY_PROCESS
 @pytest.mark.parametrize(("upstream", "gateway"), ROUTES)
 async def test_successes_reach_the_client_as_the_upstream_sent_them(
-    tmp_path: Path, upstream: str, gateway: str
+    tmp_path: Path, upstream: str, gateway: str, direct: dict[str, dict[str, Any]]
 ) -> None:
     setup = Setup(tmp_path, upstream, gateway)
+    expected = direct
     try:
-        # the direct upstream and the gateway are independent processes: started side by side
-        async with entered_together(setup.direct(), setup.through()) as (direct, gateway_session):
-            expected = {name: sent(await direct.call_tool(name, {})) for name in CONTENT_TOOLS}
-            expected["texts"] = sent(await direct.call_tool("texts", {}))
-            expected["structured"] = sent(await direct.call_tool("structured", {"n": 3}))
+        async with setup.through() as gateway_session:
             listed = {tool.name for tool in (await gateway_session.list_tools()).tools}
             assert {f"up__{name}" for name in CONTENT_TOOLS} <= listed
             got = {

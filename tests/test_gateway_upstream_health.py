@@ -95,12 +95,15 @@ def upstream() -> Iterator[StandInUpstream]:
         yield up
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gateway(
-    upstream: StandInUpstream, tmp_path: Path
+    upstream: StandInUpstream, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[HttpServer, dict[str, Any]]]:
     """A gateway over a stdio upstream (``local``), an HTTP one (``remote``, a process of
-    the test's) and an optional one nobody serves (``spare``), pinging every 0.5 s."""
+    the module's) and an optional one nobody serves (``spare``), pinging every 0.5 s. The
+    tests that use it share it (a start costs seconds of CPU): each leaves it ready, every
+    upstream connected again."""
+    tmp_path = tmp_path_factory.mktemp("gateway")
     port = free_port()
     records = {"local": tmp_path / "local.jsonl", "remote": tmp_path / "remote.jsonl"}
     remote = http_upstream(port, records["remote"])

@@ -490,12 +490,12 @@ def test_internal_addresses() -> None:
 
 # -- the MCP source ------------------------------------------------------------------------
 MCP_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
-HOSTILE_SERVER = Path(__file__).parent / "servers" / "mcp_hostile_server.py"  # no SDK: fast
+HOSTILE_SERVER = Path(__file__).parent / "servers" / "hand_written_server.py"  # no SDK: fast
 
 
 def _server_texts() -> dict[str, str]:
     """The hostile server's parser-hostile texts (loaded by path: it is a script)."""
-    spec = importlib.util.spec_from_file_location("mcp_hostile_server", HOSTILE_SERVER)
+    spec = importlib.util.spec_from_file_location("hand_written_server", HOSTILE_SERVER)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -520,8 +520,9 @@ async def mcp_relay(
     backoff_s: float = 1.0,
     timeout_s: float = DEADLINE_S,
 ) -> AsyncIterator[Dispatcher]:
-    """``servers/mcp_hostile_server.py`` over stdio, registered."""
-    command = [sys.executable, str(HOSTILE_SERVER), "--record", str(tmp_path / "record.jsonl")]
+    """``servers/hand_written_server.py --hostile`` over stdio, registered."""
+    record = str(tmp_path / "record.jsonl")
+    command = [sys.executable, str(HOSTILE_SERVER), "--record", record, "--hostile"]
     with (tmp_path / "server.log").open("a") as log:
         source = McpSource.stdio(
             command,

@@ -3,10 +3,16 @@
 The servers are the third-party ``mcp-server-time`` (stdio) and ``servers/mcp_test_server.py``
 (stdio, and streamable HTTP on 127.0.0.1), which records every call and cancellation it
 sees, so the tests can prove what reached it. Nothing is mocked.
+
+Each start of a server costs about a second of CPU (the SDK's imports), so the tests that
+leave an HTTP server as they found it share one per module (``http_server``): each reads
+only what was recorded since it began (a worker runs one test at a time), and a tool one
+adds is named for that test. A test that stops, crashes or restarts its server has its own.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -15,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +51,7 @@ from toolrelay.sources.mcp import McpConnectError, McpSource, McpSourceOptions, 
 pytestmark = pytest.mark.anyio
 
 TEST_SERVER = Path(__file__).parent / "servers" / "mcp_test_server.py"
+HAND_WRITTEN = Path(__file__).parent / "servers" / "hand_written_server.py"
 OPEN = {"open": Profile(require_approval=())}  # tools without hints are "write" tools
 NO_RETRY = KeyPolicy(retry=RetryOptions(max_attempts=1))
 # The era each mode pins with an SDK 2.x server (``auto``: tests of its own below).
@@ -95,6 +103,8 @@ class TestServer:
         self.port = free_port() if kind == "http" else 0
         self.process: subprocess.Popen[bytes] | None = None
         self.flags: list[str] = []
+        self.shared = False
+        self.since = 0  # the record's bytes before this (test's) view
 
     @property
     def command(self) -> list[str]:
@@ -115,7 +125,14 @@ class TestServer:
         assert self.process is not None
         wait_for_port(self.port, self.process)
 
+    def view(self) -> TestServer:
+        """This (module's) server for one test: its record read from here on."""
+        view = copy.copy(self)
+        view.shared, view.since = True, self.record.stat().st_size
+        return view
+
     def stop(self) -> None:
+        assert not self.shared, "a test that stops its server needs one of its own"
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
         if self.process is not None:
@@ -130,7 +147,7 @@ class TestServer:
         return McpSource.http(url, McpSourceOptions(**options), headers=headers)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        lines = self.record.read_text().splitlines()
+        lines = self.record.read_bytes()[self.since :].decode().splitlines()
         events = [json.loads(line) for line in lines if line.strip()]
         return [e for e in events if kind is None or e["event"] == kind]
 
@@ -138,8 +155,37 @@ class TestServer:
         return [e for e in self.events("call") if e["tool"] == tool]
 
 
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestServer]:
+    """The module's HTTP server, for the tests that leave it as they found it."""
+    srv = TestServer("http", tmp_path_factory.mktemp("http-server"))
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        srv.log.close()
+
+
+@pytest.fixture
+def shared_http(http_server: TestServer) -> TestServer:
+    return http_server.view()
+
+
 @pytest.fixture(params=["stdio", "http"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TestServer]:
+    """A fresh server over stdio, or the module's HTTP server."""
+    if request.param == "http":
+        yield request.getfixturevalue("shared_http")
+        return
+    srv = TestServer("stdio", tmp_path)
+    yield srv
+    srv.log.close()
+
+
+@pytest.fixture(params=["stdio", "http"])
+def own_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TestServer]:
+    """A server of this test's own, over stdio or HTTP (a test that stops it)."""
     srv = TestServer(str(request.param), tmp_path)
     if srv.kind == "http":
         srv.start()
@@ -152,18 +198,34 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TestServe
 
 @pytest.fixture(params=["stdio", "http"])
 def servers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, TestServer]]:
-    """A server of one kind per protocol mode (``ERAS``), each with its own record: for the
-    tests that run every mode at once, on independent servers started side by side."""
+    """A server per protocol mode (``ERAS``), for the tests that run every mode at once:
+    over stdio a process each, with its own record; over HTTP the module's server, one
+    session per mode (their calls told apart by their arguments)."""
+    if request.param == "http":
+        shared: TestServer = request.getfixturevalue("shared_http")
+        yield dict.fromkeys(ERAS, shared)
+        return
     made = {}
     for protocol in ERAS:
         (tmp_path / protocol).mkdir()
-        made[protocol] = TestServer(str(request.param), tmp_path / protocol)
+        made[protocol] = TestServer("stdio", tmp_path / protocol)
+    yield made
+    for srv in made.values():
+        srv.log.close()
+
+
+@pytest.fixture
+def own_http_servers(tmp_path: Path) -> Iterator[dict[str, TestServer]]:
+    """An HTTP server of this test's own per protocol mode, started side by side."""
+    made = {}
+    for protocol in ERAS:
+        (tmp_path / protocol).mkdir()
+        made[protocol] = TestServer("http", tmp_path / protocol)
     try:
-        if request.param == "http":
-            for srv in made.values():
-                srv.launch()
-            for srv in made.values():
-                srv.wait()
+        for srv in made.values():
+            srv.launch()
+        for srv in made.values():
+            srv.wait()
         yield made
     finally:
         for srv in made.values():
@@ -174,7 +236,7 @@ def servers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str
 async def each_protocol(
     servers: dict[str, TestServer], case: Callable[[TestServer, str], Coroutine[Any, Any, None]]
 ) -> None:
-    """``case(server, protocol)`` for every protocol mode at once, on a server each."""
+    """``case(server, protocol)`` for every protocol mode at once."""
     async with anyio.create_task_group() as tg:
         for protocol, server in servers.items():
             tg.start_soon(case, server, protocol)
@@ -385,27 +447,35 @@ async def test_legacy_is_not_retried_in_another_era(stdio_server: TestServer) ->
 
 
 # -- deadlines: cancelled on the server ---------------------------------------------------------
-# Every protocol mode at once, each on a server of its own (independent: started and
-# called side by side); the 2025-era HTTP close's upstream warning is ignored (see above).
+# Every protocol mode at once (independent: called side by side, each call tagged with its
+# mode); the 2025-era HTTP close's upstream warning is ignored (see above).
 @LEGACY_HTTP_CLOSE
 async def test_deadline_cancels_the_call_on_the_server(servers: dict[str, TestServer]) -> None:
+    def cancelled(server: TestServer) -> list[str]:
+        return [e["tag"] for e in server.events("cancelled")]
+
     async def case(server: TestServer, protocol: str) -> None:
+        late = f"late {protocol}"
         async with server.source(protocol=protocol, tool_timeouts={"hang": 0.4}) as source:
             assert source.protocol_version == ERAS[protocol]
             registry = ToolRegistry()
             registry.register(source)
             dispatcher = Dispatcher(registry, DispatcherOptions(default_key=NO_RETRY))
             started = anyio.current_time()
-            result = await dispatcher.dispatch("hang", {"seconds": 30, "tag": "late"})
+            result = await dispatcher.dispatch("hang", {"seconds": 30, "tag": late})
             assert result.error_type is ErrorType.TIMEOUT and result.retryable, protocol
             assert anyio.current_time() - started < 5, protocol
-            await wait_until(lambda: server.events("cancelled") != [])
-            assert [e["tag"] for e in server.events("cancelled")] == ["late"], protocol
-            assert {call["protocol"] for call in server.calls("hang")} == {ERAS[protocol]}
-            quick = await dispatcher.dispatch("hang", {"seconds": 0, "tag": "quick"})
+            await wait_until(lambda: late in cancelled(server))
+            assert cancelled(server).count(late) == 1, protocol
+            hung = [call for call in server.calls("hang") if call["arguments"]["tag"] == late]
+            assert [call["protocol"] for call in hung] == [ERAS[protocol]]
+            quick = await dispatcher.dispatch("hang", {"seconds": 0, "tag": f"quick {protocol}"})
             assert quick.data == "woke up", protocol  # the session is still fine
 
     await each_protocol(servers, case)
+    for server in set(servers.values()):  # nothing else was cancelled: the late calls only
+        mine = sorted(f"late {protocol}" for protocol, srv in servers.items() if srv is server)
+        assert sorted(cancelled(server)) == mine
 
 
 # -- tool list changes ---------------------------------------------------------------------------
@@ -416,18 +486,20 @@ async def test_list_changed_reaches_specs(servers: dict[str, TestServer]) -> Non
             registry = ToolRegistry()
             registry.register(source)
             dispatcher = Dispatcher(registry, DispatcherOptions(profiles=OPEN))
-            assert "lab__fresh" not in tool_names(dispatcher), protocol
-            added = await dispatcher.dispatch("lab__add_tool", {"name": "fresh"}, profile="open")
+            name = f"fresh_{uuid.uuid4().hex[:8]}"  # a server may be the module's: a new name
+            assert f"lab__{name}" not in tool_names(dispatcher), protocol
+            added = await dispatcher.dispatch("lab__add_tool", {"name": name}, profile="open")
             assert added.ok, (protocol, added.to_model())
-            await wait_until(lambda: "lab__fresh" in tool_names(dispatcher))
-            fresh = await dispatcher.dispatch("lab__fresh", "{}", profile="open")
-            assert fresh.data == "fresh works", protocol
+            await wait_until(lambda: f"lab__{name}" in tool_names(dispatcher))
+            fresh = await dispatcher.dispatch(f"lab__{name}", "{}", profile="open")
+            assert fresh.data == f"{name} works", protocol
 
     await each_protocol(servers, case)
 
 
 # -- a server that dies --------------------------------------------------------------------------
-async def test_crash_is_an_answer_and_the_next_call_reconnects(server: TestServer) -> None:
+async def test_crash_is_an_answer_and_the_next_call_reconnects(own_server: TestServer) -> None:
+    server = own_server
     async with server.source(backoff_initial_s=0.3) as source:
         registry = ToolRegistry()
         registry.register(source)
@@ -489,8 +561,7 @@ async def test_backoff_doubles_per_failed_reconnect_up_to_its_maximum(
 
 
 @LEGACY_HTTP_CLOSE
-@pytest.mark.parametrize("servers", ["http"], indirect=True)
-async def test_http_server_restart_is_noticed(servers: dict[str, TestServer]) -> None:
+async def test_http_server_restart_is_noticed(own_http_servers: dict[str, TestServer]) -> None:
     async def case(srv: TestServer, protocol: str) -> None:
         async with srv.source(protocol=protocol, backoff_initial_s=0.1) as source:
             registry = ToolRegistry()
@@ -512,7 +583,7 @@ async def test_http_server_restart_is_noticed(servers: dict[str, TestServer]) ->
             if protocol == "legacy":
                 assert len(failures) == 1 and source.connects == 2
 
-    await each_protocol(servers, case)
+    await each_protocol(own_http_servers, case)
 
 
 async def test_retry_waits_out_the_backoff_and_recovers(stdio_server: TestServer) -> None:
@@ -615,6 +686,8 @@ async def test_connection_failures_are_counted_where_they_happen(
 
 
 async def test_idle_s_counts_from_the_last_answer(stdio_server: TestServer) -> None:
+    # Its own server: on the module's HTTP one a late background answer (seen once under
+    # load) moved the clock between the first two readings.
     async with stdio_server.source() as source:
         first = source.idle_s
         await anyio.sleep(0.05)
@@ -680,7 +753,9 @@ async def test_non_conforming_listing_is_refused_by_the_sdk(tmp_path: Path) -> N
     srv = TestServer("stdio", tmp_path)
     try:
         source = McpSource.stdio(
-            [*srv.command, "--raw"], McpSourceOptions(breaker_key="raw"), errlog=srv.log
+            [sys.executable, str(HAND_WRITTEN), "--record", str(srv.record), "--raw"],
+            McpSourceOptions(breaker_key="raw"),
+            errlog=srv.log,
         )
         with pytest.raises(McpConnectError, match="ValidationError"):
             async with source:
@@ -747,11 +822,12 @@ COUNT_ERRORS: list[tuple[bool | str, bool]] = [
 
 
 async def test_count_errors_makes_an_upstream_outage_trip_the_breaker(
-    tmp_path: Path, subtests: pytest.Subtests
+    shared_http: TestServer, subtests: pytest.Subtests
 ) -> None:
     """A server that reports its own outage as ``isError`` can be told apart from one
     giving a business answer: always, never (the default), or by a pattern on the text.
-    Each setting has its own server and dispatcher; the four start at once."""
+    Each setting has its own source (a session of the module's server) and dispatcher;
+    the four run at once."""
     config = KeyPolicy(
         breaker=BreakerOptions(fail_max=2, reset_timeout_s=60), retry=RetryOptions(max_attempts=1)
     )
@@ -759,22 +835,15 @@ async def test_count_errors_makes_an_upstream_outage_trip_the_breaker(
     failures: dict[int, int] = {}
 
     async def three_calls(case: int, count_errors: bool | str) -> None:
-        srv = TestServer("stdio", tmp_path / str(case))
-        try:
-            async with srv.source(count_errors=count_errors) as source:
-                registry = ToolRegistry()
-                registry.register(source)
-                dispatcher = Dispatcher(
-                    registry, DispatcherOptions(keys={"test": config}), audit=None
-                )
-                answers[case] = [await dispatcher.dispatch("fail", "{}") for _ in range(3)]
-            failures[case] = dispatcher.breakers.snapshot()["test"]["failures"]
-        finally:
-            srv.log.close()
+        async with shared_http.source(count_errors=count_errors) as source:
+            registry = ToolRegistry()
+            registry.register(source)
+            dispatcher = Dispatcher(registry, DispatcherOptions(keys={"test": config}), audit=None)
+            answers[case] = [await dispatcher.dispatch("fail", "{}") for _ in range(3)]
+        failures[case] = dispatcher.breakers.snapshot()["test"]["failures"]
 
     async with anyio.create_task_group() as tg:
         for case, (count_errors, _) in enumerate(COUNT_ERRORS):
-            (tmp_path / str(case)).mkdir()
             tg.start_soon(three_calls, case, count_errors)
     for case, (count_errors, counted) in enumerate(COUNT_ERRORS):
         with subtests.test(count_errors=count_errors):

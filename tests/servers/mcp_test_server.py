@@ -2,14 +2,14 @@
 
     python mcp_test_server.py --record FILE               # over stdio
     python mcp_test_server.py --record FILE --http PORT   # streamable HTTP, 127.0.0.1:PORT/mcp
-    python mcp_test_server.py --record FILE --raw         # hand-written, non-conforming stdio
     python mcp_test_server.py --record FILE --content     # also the CONTENT tools
     python mcp_test_server.py --record FILE --modern-only # refuses the 2025 handshake
     python mcp_test_server.py --record FILE --lists TAG   # also resources, prompts, completions
 
 It serves both protocol eras (the client's first request decides). Every ``tools/call`` it
 receives, and every call cancelled under it, is appended to FILE as one JSON line, so a
-test can prove what did (and did not) reach the server. The low-level server is used (not
+test can prove what did (and did not) reach the server. (Servers written without the SDK,
+as servers in other languages are: ``hand_written_server.py``.) The low-level server is used (not
 ``MCPServer``) so the test controls the exact listing and results: annotations, odd names,
 odd schemas, ``structuredContent`` next to different text, ``isError``.
 """
@@ -496,45 +496,11 @@ async def serve_http(port: int, json_response: bool = False) -> None:
     await uvicorn.Server(config).serve()
 
 
-def serve_raw() -> None:
-    """A minimal 2025-era server written without the SDK, as servers in other languages are,
-    that lists one tool with ``inputSchema: {}`` (no ``"type": "object"``)."""
-    import sys
-
-    for line in sys.stdin:
-        message = json.loads(line)
-        if "id" not in message:
-            continue
-        method = message.get("method")
-        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
-        if method == "initialize":
-            reply["result"] = {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "raw", "version": "1"},
-            }
-        elif method == "tools/list":
-            reply["result"] = {
-                "tools": [
-                    {"name": "fine", "inputSchema": {"type": "object"}},
-                    {"name": "untyped", "inputSchema": {}},
-                ]
-            }
-        elif method == "tools/call":
-            record(event="call", tool=message["params"]["name"])
-            reply["result"] = {"content": [{"type": "text", "text": "raw"}]}
-        else:
-            reply["error"] = {"code": types.METHOD_NOT_FOUND, "message": "Method not found"}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
-
-
 def main() -> None:
     global RECORD
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--record", required=True, help="append calls and cancellations here")
     parser.add_argument("--http", type=int, metavar="PORT", help="serve HTTP on 127.0.0.1:PORT")
-    parser.add_argument("--raw", action="store_true", help="a non-conforming server, no SDK")
     parser.add_argument("--json", action="store_true", help="HTTP answers as JSON, not SSE")
     parser.add_argument("--content", action="store_true", help="also the CONTENT tools")
     parser.add_argument("--modern-only", action="store_true", help="refuse the 2025 handshake")
@@ -554,9 +520,7 @@ def main() -> None:
     if options.lists:
         offer_lists(options.lists)
     record(event="started", pid=os.getpid())
-    if options.raw:
-        serve_raw()
-    elif options.http is None:
+    if options.http is None:
         anyio.run(serve_stdio)
     else:
         anyio.run(serve_http, options.http, options.json)

@@ -1,11 +1,11 @@
-"""A conforming 2025-era MCP server over stdio, written without the SDK, whose ``hostile``
-tool answers with whatever ``kind`` names: huge, deep, wide or parser-hostile.
+"""MCP servers for toolrelay's tests written without the SDK, as servers in other languages are
+(stdlib only: a start costs a few ms, not the SDK's second of imports).
 
-    python mcp_hostile_server.py --record FILE
+    python hand_written_server.py --record FILE --raw      # non-conforming: an untyped schema
+    python hand_written_server.py --record FILE --hostile  # conforming, pathological answers
 
-Every ``tools/call`` is appended to FILE as one JSON line (and ``started`` once). Only the
-standard library: the process starts in ~50 ms, where importing the SDK took ~1 s of CPU
-(tests/test_hostile_upstreams.py starts it ten times).
+Both speak the 2025-era protocol over stdio and append every ``tools/call`` to FILE as one
+JSON line (as ``mcp_test_server.py`` does), after a ``started`` line.
 """
 
 from __future__ import annotations
@@ -17,9 +17,59 @@ import sys
 from typing import Any
 
 METHOD_NOT_FOUND = -32601
-MIB = 1024 * 1024
 RECORD = ""
 
+
+def record(**event: Any) -> None:
+    with open(RECORD, "a", encoding="utf-8") as out:
+        out.write(json.dumps(event) + "\n")
+
+
+def _schema(properties: dict[str, Any], *required: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
+def serve_raw() -> None:
+    """A minimal 2025-era server written without the SDK, as servers in other languages are,
+    that lists one tool with ``inputSchema: {}`` (no ``"type": "object"``)."""
+    for line in sys.stdin:
+        message = json.loads(line)
+        if "id" not in message:
+            continue
+        method = message.get("method")
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+        if method == "initialize":
+            reply["result"] = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "raw", "version": "1"},
+            }
+        elif method == "tools/list":
+            reply["result"] = {
+                "tools": [
+                    {"name": "fine", "inputSchema": {"type": "object"}},
+                    {"name": "untyped", "inputSchema": {}},
+                ]
+            }
+        elif method == "tools/call":
+            record(event="call", tool=message["params"]["name"])
+            reply["result"] = {"content": [{"type": "text", "text": "raw"}]}
+        else:
+            reply["error"] = {"code": METHOD_NOT_FOUND, "message": "Method not found"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+def _deep(levels: int) -> str:
+    return '{"d":' * levels + "1" + "}" * levels
+
+
+MIB = 1024 * 1024
 HOSTILE: dict[str, Any] = {
     # text answers the pipeline must pass through without a quadratic step on the loop
     "comments": "<!--" * 30000,
@@ -33,15 +83,6 @@ HOSTILE: dict[str, Any] = {
     "password": "password=" * 25000,
     "backtrack": "a" * 100000 + "!",
 }
-
-
-def record(**event: Any) -> None:
-    with open(RECORD, "a", encoding="utf-8") as out:
-        out.write(json.dumps(event) + "\n")
-
-
-def _deep(levels: int) -> str:
-    return '{"d":' * levels + "1" + "}" * levels
 
 
 def hostile_answer(request_id: Any, args: dict[str, Any]) -> str:
@@ -67,17 +108,13 @@ def hostile_answer(request_id: Any, args: dict[str, Any]) -> str:
     return head + json.dumps({"content": [{"type": "text", "text": f"fine: {kind}"}]}) + "}"
 
 
-def serve() -> None:
-    properties = {"kind": {"type": "string"}, "mib": {"type": "number"}}
+def serve_hostile() -> None:
+    """A conforming 2025-era stdio server, written without the SDK, whose ``hostile`` tool
+    answers with whatever ``kind`` names: huge, deep, wide or parser-hostile."""
     listing = [
         {
             "name": "hostile",
-            "inputSchema": {
-                "type": "object",
-                "properties": properties,
-                "required": [],
-                "additionalProperties": False,
-            },
+            "inputSchema": _schema({"kind": {"type": "string"}, "mib": {"type": "number"}}),
             "annotations": {"readOnlyHint": True},
         }
     ]
@@ -111,9 +148,16 @@ def main() -> None:
     global RECORD
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--record", required=True, help="append calls here")
-    RECORD = parser.parse_args().record
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--raw", action="store_true", help="a non-conforming server")
+    mode.add_argument("--hostile", action="store_true", help="pathological answers")
+    options = parser.parse_args()
+    RECORD = options.record
     record(event="started", pid=os.getpid())
-    serve()
+    if options.raw:
+        serve_raw()
+    else:
+        serve_hostile()
 
 
 if __name__ == "__main__":
