@@ -371,3 +371,21 @@ async def test_calls_asked_together_are_held_at_most_the_bound(gateway: Gateway)
     refused = [r for r in rounds if not isinstance(r, types.InputRequiredResult)]
     assert len(held) == HELD_PER_CLIENT, [texts(r) for r in refused]
     assert all(f"{HELD_PER_CLIENT} calls are waiting" in texts(r) for r in refused)
+
+
+async def test_a_2026_client_that_cancels_its_call_cancels_it_upstream(gateway: Gateway) -> None:
+    """The host cancels a call served in rounds while its request waits: the upstream's
+    call is cancelled (not left to its deadline), and the gateway answers nothing for it."""
+    async with client(gateway.url, ALICE, **Human().callbacks()) as alice:
+        with anyio.CancelScope() as scope:
+
+            async def cancel_once_upstream() -> None:
+                await wait_until(lambda: any(e["tool"] == "hang" for e in gateway.events("call")))
+                scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_once_upstream)
+                await alice.call_tool("rec__hang", {})
+                raise AssertionError("the call was answered")
+        await wait_until(lambda: any(e["tool"] == "hang" for e in gateway.events("cancelled")), 5)
+        assert texts(await alice.call_tool("rec__sample", {})) == "sampled: 4"  # still served
