@@ -411,6 +411,8 @@ async def unsubscribe(
     ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
 ) -> types.EmptyResult:
     record(event="unsubscribe", uri=str(params.uri))
+    if str(params.uri) == f"{TAG}://item/slow":  # answers after the gateway's 2 s bound
+        await anyio.sleep(5)
     return types.EmptyResult()
 
 
