@@ -403,8 +403,15 @@ async def read_resource(
 async def subscribe(
     ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
 ) -> types.EmptyResult:
-    record(event="subscribe", uri=str(params.uri))
+    uri = str(params.uri)
+    record(event="subscribe", uri=uri)
+    if uri == f"{TAG}://item/late" and uri not in _LATE:  # the first one answers after 1 s
+        _LATE.add(uri)
+        await anyio.sleep(1)
     return types.EmptyResult()
+
+
+_LATE: set[str] = set()
 
 
 async def unsubscribe(

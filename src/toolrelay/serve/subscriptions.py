@@ -54,14 +54,19 @@ class Subscriptions:
     ) -> types.EmptyResult:
         uri = str(params.uri)
         listing = self._owner(uri)
-        if not self._subscribers.get(uri) and not self._listened[uri]:
-            await self._upstream(listing, uri, True)
         subscribers = self._subscribers.setdefault(uri, {})
+        first = not subscribers and not self._listened[uri]
         connection = connection_of(ctx.session)
         key = id(ctx.session if connection is None else connection)
         if key not in subscribers and connection is not None:
             connection.exit_stack.push_async_callback(self._gone, listing, uri, key)
-        subscribers[key] = ctx.session
+        subscribers[key] = ctx.session  # held already: another's unsubscribe meanwhile keeps it
+        if first:
+            try:
+                await self._upstream(listing, uri, True)
+            except MCPError:
+                self._forget(uri, key)
+                raise
         return types.EmptyResult()
 
     async def unsubscribe(
