@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyn
 SERVERS = Path(__file__).parent / "servers"
 ALICE, BOB = "alice-" + "a" * 32, "bob-" + "b" * 32
 SLOW = 3  # s: the deadline of the tools a client never comes back to
+SLOW_ASK = ("new__test_elicitation_sep1330_enums", {})  # asks the client, SLOW deadline
 
 
 class Gateway:
@@ -335,3 +336,56 @@ async def test_a_2025_client_that_does_not_answer_is_cut_before_the_deadline_too
     envelope = json.loads(texts(answer))
     assert envelope["error_type"] == "tool_error", envelope  # the upstream's, not a timeout
     assert "did not answer before the call's deadline" in envelope["message"]
+
+
+async def test_calls_asked_together_are_held_at_most_the_bound(gateway: Gateway) -> None:
+    """Calls whose upstreams ask at once count as waiting as soon as they ask (not only
+    once their round is answered): past the bound the upstream is refused, however fast
+    the requests came."""
+    over_by = 6
+    rounds: list[Any] = []
+    async with client(gateway.url, ALICE, **Human().callbacks()) as alice:
+
+        async def call() -> None:
+            rounds.append(await first_round(alice, *SLOW_ASK))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(HELD_PER_CLIENT + over_by):
+                tg.start_soon(call)
+        held = [r for r in rounds if isinstance(r, types.InputRequiredResult)]
+
+        async def end(held_call: types.InputRequiredResult) -> None:  # nothing left held
+            assert held_call.input_requests is not None
+            cancel = {key: types.ElicitResult(action="cancel") for key in held_call.input_requests}
+            done = await alice.session.call_tool(
+                *SLOW_ASK,
+                input_responses=cancel,
+                request_state=held_call.request_state,
+                allow_input_required=True,
+            )
+            assert isinstance(done, types.CallToolResult), done
+
+        async with anyio.create_task_group() as tg:
+            for held_call in held:
+                tg.start_soon(end, held_call)
+    refused = [r for r in rounds if not isinstance(r, types.InputRequiredResult)]
+    assert len(held) == HELD_PER_CLIENT, [texts(r) for r in refused]
+    assert all(f"{HELD_PER_CLIENT} calls are waiting" in texts(r) for r in refused)
+
+
+async def test_a_2026_client_that_cancels_its_call_cancels_it_upstream(gateway: Gateway) -> None:
+    """The host cancels a call served in rounds while its request waits: the upstream's
+    call is cancelled (not left to its deadline), and the gateway answers nothing for it."""
+    async with client(gateway.url, ALICE, **Human().callbacks()) as alice:
+        with anyio.CancelScope() as scope:
+
+            async def cancel_once_upstream() -> None:
+                await wait_until(lambda: any(e["tool"] == "hang" for e in gateway.events("call")))
+                scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_once_upstream)
+                await alice.call_tool("rec__hang", {})
+                raise AssertionError("the call was answered")
+        await wait_until(lambda: any(e["tool"] == "hang" for e in gateway.events("cancelled")), 5)
+        assert texts(await alice.call_tool("rec__sample", {})) == "sampled: 4"  # still served

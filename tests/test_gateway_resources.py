@@ -261,6 +261,42 @@ async def test_a_subscriber_that_disconnects_is_unsubscribed_upstream(gateway: G
 
 @pytest.mark.anyio
 @GATEWAY_PROCESS
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed")
+async def test_a_subscriber_whose_subscribe_is_in_flight_keeps_the_uri(gateway: Gateway) -> None:
+    """While the upstream has not yet answered the first client's subscribe, a second
+    client subscribing and unsubscribing does not unsubscribe the upstream."""
+    uri, record = "a://item/late", gateway.tmp / "rec-a"
+    async with http_session(gateway.url) as first, http_session(gateway.url) as second:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first.subscribe_resource, uri)  # answered after 1 s
+            with anyio.fail_after(5):
+                while subscriptions(record, uri) != ["subscribe"]:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
+            await second.subscribe_resource(uri)
+            await second.unsubscribe_resource(uri)
+        assert "unsubscribe" not in subscriptions(record, uri)  # the first holds it
+
+
+@pytest.mark.anyio
+@GATEWAY_PROCESS
+async def test_a_listen_stream_that_ends_unsubscribes_each_of_its_uris(gateway: Gateway) -> None:
+    """A 2026-era stream's URIs are let go upstream when it ends, each of them, even when
+    the upstream does not answer the unsubscribe of another."""
+    slow, uri, record = "a://item/slow", "a://doc/8", gateway.tmp / "rec-a"
+    async with (
+        Client(gateway.url, cache=None) as client,
+        client.listen(resource_subscriptions=[slow, uri]),
+    ):
+        with anyio.fail_after(5):
+            while subscriptions(record, uri) != ["subscribe"]:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+    with anyio.fail_after(5):
+        while subscriptions(record, uri) != ["subscribe", "unsubscribe"]:  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+
+
+@pytest.mark.anyio
+@GATEWAY_PROCESS
 async def test_a_2026_client_reads_gets_and_listens_through_a_2026_upstream(
     gateway: Gateway,
 ) -> None:

@@ -402,14 +402,23 @@ async def read_resource(
 async def subscribe(
     ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
 ) -> types.EmptyResult:
-    record(event="subscribe", uri=str(params.uri))
+    uri = str(params.uri)
+    record(event="subscribe", uri=uri)
+    if uri == f"{TAG}://item/late" and uri not in _LATE:  # the first one answers after 1 s
+        _LATE.add(uri)
+        await anyio.sleep(1)
     return types.EmptyResult()
+
+
+_LATE: set[str] = set()
 
 
 async def unsubscribe(
     ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
 ) -> types.EmptyResult:
     record(event="unsubscribe", uri=str(params.uri))
+    if str(params.uri) == f"{TAG}://item/slow":  # answers after the gateway's 2 s bound
+        await anyio.sleep(5)
     return types.EmptyResult()
 
 

@@ -146,6 +146,11 @@ class HeldCall(Channel):
             raise MCPError(code=types.INTERNAL_ERROR, message="the call was cancelled")
         return self.result
 
+    @property
+    def waiting(self) -> bool:
+        """Waiting on the client: asked (its round answered, or about to be)."""
+        return self.held or bool(self._asks)
+
     def answer(self, responses: Mapping[str, types.Result]) -> None:
         """The client's answers, by the keys it was asked with (others are ignored)."""
         for key, response in responses.items():
@@ -169,7 +174,7 @@ class HeldCall(Channel):
             return declined
         if self.closed:
             return refused(method, "the call has ended")
-        if not self.held and self._rounds.held(self.owner) >= HELD_PER_CLIENT:
+        if not self.waiting and self._rounds.held(self.owner) >= HELD_PER_CLIENT:
             why = f"{HELD_PER_CLIENT} calls are waiting on this client's answers already"
             return refused(method, why)
         self._asked += 1
@@ -243,7 +248,7 @@ class Rounds:
 
     def held(self, owner: str) -> int:
         """How many calls wait on ``owner``'s answers."""
-        return sum(1 for call in self._calls.values() if call.held and call.owner == owner)
+        return sum(1 for call in self._calls.values() if call.waiting and call.owner == owner)
 
     def forget(self, call: HeldCall) -> None:
         self._calls.pop(call.state, None)

@@ -54,14 +54,19 @@ class Subscriptions:
     ) -> types.EmptyResult:
         uri = str(params.uri)
         listing = self._owner(uri)
-        if not self._subscribers.get(uri) and not self._listened[uri]:
-            await self._upstream(listing, uri, True)
         subscribers = self._subscribers.setdefault(uri, {})
+        first = not subscribers and not self._listened[uri]
         connection = connection_of(ctx.session)
         key = id(ctx.session if connection is None else connection)
         if key not in subscribers and connection is not None:
             connection.exit_stack.push_async_callback(self._gone, listing, uri, key)
-        subscribers[key] = ctx.session
+        subscribers[key] = ctx.session  # held already: another's unsubscribe meanwhile keeps it
+        if first:
+            try:
+                await self._upstream(listing, uri, True)
+            except MCPError:
+                self._forget(uri, key)
+                raise
         return types.EmptyResult()
 
     async def unsubscribe(
@@ -87,9 +92,13 @@ class Subscriptions:
         """A subscriber's connection closed (or cannot be reached): forgotten, and the
         upstream unsubscribed when it was the last."""
         if self._forget(uri, key):
-            shielded = anyio.CancelScope(shield=True)
-            with shielded, anyio.move_on_after(NOTIFY_TIMEOUT_S), contextlib.suppress(MCPError):
-                await self._upstream(listing, uri, False)
+            await self._drop(listing, uri)
+
+    async def _drop(self, listing: Listing, uri: str) -> None:
+        """Unsubscribe the upstream (shielded, bounded; a refusal is only dropped)."""
+        shielded = anyio.CancelScope(shield=True)
+        with shielded, anyio.move_on_after(NOTIFY_TIMEOUT_S), contextlib.suppress(MCPError):
+            await self._upstream(listing, uri, False)
 
     async def updated(self, listing: Listing, uri: str) -> None:
         """Tell the 2025-era connections subscribed to ``uri`` that it changed."""
@@ -118,10 +127,14 @@ class Subscriptions:
         try:
             yield
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(NOTIFY_TIMEOUT_S):
-                for listing, uri in held:
-                    self._listened[uri] -= 1
-                    if not self._listened[uri] and not self._subscribers.get(uri):
-                        del self._listened[uri]
-                        with contextlib.suppress(MCPError):
-                            await self._upstream(listing, uri, False)
+            dropped = []
+            for listing, uri in held:  # every count first: one upstream's hang skips none
+                self._listened[uri] -= 1
+                if not self._listened[uri]:
+                    del self._listened[uri]
+                    if not self._subscribers.get(uri):
+                        dropped.append((listing, uri))
+            with anyio.CancelScope(shield=True):
+                async with anyio.create_task_group() as tg:
+                    for listing, uri in dropped:
+                        tg.start_soon(self._drop, listing, uri)
