@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # loaded by path (the tests), not run as a script
     sys.path.insert(0, str(HERE))
 
-from suite import BENCHES  # noqa: E402
+from suite import BENCHES, bench  # noqa: E402
 from suite.flood import PRIORITY_ENV  # noqa: E402
 from suite.harness import (  # noqa: E402  (bench/hotpath.py takes the tool and dispatchers)
     ARGS,
@@ -90,7 +90,7 @@ ROWS_MARK = "@@rows "
 
 # -- orchestration ----------------------------------------------------------------------
 def run_worker(name: str, quick: bool) -> None:
-    rows = anyio.run(BENCHES[name], Settings.make(quick))
+    rows = anyio.run(bench(name), Settings.make(quick))
     print(ROWS_MARK + json.dumps([dataclasses.asdict(r) for r in rows]), flush=True)
 
 

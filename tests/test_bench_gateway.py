@@ -3,6 +3,8 @@ the light load generator included), never its speed."""
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -19,6 +21,21 @@ def load_bench() -> ModuleType:
     return load_script(GATEWAY, "toolrelay_bench_gateway")
 
 
+@pytest.fixture
+def frozen_heap() -> Iterator[None]:
+    """The test process's objects (every test module, imported at collection) moved out of
+    the collector's reach meanwhile: the bench collects before each of its ~50 samples, as
+    in its own process, where that costs a millisecond; over a pytest-xdist worker's heap it
+    cost 0.3 s each."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.usefixtures("frozen_heap")
 def test_every_server_answers_the_sdk_clients_and_the_light_ones() -> None:
     """One short round without mcp-proxy (it would be installed from the registry): the bare
     upstream (SSE answers and JSON answers), toolrelay in front of it and with the tool
@@ -26,16 +43,16 @@ def test_every_server_answers_the_sdk_clients_and_the_light_ones() -> None:
     light client; a wrong answer would raise."""
     bench = load_bench()
     variants = [("json", "json_response = true")]
-    comparison = anyio.run(bench.compare, 1, 16, variants, False)
+    comparison = anyio.run(bench.compare, 1, 8, variants, False)  # 8: one call per client
     expected = ["upstream", "upstream[json]", "toolrelay", "toolrelay-plugin"]
     expected += ["toolrelay[json]", "toolrelay-plugin[json]"]
     assert comparison.servers == expected
     for server in expected:
         for clients in bench.CONCURRENCY:
             (sample,) = comparison.results[server, clients]
-            assert sample.calls == 16 and len(sample.latencies) == 16, (server, clients)
+            assert sample.calls == 8 and len(sample.latencies) == 8, (server, clients)
         (light,) = comparison.saturated[server]
-        assert light.calls == 32 and len(light.latencies) == 32, server
+        assert light.calls == 16 and len(light.latencies) == 16, server
         assert light.cpu_s >= 0, server
     # the servers' own CPU was read (a few ms each: the sum, as /proc counts in 10 ms ticks)
     assert sum(light.cpu_s for (light,) in comparison.saturated.values()) > 0
@@ -47,7 +64,7 @@ def test_every_server_answers_the_sdk_clients_and_the_light_ones() -> None:
     for server in ("upstream", "upstream[json]"):
         for operation in bench.OPERATIONS:
             (sample,) = comparison.operations[server, operation]
-            assert sample.calls == 16, (server, operation)
+            assert sample.calls == 8, (server, operation)
         assert f"| {server} | resources/read |" in table
     # SSE answers carry the notifications; a JSON answer (one body) cannot
     assert set(comparison.progress["upstream"]) == {bench.PROGRESS_STEPS}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,33 @@ def toolrelay(
     )
 
 
+def in_process(capfd: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``toolrelay ARGS`` run by the command's entry point in this process (what ``python -m
+    toolrelay`` runs, without starting an interpreter): its exit status, and everything
+    written to file descriptors 1 and 2 meanwhile. The tests of the process itself (usage,
+    exit statuses, one-line errors, the demo) run ``toolrelay`` above. Warnings are shown
+    on stderr as an interpreter started without ``-W`` shows them (pytest's filters off)."""
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        for hidden in (
+            DeprecationWarning,
+            PendingDeprecationWarning,
+            ImportWarning,
+            ResourceWarning,
+        ):
+            warnings.simplefilter("ignore", hidden)
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            code = int(exc.code or 0)
+    out, err = capfd.readouterr()
+    err += "".join(
+        warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught
+    )
+    return subprocess.CompletedProcess(["toolrelay", *args], code, out, err)
+
+
 def one_clear_line(result: subprocess.CompletedProcess[str]) -> str:
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -49,8 +77,10 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield path
 
 
-def test_call_prints_the_model_answer(config: Path) -> None:
-    result = toolrelay("call", "weather_current", '{"city": "Oslo"}', "--config", str(config))
+def test_call_prints_the_model_answer(config: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    result = in_process(
+        capfd, "call", "weather_current", '{"city": "Oslo"}', "--config", str(config)
+    )
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)
     assert answer["ok"] is True and "temperature_c" in json.dumps(answer["data"])
@@ -66,22 +96,22 @@ def test_call_prints_the_model_answer(config: Path) -> None:
     ],
 )
 def test_call_failures_are_answers_with_exit_status_1(
-    config: Path, args: list[str], error_type: str
+    config: Path, args: list[str], error_type: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    result = toolrelay("call", *args, "--config", str(config))
+    result = in_process(capfd, "call", *args, "--config", str(config))
     assert result.returncode == 1
     assert json.loads(result.stdout)["error_type"] == error_type
     assert result.stderr == ""
 
 
-def test_specs_in_every_format(config: Path) -> None:
-    result = toolrelay("specs", "--format", "mcp", "--config", str(config))
+def test_specs_in_every_format(config: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    result = in_process(capfd, "specs", "--format", "mcp", "--config", str(config))
     assert result.returncode == 0, result.stderr
     names = {tool["name"] for tool in json.loads(result.stdout)}
     assert {"weather_current", "weather_forecast", "web_search"} <= names
-    support = toolrelay("specs", "--profile", "support", "--config", str(config))
+    support = in_process(capfd, "specs", "--profile", "support", "--config", str(config))
     assert [t["function"]["name"] for t in json.loads(support.stdout)] == ["weather_current"]
-    anthropic = toolrelay("specs", "--format", "anthropic", "--config", str(config))
+    anthropic = in_process(capfd, "specs", "--format", "anthropic", "--config", str(config))
     assert all("input_schema" in t for t in json.loads(anthropic.stdout))
 
 
@@ -120,10 +150,10 @@ def test_errors_are_one_line(args: list[str], needle: str) -> None:
     assert needle in one_clear_line(result)
 
 
-def test_plugin_errors_are_one_line(tmp_path: Path) -> None:
+def test_plugin_errors_are_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "toolrelay.toml"
     path.write_text("[plugins.nope]\n")
-    result = toolrelay("specs", "--config", str(path))
+    result = in_process(capfd, "specs", "--config", str(path))
     assert result.returncode == 2 and "'toolrelay_plugins.nope'" in one_clear_line(result)
 
 
@@ -253,13 +283,15 @@ def test_live_view_renders_tools_breakers_and_slot() -> None:
     assert "faults now: search upstream hangs" in text
 
 
-def test_check_validates_the_serve_section(tmp_path: Path) -> None:
+def test_check_validates_the_serve_section(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     good = tmp_path / "good.toml"
     good.write_text('[serve]\ntransport = "http"\n[serve.http]\nport = 8000\n')
-    assert toolrelay("check", str(good)).returncode == 0
+    assert in_process(capfd, "check", str(good)).returncode == 0
     bad = tmp_path / "bad.toml"
     bad.write_text("[serve]\ncolour = 1\n")
-    result = toolrelay("check", str(bad))
+    result = in_process(capfd, "check", str(bad))
     assert result.returncode == 2
     assert "serve: Additional properties are not allowed ('colour'" in one_clear_line(result)
 
@@ -310,7 +342,9 @@ watch_interval_s = 0.5
 """
 
 
-def test_one_config_file_works_for_every_command(tmp_path: Path) -> None:
+def test_one_config_file_works_for_every_command(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """check, call, specs, serve and Dispatcher.from_config take the same file, [serve]
     section included, and refuse a bad [serve] section with the same one line."""
     from toolrelay import Dispatcher
@@ -318,10 +352,10 @@ def test_one_config_file_works_for_every_command(tmp_path: Path) -> None:
 
     good = tmp_path / "toolrelay.toml"
     good.write_text(SERVE_FILE)
-    assert toolrelay("check", str(good)).returncode == 0
-    specs = toolrelay("specs", "--config", str(good))
+    assert in_process(capfd, "check", str(good)).returncode == 0
+    specs = in_process(capfd, "specs", "--config", str(good))
     assert specs.returncode == 0 and "weather_current" in specs.stdout
-    called = toolrelay("call", "weather_current", '{"city": ""}', "--config", str(good))
+    called = in_process(capfd, "call", "weather_current", '{"city": ""}', "--config", str(good))
     assert called.returncode == 1 and '"error_type": "validation_error"' in called.stdout
     Dispatcher.from_config(good).close()
 
@@ -334,19 +368,21 @@ def test_one_config_file_works_for_every_command(tmp_path: Path) -> None:
         ["call", "weather_current", "{}", "--config", str(bad)],
         ["serve", "--config", str(bad)],
     ):
-        result = toolrelay(*args)
+        result = in_process(capfd, *args)
         assert result.returncode == 2, args
         assert expected in one_clear_line(result), args
     with pytest.raises(ConfigError, match=r"serve: Additional properties are not allowed"):
         Dispatcher.from_config(bad)
 
 
-def test_a_bad_count_errors_pattern_is_a_config_error(tmp_path: Path) -> None:
+def test_a_bad_count_errors_pattern_is_a_config_error(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(
         '[serve.upstreams.docs]\ncommand = ["x"]\nbreaker_key = "docs"\ncount_errors = "(x"\n'
     )
-    result = toolrelay("check", str(bad))
+    result = in_process(capfd, "check", str(bad))
     assert result.returncode == 2
     assert "serve.upstreams.docs.count_errors: not a valid regular expression" in one_clear_line(
         result

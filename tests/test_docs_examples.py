@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -224,34 +225,106 @@ def test_every_example_runs_or_says_why_not() -> None:
 
 
 # -- Python -------------------------------------------------------------------------------
-RUNNER = """
-import ast, asyncio, inspect, sys
-path = sys.argv[1]
-code = compile(open(path, encoding="utf-8").read(), path, "exec",
-               flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-namespace = {"__name__": "__main__", "__file__": path}
-if code.co_flags & inspect.CO_COROUTINE:
-    asyncio.run(eval(code, namespace))
+# Each example runs in a process of its own, forked from a zygote that has imported toolrelay
+# (an interpreter's start and that import were most of an example's cost): a fresh
+# namespace, the example's own cwd, stdin, stdout and stderr; at its end, as at an
+# interpreter's, non-daemon threads are joined and atexit handlers run (then os._exit: the
+# zygote's modules are not torn down again in every child). A missing import in an example
+# still fails: its namespace starts empty.
+ZYGOTE = """
+import ast, asyncio, atexit, gc, inspect, os, sys, threading, traceback
+import anyio, pydantic, toolrelay
+assert threading.active_count() == 1, "a thread would not survive fork"
+gc.freeze()  # the zygote's objects: never collected, so their pages stay shared
+for line in sys.stdin:
+    path, cwd, out, err = line.rstrip("\\n").split("\\t")
+    pid = os.fork()
+    if pid == 0:
+        break
+    print(pid, flush=True)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 else:
-    exec(code, namespace)
+    sys.exit(0)
+# the child: the example, in the place of a fresh interpreter's `python -c RUNNER path`
+os.chdir(cwd)
+written = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+for fd, name, flags in ((0, os.devnull, os.O_RDONLY), (1, out, written), (2, err, written)):
+    os.dup2(os.open(name, flags), fd)
+sys.stdin = open(0, closefd=False)
+sys.argv = ["-c", path]
+status = 0
+try:
+    code = compile(open(path, encoding="utf-8").read(), path, "exec",
+                   flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    namespace = {"__name__": "__main__", "__file__": path}
+    if code.co_flags & inspect.CO_COROUTINE:
+        asyncio.run(eval(code, namespace))
+    else:
+        exec(code, namespace)
+except SystemExit as exc:  # as the interpreter reads it
+    status = exc.code if isinstance(exc.code, int) else exc.code is not None
+    if not isinstance(exc.code, int) and exc.code is not None:
+        print(exc.code, file=sys.stderr)
+except BaseException:
+    traceback.print_exc()
+    status = 1
+for thread in threading.enumerate():
+    if thread is not threading.main_thread() and not thread.daemon:
+        thread.join()
+atexit._run_exitfuncs()  # CPython's own exit runs these: no public name for it
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(status)
 """
 
 
+class Zygote:
+    """The process examples are forked from: :meth:`run` one at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", ZYGOTE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+
+    def run(self, script: Path, cwd: Path) -> tuple[int, str]:
+        """Run ``script`` in ``cwd``: its exit status and stderr (-9 if killed at TIMEOUT_S)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        out, err = cwd / ".stdout", cwd / ".stderr"
+        self.proc.stdin.write(f"{script}\t{cwd}\t{out}\t{err}\n")
+        pid = int(self.proc.stdout.readline())
+        timer = threading.Timer(TIMEOUT_S, os.kill, (pid, signal.SIGKILL))
+        timer.start()
+        try:
+            status = int(self.proc.stdout.readline())
+        finally:
+            timer.cancel()
+        return status, err.read_text(errors="replace")
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    forker = Zygote()
+    yield forker
+    forker.close()
+
+
 @pytest.mark.parametrize("example", PYTHON, ids=[e.id for e in PYTHON])
-def test_python_example(example: Example, tmp_path: Path) -> None:
+def test_python_example(example: Example, tmp_path: Path, zygote: Zygote) -> None:
     prelude = PRELUDES[example.prelude] if example.prelude else ""
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     script = tmp_path / "example.py"
     script.write_text(prelude + "\n# -- the example --\n" + example.code, encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, f"{example.id} failed:\n{example.code}\n{done.stderr[-3000:]}"
+    status, stderr = zygote.run(script, tmp_path)
+    assert status == 0, f"{example.id} failed ({status}):\n{example.code}\n{stderr[-3000:]}"
 
 
 # -- shell --------------------------------------------------------------------------------

@@ -7,40 +7,42 @@ over the gateway benchmark :mod:`.gateway`, which ``bench/gateway.py`` also runs
 the report (:mod:`.report`: the table, bench/RESULTS.md).
 
 Each benchmark is an ``async def bench_NAME(settings) -> list[Row]``; :data:`BENCHES` names
-them in the order a run takes (the ``--only`` names)."""
+them in the order a run takes (the ``--only`` names), :func:`bench` imports one."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from .adapters import (
-    bench_adapter_langchain,
-    bench_adapter_openai_agents,
-    bench_adapter_pydantic_ai,
-)
-from .baselines import bench_agents, bench_naive
-from .breakers import bench_breakers
-from .deadline import bench_deadline
-from .fleet import bench_fleet
-from .harness import Row, Settings
-from .memory import bench_memory
-from .overhead import bench_fastfail, bench_overhead, bench_scale, bench_throughput, bench_typed
-from .serve import bench_gateway
+if TYPE_CHECKING:
+    from .harness import Row, Settings
 
-BENCHES: dict[str, Callable[[Settings], Awaitable[list[Row]]]] = {
-    "overhead": bench_overhead,
-    "naive": bench_naive,
-    "agents": bench_agents,
-    "fastfail": bench_fastfail,
-    "deadline": bench_deadline,
-    "scale": bench_scale,
-    "memory": bench_memory,
-    "throughput": bench_throughput,
-    "breakers": bench_breakers,
-    "adapter-langchain": bench_adapter_langchain,
-    "typed": bench_typed,
-    "adapter-openai-agents": bench_adapter_openai_agents,
-    "adapter-pydantic-ai": bench_adapter_pydantic_ai,
-    "gateway": bench_gateway,
-    "fleet": bench_fleet,
+BENCHES: dict[str, str] = {
+    "overhead": "overhead",
+    "naive": "baselines",
+    "agents": "baselines",
+    "fastfail": "overhead",
+    "deadline": "deadline",
+    "scale": "overhead",
+    "memory": "memory",
+    "throughput": "overhead",
+    "breakers": "breakers",
+    "adapter-langchain": "adapters",
+    "typed": "overhead",
+    "adapter-openai-agents": "adapters",
+    "adapter-pydantic-ai": "adapters",
+    "gateway": "serve",
+    "fleet": "fleet",
 }
+"""Each benchmark's module, imported by :func:`bench` in the worker that runs it only: the
+orchestrator and the other workers never load the MCP SDK, httpx or the frameworks."""
+
+
+def bench(name: str) -> Callable[[Settings], Awaitable[list[Row]]]:
+    """The ``bench_NAME`` function of the benchmark ``name`` (an ``--only`` name)."""
+    module = importlib.import_module(f"{__name__}.{BENCHES[name]}")
+    function: Callable[[Settings], Awaitable[list[Row]]] = getattr(
+        module, "bench_" + name.replace("-", "_")
+    )
+    return function
