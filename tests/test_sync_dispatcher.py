@@ -581,6 +581,37 @@ def test_an_interrupted_caller_cancels_its_call(tools: Tools, relay: SyncDispatc
     assert relay.dispatch("echo", {"n": 1}).ok  # the dispatcher itself is fine
 
 
+def test_an_interrupt_while_the_call_starts_cancels_it(tools: Tools, relay: SyncDispatcher) -> None:
+    """Ctrl-C may land while the portal still waits for the loop to take the call, after its
+    task started: the call is cancelled all the same (it once ran on to its deadline)."""
+    main = threading.main_thread().ident or 0
+    entered: list[int] = []
+    cancelled: list[int] = []
+
+    @tools.registry.tool(name="interrupting", parameters=OBJ, timeout_s=60)
+    async def interrupting(args: dict[str, Any], ctx: AuthContext) -> None:
+        entered.append(1)
+        signal.pthread_kill(main, signal.SIGINT)  # at once, from the loop's thread
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(1)
+            raise
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for _ in range(20):
+            with pytest.raises(KeyboardInterrupt):
+                relay.dispatch("interrupting")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    deadline = time.monotonic() + JOIN_S
+    while len(cancelled) < len(entered):
+        assert time.monotonic() < deadline, f"{len(entered) - len(cancelled)} calls ran on"
+        time.sleep(0.01)
+    assert len(entered) == 20
+
+
 def test_calls_from_the_loop_itself_are_refused(tools: Tools, relay: SyncDispatcher) -> None:
     """An async handler calling the SyncDispatcher it runs under would wait for itself: it
     is refused (answered tool_error), nothing hangs; a sync handler (worker thread) may."""
