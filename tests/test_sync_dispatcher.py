@@ -622,9 +622,9 @@ def test_close_stops_idle_worker_threads(backend: str) -> None:
     assert all(r.ok for r in in_threads(9, lambda i: sd.dispatch("gate")))
     assert workers() == 9
     sd.close()
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + JOIN_S
     while workers():
-        assert time.monotonic() < deadline, f"{workers()} worker threads left 1 s after close()"
+        assert time.monotonic() < deadline, f"{workers()} worker threads left after close()"
         time.sleep(0.01)
 
 
@@ -650,7 +650,7 @@ def test_a_worker_thread_busy_at_close_ends_when_its_handler_returns(
     assert len(raised) == 1
     assert workers() == 1  # still in its handler: a thread cannot be stopped from outside
     tools.release.set()
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + JOIN_S
     while workers():
         assert time.monotonic() < deadline, "the busy worker thread outlived its handler"
         time.sleep(0.01)
