@@ -157,16 +157,21 @@ async def test_a_hung_tool_is_answered_timeout_and_its_process_is_gone(
     async with Dispatcher(
         registry, DispatcherOptions(telemetry=False), observers=[events]
     ) as dispatcher:
-        await dispatcher.dispatch("describe", {})  # a warm worker: the deadline is the tool's
+        # a warm worker: the deadline is the tool's, and the call goes to that process
+        pid = (await dispatcher.dispatch("describe", {})).data["pid"]
         pidfile = tmp_path / "pid"
         started = time.perf_counter()
         result = await dispatcher.dispatch("hang", {"pidfile": str(pidfile)})
         took = time.perf_counter() - started
         answer = result.to_model()
         assert answer["error_type"] == "timeout", answer
-        assert took < 0.5 + 1.0  # at the deadline, not whenever the tool would end
-        pid = pid_from(pidfile)
-        assert not exists(pid)  # killed and reaped before the answer: no zombie either
+        # at the deadline, not whenever the tool would end (in an hour); the slack only
+        # absorbs a loaded machine
+        assert took < 0.5 + 3.0
+        # the tool ran there (unless a loaded machine's worker got to it only after the
+        # deadline): that process was killed and reaped before the answer, no zombie either
+        assert not pidfile.exists() or pid_from(pidfile) == pid
+        assert not exists(pid)
         if idempotent:
             assert answer["retryable"] is True and not result.effect_unknown
         else:  # exactly like thread mode: the effect may have happened

@@ -225,7 +225,7 @@ async def test_open_fails_fast_without_waiting_the_deadline() -> None:
     start = anyio.current_time()
     result = await call(dispatcher)
     assert result.error_type is ErrorType.CIRCUIT_OPEN
-    assert anyio.current_time() - start < 1  # far below the 5 s deadline
+    assert anyio.current_time() - start < 2.5  # far below the 5 s deadline
     assert service.calls == 0
     assert result.attempts == 1
 
