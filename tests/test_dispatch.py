@@ -802,7 +802,7 @@ async def test_dispatch_many_survives_a_failing_on_result(caplog: pytest.LogCapt
     calls = [ToolCall("slow", {"n": n}, f"c{n}") for n in range(3)]
     results = await Dispatcher(registry).dispatch_many(calls, CTX, on_result=on_result)
     assert [r.data for r in results] == [0, 1, 2], results
-    assert finished == [0, 1, 2]
+    assert sorted(finished) == [0, 1, 2]  # (trio runs tasks woken together in any order)
     assert any("on_result raised for call 0" in r.getMessage() for r in caplog.records)
 
 
