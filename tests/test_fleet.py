@@ -420,7 +420,8 @@ async def test_one_breaker_opens_and_holds_across_the_fleet(
         for replica in (r2, r3):
             if replica.name in delays:
                 continue
-            if admin(replica, "GET", "/breakers/payments")["state"] == "open":
+            # open, or already half-open if a loaded machine took longer than the break
+            if admin(replica, "GET", "/breakers/payments")["state"] != "closed":
                 delays[replica.name] = round(1000 * (time.monotonic() - opened_at), 1)
         assert time.monotonic() - opened_at < 2.0, delays
     record_property("breaker_open_on_all_ms", delays)
@@ -480,12 +481,16 @@ async def test_half_open_trials_across_the_fleet_stay_within_the_limit(whole: Fl
     outcomes: list[str] = []
 
     async def caller() -> None:
+        # until the breaker lets this client through (20 calls were not always enough to
+        # outlast the break on a loaded machine)
+        until = time.monotonic() + 10
         async with modern(whole.url) as client:
-            for _ in range(20):
+            while time.monotonic() < until:
                 answer = await pay(client, delay_s=0.1)
                 outcomes.append(answer.get("error_type", "ok"))
-                if answer.get("error_type") == "circuit_open":
-                    await anyio.sleep(0.02)
+                if answer.get("error_type") != "circuit_open":
+                    break
+                await anyio.sleep(0.02)
 
     async with anyio.create_task_group() as tg:
         for _ in range(8):
