@@ -608,6 +608,7 @@ def sample_exposition() -> bytes:
     import anyio
 
     import isolated_tools
+    from helpers import wait_until
     from toolrelay import Dispatcher, Fault, ToolError, ToolRegistry
 
     registry = ToolRegistry()
@@ -643,7 +644,10 @@ def sample_exposition() -> bytes:
 
     @registry.tool(name="slow", parameters={"type": "object"}, breaker_key="hedged")
     async def slow(args: dict[str, Any], ctx: Any) -> Any:
-        await anyio.sleep(0.05)  # past hedge_after_s, with no budget for a hedge
+        # answers once its hedge (due after 0.01 s) was skipped: there is no budget for it
+        # (a fixed sleep could end first on a loaded machine, and no hedge would be due)
+        skipped = {"breaker_key": "hedged", "hedge": "skipped"}
+        await wait_until(lambda: bool(metrics.get_sample_value("toolrelay_hedges_total", skipped)))
 
     @registry.tool(name="adaptive", parameters={"type": "object"}, breaker_key="adaptive-svc")
     async def adaptive(args: dict[str, Any], ctx: Any) -> Any:

@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,9 +339,14 @@ def drain_and_restart(fleet: Fleet, replica: Replica) -> dict[str, Any]:
     began = time.monotonic()
     replica.terminate()
     try:
-        time.sleep(0.05)
+        # the drain starts when the replica has handled the signal (a loaded machine may
+        # take a while): /readyz says 503 from then on, for the whole drain
         auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        readyz = httpx.get(replica.admin_url + "/readyz", headers=auth).status_code
+        until = time.monotonic() + TEST_DRAIN_S
+        while (readyz := httpx.get(replica.admin_url + "/readyz", headers=auth).status_code) != 503:
+            if time.monotonic() > until:
+                break
+            time.sleep(0.01)
         headers, body = raw_call("lookup", {"text": "x", "delay_s": 0.1})
         headers["Authorization"] = f"Bearer {AGENTS_TOKEN}"
         headers["Accept"] = "application/json, text/event-stream"
@@ -383,12 +388,23 @@ async def pay(client: Client, delay_s: float = 0.0) -> dict[str, Any]:
     return envelope(await client.call_tool("pay", args))
 
 
+async def every_replica(fleet: Fleet, holds: Callable[[dict[str, Any]], bool]) -> None:
+    """Wait until every replica's view of ``payments`` holds (it converges through Redis
+    within ms, however loaded the machine; 5 s is the bound of a failure)."""
+    until = time.monotonic() + 5.0
+    while not all(holds(admin(r, "GET", "/breakers/payments")) for r in fleet.replicas):
+        assert time.monotonic() < until, [
+            admin(r, "GET", "/breakers/payments") for r in fleet.replicas
+        ]
+        await anyio.sleep(0.02)
+
+
 async def test_one_breaker_opens_and_holds_across_the_fleet(
     whole: Fleet, record_property: Any
 ) -> None:
     """Failures seen through replica 1 open ``payments`` on all three (the delay measured);
-    then every call through HAProxy is answered ``circuit_open`` and the service is not
-    called. ``force_open`` through replica 2's admin API holds on all three."""
+    then every call through HAProxy within the break is answered ``circuit_open`` and the
+    service is not called. ``force_open`` through replica 2's admin API holds on all three."""
     r1, r2, r3 = whole.replicas
     for replica in whole.replicas:  # each replica has used the key (and synced it)
         async with modern(replica.mcp_url) as client:
@@ -404,23 +420,31 @@ async def test_one_breaker_opens_and_holds_across_the_fleet(
         for replica in (r2, r3):
             if replica.name in delays:
                 continue
-            if admin(replica, "GET", "/breakers/payments")["state"] == "open":
+            # open, or already half-open if a loaded machine took longer than the break
+            if admin(replica, "GET", "/breakers/payments")["state"] != "closed":
                 delays[replica.name] = round(1000 * (time.monotonic() - opened_at), 1)
         assert time.monotonic() - opened_at < 2.0, delays
     record_property("breaker_open_on_all_ms", delays)
     print("open on the other replicas after (ms):", delays)
-    ran = len(pay_log(whole))
+    before = pay_log(whole)
+    tripped_at = before[-1][2]  # the end of the third failure: the break (0.5 s) starts
     async with modern(whole.url) as client:
         answers = [await pay(client) for _ in range(6)]
-    assert {a["error_type"] for a in answers} == {"circuit_open"}, answers
-    assert len(pay_log(whole)) == ran  # the service was not called
+    # The service was not called during the break. These calls normally all fall in it; on
+    # a loaded machine the break may end first, and a trial (failing: the service is down)
+    # reaches the service: only then, and answered with its own failure.
+    trials = [at for what, _, at in pay_log(whole)[len(before) :] if what == "start"]
+    assert all(at >= tripped_at + 0.5 for at in trials), (tripped_at, trials)
+    kinds = [a["error_type"] for a in answers]
+    assert set(kinds) <= {"circuit_open", "tool_error"}, answers
+    assert kinds.count("tool_error") == len(trials), answers
 
     # forced open through one replica's admin API: held by all, no trial ever
     (whole.workdir / "down").unlink()
     admin(r1, "POST", "/breakers/payments/reset")
-    await anyio.sleep(0.1)
+    await every_replica(whole, lambda view: view["state"] == "closed")
     admin(r2, "POST", "/breakers/payments/open")
-    await anyio.sleep(0.1)
+    await every_replica(whole, lambda view: view["state"] == "open" and view["pinned_open"])
     ran = len(pay_log(whole))
     async with modern(whole.url) as client:
         for _ in range(3):
@@ -457,12 +481,16 @@ async def test_half_open_trials_across_the_fleet_stay_within_the_limit(whole: Fl
     outcomes: list[str] = []
 
     async def caller() -> None:
+        # until the breaker lets this client through (20 calls were not always enough to
+        # outlast the break on a loaded machine)
+        until = time.monotonic() + 10
         async with modern(whole.url) as client:
-            for _ in range(20):
+            while time.monotonic() < until:
                 answer = await pay(client, delay_s=0.1)
                 outcomes.append(answer.get("error_type", "ok"))
-                if answer.get("error_type") == "circuit_open":
-                    await anyio.sleep(0.02)
+                if answer.get("error_type") != "circuit_open":
+                    break
+                await anyio.sleep(0.02)
 
     async with anyio.create_task_group() as tg:
         for _ in range(8):

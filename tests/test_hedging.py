@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -11,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from helpers import key_policy
+from helpers import key_policy, wait_until
 from toolrelay import (
     AuthContext,
     BudgetOptions,
@@ -74,25 +75,47 @@ def test_hedge_settings_are_validated() -> None:
 
 
 # -- through the dispatcher ------------------------------------------------------------------
-class Scripted:
-    """Request ``i`` waits ``delays[i]`` seconds (0 past the list) and then answers; it
-    records requests, answers and the cancellations it saw."""
+HEDGED = "until the next request has started"
+AFTER_HEDGE = "until the next request has ended"
+SKIPPED = "until a hedge was skipped"
 
-    def __init__(self, *delays: float, fail: tuple[int, ...] = ()) -> None:
+
+class Scripted:
+    """Request ``i`` waits ``delays[i]`` seconds (0 past the list), or for what happens to
+    the hedge (:data:`HEDGED`, :data:`AFTER_HEDGE`, :data:`SKIPPED`: an order of events
+    that a loaded machine's stalls cannot swap, as they can two delays), and then answers;
+    it records requests, answers and the cancellations it saw."""
+
+    def __init__(self, *delays: float | str, fail: tuple[int, ...] = ()) -> None:
         self.delays = delays
         self.fail = fail
         self.requests = 0
         self.cancelled: list[int] = []
         self.answered: list[int] = []
+        self.ended: list[int] = []
+        self.events: list[Event] = []  # the dispatcher's (set by build)
+
+    def _until(self, n: int, what: str) -> Callable[[], bool]:
+        if what == HEDGED:
+            return lambda: self.requests > n + 1
+        if what == AFTER_HEDGE:
+            return lambda: n + 1 in self.ended
+        return lambda: any(e.result == "skipped" for e in self.events if isinstance(e, HedgeEnded))
 
     async def __call__(self, args: dict[str, Any], ctx: AuthContext) -> Any:
         n = self.requests
         self.requests += 1
+        delay = self.delays[n] if n < len(self.delays) else 0
         try:
-            await anyio.sleep(self.delays[n] if n < len(self.delays) else 0)
+            if isinstance(delay, str):
+                await wait_until(self._until(n, delay))
+            else:
+                await anyio.sleep(delay)
         except anyio.get_cancelled_exc_class():
             self.cancelled.append(n)
+            self.ended.append(n)
             raise
+        self.ended.append(n)
         if n in self.fail:
             raise ToolError(f"request {n} failed", retryable=True)
         self.answered.append(n)
@@ -107,7 +130,7 @@ def build(
         name="lookup", parameters={"type": "object"}, breaker_key="svc", timeout_s=timeout_s,
         idempotent=idempotent,
     )(handler)  # fmt: skip
-    events: list[Event] = []
+    events: list[Event] = handler.events
     metrics = CollectorRegistry()
     settings = {"window": "count", "max_attempts": 1, **config}
     dispatcher = Dispatcher(
@@ -143,7 +166,7 @@ async def test_the_first_good_answer_wins_and_the_loser_is_cancelled(anyio_backe
 async def test_hedging_turned_on_and_off_by_a_reload(anyio_backend: str) -> None:
     # no key hedges at first: the dispatcher leaves the stage out of its chain, and puts it
     # back when a reload turns hedging on
-    handler = Scripted(0.3, 0.3, 0.0, 0.0)
+    handler = Scripted(0.3, 30.0, 0.0, 0.0)
     dispatcher, events, _ = build(handler)
     result = await dispatcher.dispatch("lookup", {})
     assert result.ok and result.data == {"request": 0} and result.attempts == 1
@@ -158,7 +181,7 @@ async def test_hedging_turned_on_and_off_by_a_reload(anyio_backend: str) -> None
 
 
 async def test_the_primary_wins_when_it_answers_before_the_hedge(anyio_backend: str) -> None:
-    handler = Scripted(0.3, 30.0)
+    handler = Scripted(HEDGED, 30.0)
     dispatcher, events, _ = build(handler, hedge_after_s=0.05)
     result = await dispatcher.dispatch("lookup", {})
     assert result.ok and result.data == {"request": 0} and result.attempts == 2
@@ -168,12 +191,12 @@ async def test_the_primary_wins_when_it_answers_before_the_hedge(anyio_backend: 
 
 
 async def test_a_failed_attempt_waits_for_the_others(anyio_backend: str) -> None:
-    handler = Scripted(0.3, 0.0, fail=(1,))  # the hedge fails fast; the primary answers
+    handler = Scripted(AFTER_HEDGE, 0.0, fail=(1,))  # the hedge fails fast; the primary answers
     dispatcher, events, _ = build(handler, hedge_after_s=0.05)
     result = await dispatcher.dispatch("lookup", {})
     assert result.ok and result.data == {"request": 0}
     assert hedges(events) == [(2, "lost", 1)]
-    handler = Scripted(0.2, 0.0, fail=(0, 1))  # both fail: the last failure is the answer
+    handler = Scripted(AFTER_HEDGE, 0.0, fail=(0, 1))  # both fail: the last failure answers
     dispatcher, events, _ = build(handler, hedge_after_s=0.05)
     result = await dispatcher.dispatch("lookup", {})
     assert result.error_type is ErrorType.TOOL_ERROR
@@ -200,12 +223,13 @@ async def test_tools_that_are_not_idempotent_are_never_hedged(anyio_backend: str
 
 async def test_hedges_stay_within_the_deadline(anyio_backend: str) -> None:
     handler = Scripted(30.0, 30.0, 30.0, 30.0, 30.0, 30.0)
-    dispatcher, events, _ = build(handler, timeout_s=0.5, hedge_after_s=0.2, max_hedges=5)
+    # a hedge is due at 0.3 s (it starts if it comes before 0.55 s: a loaded machine's slack)
+    dispatcher, events, _ = build(handler, timeout_s=0.85, hedge_after_s=0.3, max_hedges=5)
     started = anyio.current_time()
     result = await dispatcher.dispatch("lookup", {})
     assert result.error_type is ErrorType.TIMEOUT
-    assert anyio.current_time() - started < 2.0
-    # hedges at 0.2 and 0.4 s; by then less than one delay is left: the rest is skipped
+    assert anyio.current_time() - started < 2.5
+    # hedges at 0.3 and 0.6 s; by then less than one delay is left: the rest is skipped
     assert handler.requests == 2
     skipped, lost = hedges(events)
     assert skipped == (3, "skipped", 0) and lost[:2] == (2, "lost")  # a timeout wins nothing
@@ -218,7 +242,7 @@ async def test_hedges_stay_within_the_deadline(anyio_backend: str) -> None:
 
 
 async def test_a_full_bulkhead_skips_the_hedge(anyio_backend: str) -> None:
-    handler = Scripted(0.3, 0.0)
+    handler = Scripted(SKIPPED, 0.0)
     dispatcher, events, metrics = build(handler, hedge_after_s=0.05, max_concurrent=1)
     result = await dispatcher.dispatch("lookup", {})
     assert result.ok and result.data == {"request": 0} and result.attempts == 1
@@ -231,7 +255,7 @@ async def test_a_full_bulkhead_skips_the_hedge(anyio_backend: str) -> None:
 
 
 async def test_a_spent_budget_skips_the_hedge(anyio_backend: str) -> None:
-    handler = Scripted(0.2, 0.2, 0.0)
+    handler = Scripted(SKIPPED, 30.0, 0.0)
     dispatcher, events, _ = build(
         handler, hedge_after_s=0.05, retry_budget=0.5, retry_budget_min_per_s=0.0
     )
@@ -249,8 +273,15 @@ async def test_a_host_cancellation_cancels_every_attempt(anyio_backend: str) -> 
     handler = Scripted(30.0, 30.0)
     dispatcher, events, _ = build(handler, hedge_after_s=0.05)
     answered: list[Any] = []
-    with anyio.move_on_after(0.3) as scope:
+
+    async def call() -> None:
         answered.append(await dispatcher.dispatch("lookup", {}))
+
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await wait_until(lambda: handler.requests == 2)  # the primary and its hedge run
+            scope.cancel()
     assert scope.cancelled_caught and answered == []
     assert sorted(handler.cancelled) == [0, 1] and handler.answered == []
     assert dispatcher.breakers.get("svc").window_counts(others=False) == (0, 0, 0)

@@ -98,7 +98,9 @@ def build(**kw: Any) -> tuple[Dispatcher, Service]:
             svc.stall_cancelled = True
             raise
 
-    @registry.tool(description="A blocking client.", parameters=OBJ, timeout_s=0.2)
+    # The deadline leaves a loaded machine time to start the thread (a job whose thread
+    # starts after its deadline is skipped, never run): the tests see it blocked.
+    @registry.tool(description="A blocking client.", parameters=OBJ, timeout_s=0.5)
     def blocking(args: dict[str, Any], ctx: AuthContext) -> str:
         svc.block_started.set()
         svc.release.wait(30)

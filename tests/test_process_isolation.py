@@ -103,7 +103,8 @@ def pid_from(path: Path) -> int:
 
 # -- what reaches the worker -----------------------------------------------------------------
 async def test_arguments_auth_and_call_context_reach_the_worker() -> None:
-    registry = registry_with(describe=(tools.describe, {"timeout_s": 5, "breaker_key": "k1"}))
+    # a cold worker process imports toolrelay first: over 5 s was seen on a loaded machine
+    registry = registry_with(describe=(tools.describe, {"timeout_s": 60, "breaker_key": "k1"}))
     ctx = AuthContext(
         user_id="ada", tenant_id="acme", roles=frozenset({"b", "a"}), attributes={"plan": "pro"}
     )
@@ -121,8 +122,8 @@ async def test_arguments_auth_and_call_context_reach_the_worker() -> None:
             "describe", "c-1", 1, "k1",
         )  # fmt: skip
         # the deadline is on time.monotonic()'s clock, the same in every process
-        assert before + 5 - 1 < call["deadline"] <= before + 5 + 0.5
-        assert 0 < call["time_left"] <= 5
+        assert before + 60 - 1 < call["deadline"] <= before + 60 + 0.5
+        assert 0 < call["time_left"] <= 60
         # the answer is JSON through and through
         assert json.loads(json.dumps(result.to_model())) == result.to_model()
         # the worker is reused: the same process answers the next call
@@ -150,23 +151,31 @@ async def test_a_hung_tool_is_answered_timeout_and_its_process_is_gone(
 ) -> None:
     registry = registry_with(
         hang=(tools.hang, {"timeout_s": 0.5, "breaker_key": "shared", "idempotent": idempotent}),
-        describe=(tools.describe, {"breaker_key": "shared"}),
+        # a cold worker process imports toolrelay first: seconds on a loaded machine
+        describe=(tools.describe, {"breaker_key": "shared", "timeout_s": 60}),
     )
     events = Events()
-    threads_before = threading.active_count()
+    threads_before = _own_threads()
     async with Dispatcher(
         registry, DispatcherOptions(telemetry=False), observers=[events]
     ) as dispatcher:
-        await dispatcher.dispatch("describe", {})  # a warm worker: the deadline is the tool's
+        # a warm worker: the deadline is the tool's, and the call goes to that process
+        warm = await dispatcher.dispatch("describe", {})
+        assert warm.ok, warm.to_model()
+        pid = warm.data["pid"]
         pidfile = tmp_path / "pid"
         started = time.perf_counter()
         result = await dispatcher.dispatch("hang", {"pidfile": str(pidfile)})
         took = time.perf_counter() - started
         answer = result.to_model()
         assert answer["error_type"] == "timeout", answer
-        assert took < 0.5 + 1.0  # at the deadline, not whenever the tool would end
-        pid = pid_from(pidfile)
-        assert not exists(pid)  # killed and reaped before the answer: no zombie either
+        # at the deadline, not whenever the tool would end (in an hour); the slack only
+        # absorbs a loaded machine
+        assert took < 0.5 + 3.0
+        # the tool ran there (unless a loaded machine's worker got to it only after the
+        # deadline): that process was killed and reaped before the answer, no zombie either
+        assert not pidfile.exists() or pid_from(pidfile) == pid
+        assert not exists(pid)
         if idempotent:
             assert answer["retryable"] is True and not result.effect_unknown
         else:  # exactly like thread mode: the effect may have happened
@@ -180,7 +189,17 @@ async def test_a_hung_tool_is_answered_timeout_and_its_process_is_gone(
         after = await dispatcher.dispatch("describe", {})
         assert after.ok and after.data["pid"] != pid
         assert dispatcher.processes.processes() == {"shared": 1}
-    assert threading.active_count() <= threads_before + 1  # (+ the shared spawner thread)
+    # no thread is left behind (+ the shared spawner thread); the pool's own end as they
+    # notice it is closed, which a loaded machine may take a moment to let them do
+    await wait_until(lambda: _own_threads() <= threads_before + 1)
+
+
+def _own_threads() -> int:
+    """Live threads, less the async library's idle worker threads (kept for 10 s after
+    a ``to_thread`` call: counted, they failed this test whenever it ran first in its
+    pytest-xdist worker)."""
+    cached = ("AnyIO worker thread", "Trio thread")
+    return sum(not t.name.startswith(cached) for t in threading.enumerate())
 
 
 async def test_a_flood_of_hung_calls_leaves_no_process_behind(tmp_path: Path) -> None:

@@ -56,9 +56,12 @@ def relay(sync: bool, behaviour: str, *, risk: str = "write", idempotent: bool |
                 await anyio.sleep_forever()
             return "charged"
 
-    registry.tool(name="charge", parameters=ANY, risk=risk, idempotent=idempotent, timeout_s=0.1)(
-        handler
-    )
+    # only a hang needs a short deadline: a sync crash or refusal answered after a loaded
+    # machine's thread start past 0.1 s would be a timeout
+    timeout_s = 0.1 if behaviour == "hang" else 10
+    registry.tool(
+        name="charge", parameters=ANY, risk=risk, idempotent=idempotent, timeout_s=timeout_s
+    )(handler)
     return Dispatcher(registry, DispatcherOptions(profiles=OPEN), audit=None), release
 
 
