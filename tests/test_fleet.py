@@ -113,7 +113,10 @@ async def modern(url: str, token: str = AGENTS_TOKEN, **callbacks: Any) -> Async
     async with (
         http_client(token) as http,
         Client(
-            streamable_http_client(url, http_client=http), mode="2026-07-28", cache=None, **callbacks
+            streamable_http_client(url, http_client=http),
+            mode="2026-07-28",
+            cache=None,
+            **callbacks,
         ) as c,
     ):
         yield c
