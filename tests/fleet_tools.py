@@ -3,7 +3,8 @@ path): ``lookup``, an idempotent read that says which replica answered, and ``pa
 to a "payments service" shared by every replica — down while the file ``down`` exists in
 the plugin's ``state_dir`` — that logs each run (start and end, on the one system-wide
 monotonic clock) to ``state_dir/pay.log``, so a test can count the trials the fleet let
-through."""
+through; and ``refund``, a ``write`` that the calling client must approve (a 2026-era
+client: in an ``InputRequiredResult`` round)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,15 @@ def register(registry: ToolRegistry, config: Mapping[str, Any]) -> None:
     async def lookup(args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
         await anyio.sleep(args.get("delay_s", 0))
         return {"text": args["text"], "pid": os.getpid()}
+
+    @registry.tool(
+        name="refund",
+        description="Needs the caller's approval; says which replica ran it.",
+        parameters=PAY,
+        risk="write",
+    )
+    async def refund(args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
+        return {"refunded": args["amount"], "pid": os.getpid()}
 
     @registry.tool(
         name="pay",

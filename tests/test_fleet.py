@@ -27,8 +27,10 @@ from typing import Any
 import anyio
 import httpx
 import httpx2
+import mcp.types as types
 import pytest
 from mcp import Client, ClientSession
+from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError as McpError
 
@@ -106,11 +108,16 @@ def http_client(token: str) -> httpx2.AsyncClient:
 
 
 @asynccontextmanager
-async def modern(url: str, token: str = AGENTS_TOKEN) -> AsyncIterator[Client]:
+async def modern(url: str, token: str = AGENTS_TOKEN, **callbacks: Any) -> AsyncIterator[Client]:
     """A 2026-era client: every request stands alone (no session)."""
     async with (
         http_client(token) as http,
-        Client(streamable_http_client(url, http_client=http), mode="2026-07-28", cache=None) as c,
+        Client(
+            streamable_http_client(url, http_client=http),
+            mode="2026-07-28",
+            cache=None,
+            **callbacks,
+        ) as c,
     ):
         yield c
 
@@ -303,6 +310,43 @@ async def test_a_session_sticks_to_the_replica_that_opened_it(whole: Fleet) -> N
         twos = {whole.by_pid(await lookup(second)) for _ in range(6)}
     assert len(ones) == 1 and len(twos) == 1, (ones, twos)
     assert ones != twos  # the sessions themselves were balanced
+
+
+async def test_a_2026_clients_rounds_stay_on_the_replica_holding_its_call(whole: Fleet) -> None:
+    """A 2026-era client approves ``refund`` (a ``write``) in an ``InputRequiredResult``
+    round: its second request, with the ``requestState``, reaches the replica holding the
+    call (the state's replica tag, learned from that replica's ``Toolrelay-Replica``
+    header), six calls in a row — round-robin alone would send each one elsewhere, where
+    it is refused -32602. Calls without a state are still balanced round-robin; a state
+    with a known tag but a forged token is refused by the replica it names."""
+    asked: list[str] = []
+
+    async def approve(
+        context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept")
+
+    async with modern(whole.url, elicitation_callback=approve) as client:
+        refunds = [envelope(await client.call_tool("refund", {"amount": n})) for n in range(6)]
+        served = {whole.by_pid(await lookup(client)) for _ in range(6)}
+    assert [r.get("refunded") for r in refunds] == list(range(6)), refunds
+    assert len(asked) == 6 and asked[0].startswith("Allow the write action 'refund'"), asked
+    assert len({whole.by_pid(r["pid"]) for r in refunds}) >= 2  # the calls themselves spread
+    assert served == set(whole.names)
+    headers, body = raw_call("refund", {"amount": 1})
+    headers["Authorization"] = f"Bearer {AGENTS_TOKEN}"
+    headers["Accept"] = "application/json, text/event-stream"
+    tags = set()
+    async with httpx.AsyncClient(timeout=10, headers=headers) as http:
+        for _ in range(3):  # each replica's tag
+            tags.add((await http.get(whole.url)).headers.get("toolrelay-replica"))
+        for tag in tags:
+            forged = json.loads(body)
+            forged["params"] |= {"requestState": f"{tag}.{'A' * 43}", "inputResponses": {}}
+            answer = answer_of(await http.post(whole.url, json=forged))
+            assert answer["error"]["code"] == -32602, answer
+    assert len(tags) == 3 and None not in tags, tags
 
 
 # -- rolling restart -----------------------------------------------------------------------------

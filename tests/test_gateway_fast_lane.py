@@ -213,7 +213,8 @@ async def post(
     headers: Mapping[str, str] | None = None,
     token: str | None = None,
 ) -> Exchange:
-    """One POST; its status, headers (the session's id as ``<sid>``) and body."""
+    """One POST; its status, headers (the session's id as ``<sid>``, not the process's
+    ``toolrelay-replica`` tag) and body."""
     sent = {**HEADERS, "mcp-protocol-version": VERSION}
     if session_id is not None:
         sent["mcp-session-id"] = session_id
@@ -225,7 +226,7 @@ async def post(
     shown = [
         (k, "<sid>" if session_id is not None and v == session_id else v)
         for k, v in response.headers.multi_items()
-        if k != "date"
+        if k not in ("date", "toolrelay-replica")
     ]
     return response.status_code, shown, response.content
 

@@ -15,6 +15,11 @@ deadline: shortly before it, a request the client has not answered gets an error
 still waiting when the call ends gets one too. A client has at most
 :data:`HELD_PER_CLIENT` calls waiting on it; past that an upstream's request is refused at
 once.
+
+The state starts with this process's tag and a dot (``<tag>.<token>``); every HTTP answer
+names the tag (:class:`ReplicaTag`, header ``Toolrelay-Replica``), so a load balancer in
+front of several replicas can learn which one holds a call and send its rounds there
+(deploy/haproxy.cfg). The tag is a prefix: the token's randomness and checks are as above.
 """
 
 from __future__ import annotations
@@ -31,12 +36,13 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..sources.relay import R
 from .channels import Channel, SessionChannel, refused
 from .sessions import client_key
 
-__all__ = ["HELD_PER_CLIENT", "HeldCall", "Rounds"]
+__all__ = ["HELD_PER_CLIENT", "HeldCall", "ReplicaTag", "Rounds"]
 
 HELD_PER_CLIENT = 8
 """The most calls waiting on one client's answers at once."""
@@ -88,7 +94,7 @@ class HeldCall(Channel):
         self, rounds: Rounds, owner: str, params: types.CallToolRequestParams, first: SessionChannel
     ) -> None:
         super().__init__(first.meta)
-        self.state = secrets.token_urlsafe(32)
+        self.state = f"{rounds.tag}.{secrets.token_urlsafe(32)}"
         self.owner = owner
         self.call = (params.name, params.arguments or {})
         self.held = False
@@ -192,6 +198,8 @@ class Rounds:
     """The calls of 2026-era clients held between rounds (served while :meth:`run` runs)."""
 
     def __init__(self) -> None:
+        self.tag = secrets.token_hex(4)
+        """This process's prefix of its request states (and its ``Toolrelay-Replica``)."""
         self._calls: dict[str, HeldCall] = {}
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -252,3 +260,20 @@ class Rounds:
 
     def forget(self, call: HeldCall) -> None:
         self._calls.pop(call.state, None)
+
+
+class ReplicaTag:
+    """ASGI middleware: every HTTP answer carries ``Toolrelay-Replica: <tag>``, the prefix of
+    this process's request states (a balancer routes a call's rounds by it)."""
+
+    def __init__(self, app: ASGIApp, tag: str) -> None:
+        self.app = app
+        self.header = (b"toolrelay-replica", tag.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def tagged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), self.header]
+            await send(message)
+
+        await self.app(scope, receive, tagged if scope["type"] == "http" else send)
