@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 METHOD_NOT_FOUND = -32601
@@ -34,9 +35,27 @@ def _schema(properties: dict[str, Any], *required: str) -> dict[str, Any]:
     }
 
 
-def serve_raw() -> None:
-    """A minimal 2025-era server written without the SDK, as servers in other languages are,
-    that lists one tool with ``inputSchema: {}`` (no ``"type": "object"``)."""
+RAW_TOOLS = [  # non-conforming: "untyped" has ``inputSchema: {}`` (no "type": "object")
+    {"name": "fine", "inputSchema": {"type": "object"}},
+    {"name": "untyped", "inputSchema": {}},
+]
+
+
+def raw_answer(request_id: Any, args: dict[str, Any]) -> str:
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "result": {"content": [{"type": "text", "text": "raw"}]},
+        }
+    )
+
+
+def serve(
+    name: str, tools: list[dict[str, Any]], answer: Callable[[Any, dict[str, Any]], str]
+) -> None:
+    """Answer the 2025-era handshake, ``tools/list`` with ``tools`` and each ``tools/call``
+    with the line ``answer(id, arguments)`` gives, over stdio."""
     for line in sys.stdin:
         message = json.loads(line)
         if "id" not in message:
@@ -47,18 +66,16 @@ def serve_raw() -> None:
             reply["result"] = {
                 "protocolVersion": "2025-11-25",
                 "capabilities": {"tools": {}},
-                "serverInfo": {"name": "raw", "version": "1"},
+                "serverInfo": {"name": name, "version": "1"},
             }
         elif method == "tools/list":
-            reply["result"] = {
-                "tools": [
-                    {"name": "fine", "inputSchema": {"type": "object"}},
-                    {"name": "untyped", "inputSchema": {}},
-                ]
-            }
+            reply["result"] = {"tools": tools}
         elif method == "tools/call":
-            record(event="call", tool=message["params"]["name"])
-            reply["result"] = {"content": [{"type": "text", "text": "raw"}]}
+            args = message["params"].get("arguments") or {}
+            record(event="call", tool=message["params"]["name"], arguments=args)
+            sys.stdout.write(answer(message["id"], args) + "\n")
+            sys.stdout.flush()
+            continue
         else:
             reply["error"] = {"code": METHOD_NOT_FOUND, "message": "Method not found"}
         sys.stdout.write(json.dumps(reply) + "\n")
@@ -108,40 +125,13 @@ def hostile_answer(request_id: Any, args: dict[str, Any]) -> str:
     return head + json.dumps({"content": [{"type": "text", "text": f"fine: {kind}"}]}) + "}"
 
 
-def serve_hostile() -> None:
-    """A conforming 2025-era stdio server, written without the SDK, whose ``hostile`` tool
-    answers with whatever ``kind`` names: huge, deep, wide or parser-hostile."""
-    listing = [
-        {
-            "name": "hostile",
-            "inputSchema": _schema({"kind": {"type": "string"}, "mib": {"type": "number"}}),
-            "annotations": {"readOnlyHint": True},
-        }
-    ]
-    for line in sys.stdin:
-        message = json.loads(line)
-        if "id" not in message:
-            continue
-        method = message.get("method")
-        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
-        if method == "initialize":
-            reply["result"] = {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "hostile", "version": "1"},
-            }
-        elif method == "tools/list":
-            reply["result"] = {"tools": listing}
-        elif method == "tools/call":
-            args = message["params"].get("arguments") or {}
-            record(event="call", tool=message["params"]["name"], arguments=args)
-            sys.stdout.write(hostile_answer(message["id"], args) + "\n")
-            sys.stdout.flush()
-            continue
-        else:
-            reply["error"] = {"code": METHOD_NOT_FOUND, "message": "Method not found"}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+HOSTILE_TOOLS = [
+    {
+        "name": "hostile",
+        "inputSchema": _schema({"kind": {"type": "string"}, "mib": {"type": "number"}}),
+        "annotations": {"readOnlyHint": True},
+    }
+]
 
 
 def main() -> None:
@@ -155,9 +145,9 @@ def main() -> None:
     RECORD = options.record
     record(event="started", pid=os.getpid())
     if options.raw:
-        serve_raw()
+        serve("raw", RAW_TOOLS, raw_answer)
     else:
-        serve_hostile()
+        serve("hostile", HOSTILE_TOOLS, hostile_answer)
 
 
 if __name__ == "__main__":
