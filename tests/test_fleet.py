@@ -698,10 +698,10 @@ async def test_a_replica_killed_under_load_loses_no_call(
         slow, ready, go = Tally(), list[int](), anyio.Event()
         for _ in range(9):
             tg.start_soon(in_flight, whole.url, slow, ready, go)
-        await wait_until(lambda: len(ready) == 9, 10)
+        await wait_until(lambda: len(ready) == 9, 30)  # 9 clients connected (load: seen > 10 s)
         before = slow_ones_on(whole, victim)
         go.set()
-        await wait_until(lambda: slow_ones_on(whole, victim) > before, 10)  # one in flight
+        await wait_until(lambda: slow_ones_on(whole, victim) > before, 30)  # one in flight
         killed_at = time.monotonic()
         victim.kill()
         killed.set()
