@@ -32,8 +32,11 @@ AGENTS_TOKEN = "fleet-agents-token-0123456789abcdef"
 ANNOUNCED = re.compile(r"MCP on http://\S+")
 CHECKS = ("inter 1s fastinter 250ms downinter 1s", "inter 100ms fastinter 50ms downinter 100ms")
 """HAProxy's check intervals, deploy's and the tests' (a replica is seen down or up in
-0.1-0.2 s instead of 1-2 s; ``drain_s`` is shortened to match)."""
-TEST_DRAIN_S = 1.0
+0.1-0.2 s instead of 1-2 s)."""
+TEST_DRAIN_S = 30.0
+"""``[serve] drain_s``: long, so that what a test checks while a replica drains happens
+inside the drain however loaded the machine; a test ends the drain when it is done with a
+second SIGTERM (:meth:`Replica.end_drain`), as ``close`` does."""
 
 
 def _replace(text: str, old: str, new: str, where: str) -> str:
@@ -125,6 +128,17 @@ class Replica:
         """SIGTERM: the replica drains and exits by itself."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
+
+    def end_drain(self, timeout_s: float = 10.0) -> None:
+        """After :meth:`terminate`: a second SIGTERM, once the first was handled (the
+        replica said so), ends the drain at once."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while "SIGTERM: stopping" not in self.errlog.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        self.terminate()
 
     def wait_exit(self, timeout_s: float = 15.0) -> int:
         assert self.proc is not None
@@ -258,9 +272,11 @@ class Fleet:
             if self.lb.poll() is None:
                 self.lb.kill()
                 self.lb.wait(5)
-        for replica in self.replicas:
-            if replica.proc is not None and replica.proc.poll() is None:
-                replica.terminate()
+        running = [r for r in self.replicas if r.proc is not None and r.proc.poll() is None]
+        for replica in running:
+            replica.terminate()
+        for replica in running:
+            replica.end_drain()
         for replica in self.replicas:
             if replica.proc is not None:
                 try:

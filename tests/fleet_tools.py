@@ -4,7 +4,8 @@ to a "payments service" shared by every replica — down while the file ``down``
 the plugin's ``state_dir`` — that logs each run (start and end, on the one system-wide
 monotonic clock) to ``state_dir/pay.log``, so a test can count the trials the fleet let
 through; and ``refund``, a ``write`` that the calling client must approve (a 2026-era
-client: in an ``InputRequiredResult`` round)."""
+client: in an ``InputRequiredResult`` round). ``lookup`` logs the process id of each slow
+call (1 s or more) as it starts to ``state_dir/slow.log``."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ def register(registry: ToolRegistry, config: Mapping[str, Any]) -> None:
         breaker_key="lookup",
     )
     async def lookup(args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
+        if args.get("delay_s", 0) >= 1:  # a slow call: the test waits until one runs here
+            with (state / "slow.log").open("a") as out:
+                out.write(f"{os.getpid()}\n")
         await anyio.sleep(args.get("delay_s", 0))
         return {"text": args["text"], "pid": os.getpid()}
 

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from helpers import key_policy
+from helpers import key_policy, wait_until
 from toolrelay import (
     AuthContext,
     BreakerOptions,
@@ -26,7 +26,7 @@ from toolrelay import (
     ToolRegistry,
 )
 from toolrelay.config import parse_config
-from toolrelay.events import ConcurrencyLimited, ConcurrencyLimitUpdated, Event
+from toolrelay.events import ConcurrencyLimited, ConcurrencyLimitUpdated, Event, HedgeEnded
 from toolrelay.result import ToolResult
 from toolrelay.settings import ConfigError, SettingsError
 
@@ -272,11 +272,17 @@ async def test_timeouts_cut_the_limit(anyio_backend: str) -> None:
 
 async def test_a_hedge_needs_a_place_under_the_current_limit(anyio_backend: str) -> None:
     requests = 0
+    events: list[Event] = []
+
+    def hedged_or_skipped() -> bool:
+        return requests > 1 or any(
+            isinstance(e, HedgeEnded) and e.result == "skipped" for e in events
+        )
 
     async def slow(args: dict[str, Any], ctx: AuthContext) -> dict[str, int]:
         nonlocal requests
         requests += 1
-        await anyio.sleep(0.3)
+        await wait_until(hedged_or_skipped)  # the primary outlasts the hedge's delay
         return {"ok": 1}
 
     registry = ToolRegistry()
@@ -285,6 +291,7 @@ async def test_a_hedge_needs_a_place_under_the_current_limit(anyio_backend: str)
     )(slow)
     for places, expected in ((1, 1), (2, 2)):
         requests = 0
+        events.clear()
         config = KeyPolicy(
             retry=RetryOptions(max_attempts=1),
             hedge=HedgeOptions(after_s=0.05),
@@ -293,7 +300,10 @@ async def test_a_hedge_needs_a_place_under_the_current_limit(anyio_backend: str)
             ),
         )
         dispatcher = Dispatcher(
-            registry, DispatcherOptions(keys={"svc": config}, telemetry=False), audit=None
+            registry,
+            DispatcherOptions(keys={"svc": config}, telemetry=False),
+            audit=None,
+            observers=[lambda inv, event: events.append(event)],
         )
         result = await dispatcher.dispatch("svc_call", {})
         assert result.ok and requests == expected

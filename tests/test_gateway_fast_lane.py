@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
+from helpers import wait_until
 from toolrelay import AuthContext, Dispatcher, ToolRegistry
 from toolrelay.serve.callers import Callers
 from toolrelay.serve.client_limits import ClientLimit, ClientLimits
@@ -63,7 +64,9 @@ class Verifier:
         return AccessToken(token=token, client_id=client, scopes=[], expires_at=None)
 
 
-def tools() -> ToolRegistry:
+def tools(started: list[str] | None = None) -> ToolRegistry:
+    """The gateway's tools; ``slow`` appends to ``started`` as it starts (the call is in
+    flight at the gateway)."""
     registry = ToolRegistry()
     params = {
         "type": "object",
@@ -86,6 +89,8 @@ def tools() -> ToolRegistry:
 
     @registry.tool(name="slow", parameters={"type": "object"}, timeout_s=30)
     async def slow(args: dict[str, Any], ctx: AuthContext) -> str:
+        if started is not None:
+            started.append("slow")
         await anyio.sleep(float(args.get("s", 0.5)))
         return "done"
 
@@ -101,8 +106,9 @@ class Gw:
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.reader = InMemoryMetricReader()
+        self.started: list[str] = []  # the ``slow`` calls that reached their tool
         self.dispatcher = Dispatcher(
-            tools(),
+            tools(self.started),
             metrics_registry=CollectorRegistry(),
             tracer_provider=provider,
             meter_provider=MeterProvider(metric_readers=[self.reader]),
@@ -460,7 +466,7 @@ async def test_a_session_with_a_call_in_flight_is_not_reaped(
         answers: list[Exchange] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(slow_call, http, gw.url, busy, 1.0, answers, "token-a")
-            await anyio.sleep(0.3)
+            await wait_until(lambda: gw.started == ["slow"])  # the call is in flight
             refused = await http.post(gw.url, json=OPEN, headers=other)
         assert refused.status_code == 503
         status, _, body = answers[0]
@@ -483,7 +489,7 @@ async def closed_mid_call(lane: bool, json_response: bool) -> Exchange:
         answers: list[Exchange] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(slow_call, http, gw.url, session_id, 20.0, answers)
-            await anyio.sleep(0.3)
+            await wait_until(lambda: gw.started == ["slow"])  # the call is in flight
             headers = {**HEADERS, "mcp-session-id": session_id, "mcp-protocol-version": VERSION}
             assert (await http.delete(gw.url, headers=headers)).status_code == 200
         assert gw.served == (1 if lane else 0)
@@ -589,7 +595,7 @@ async def cancelled_by_the_client(lane: bool, json_response: bool) -> tuple[Exch
         answers: list[Exchange] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(slow_call, http, gw.url, session_id, 20.0, answers, "token-a")
-            await anyio.sleep(0.3)
+            await wait_until(lambda: gw.started == ["slow"])  # the call is in flight
             attempts = [
                 await post(http, gw.url, other, cancel(1), token="token-a"),
                 await post(http, gw.url, session_id, cancel(1), token="token-b"),

@@ -202,11 +202,13 @@ class Client2025:
     def __init__(self, *, hang: bool = False) -> None:
         self.logs: list[tuple[str, Any]] = []
         self.hang = hang
+        self.sampling_asked = anyio.Event()
         self.sampling_cancelled = anyio.Event()
 
     async def sampling(
         self, context: ClientRequestContext, params: types.CreateMessageRequestParams
     ) -> types.CreateMessageResult:
+        self.sampling_asked.set()
         if self.hang:
             try:
                 await anyio.sleep_forever()
@@ -348,8 +350,8 @@ async def test_cancellation_reaches_the_upstream_and_back(gateway: Gateway) -> N
                     await wait_until(
                         lambda t=tool: t in [e["tool"] for e in gateway.events("call")]
                     )
-                    if tool == "sample":  # the client is being asked: cancel the call now
-                        await anyio.sleep(0.1)
+                    if tool == "sample":  # cancel the call once the client is being asked
+                        await client.sampling_asked.wait()
                     tg.cancel_scope.cancel()
             assert not waiting.cancelled_caught
         # the upstream's sampling request was cancelled in turn, and so was the client's

@@ -637,10 +637,14 @@ async def test_connection_failures_are_counted_where_they_happen(
     down = tmp_path / "down"  # while it exists, the server exits at once
     source = McpSource.stdio(
         flaky_command(stdio_server, down),
-        McpSourceOptions(breaker_key="test", backoff_initial_s=0.1, backoff_max_s=0.1),
+        McpSourceOptions(breaker_key="test", backoff_initial_s=0.1, backoff_max_s=0.4),
         errlog=stdio_server.log,
     )
     ctx = AuthContext()
+
+    def backed_off() -> bool:  # the back-off (0.1, 0.2, 0.4 s) has passed
+        return source.backoff.remaining() is None
+
     async with source:
         assert state(source) == "connected"
         assert (source.connection_failures, source.last_error) == (0, None)
@@ -655,20 +659,20 @@ async def test_connection_failures_are_counted_where_they_happen(
         lost_at, reason = source.last_error
         assert started <= lost_at <= time.time() and reason
 
-        await anyio.sleep(0.15)
+        await wait_until(backed_off)
         with pytest.raises(ToolError, match="not reachable"):
             await source.execute("text", {"message": "x"}, ctx)  # its reconnect fails
         assert state(source) == "down" and source.connection_failures == 2
         assert source.last_error is not None and source.last_error[0] >= lost_at
 
-        await anyio.sleep(0.15)
+        await wait_until(backed_off)
         assert await source.ping(5) is False  # the ping's reconnect fails
         assert source.connection_failures == 3
-        assert await source.ping(5) is False  # within the back-off: no attempt, no count
+        assert await source.ping(5) is False  # within the 0.4 s back-off: no attempt, no count
         assert source.connection_failures == 3
 
         down.unlink()
-        await anyio.sleep(0.15)
+        await wait_until(backed_off)
         answered: list[bool] = []
 
         async def ping() -> None:
