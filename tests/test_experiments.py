@@ -66,8 +66,9 @@ def test_broken_configuration_fails_the_matching_invariant(change: str) -> None:
     ok, figure = verdict(report, "searxng: breaker opened")
     assert not ok and figure.startswith("never opened")
     assert not verdict(report, "searxng: breaker closed after recovery")[0]
-    # Nothing else is blamed (with the deadline slack a loaded CI machine needs, 250 ms:
-    # a cut call answered 50 ms late there once).
+    # Nothing else is blamed (with the deadline slack a loaded CI machine needs, 1 s: a cut
+    # call answered 50 ms past 200 ms there once, and past 250 ms once under three workers;
+    # deadline overruns are bounded in ms by the serial tests of test_cancellation).
     assert verdict(report, "every call answered")[0]
     assert verdict(report, "every answer within its deadline")[0]
 
