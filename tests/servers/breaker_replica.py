@@ -84,6 +84,13 @@ def calls(url: str, config_json: str, seconds: str, work_s: str) -> list[dict[st
 
     async def run() -> None:
         await ready(dispatcher)
+        # Told to go once the key is open in Redis: call once this replica has heard it (a
+        # loaded machine's pub/sub message can take longer than the test's pause; calls
+        # made before it are a closed breaker's, not trials)
+        for _ in range(500):
+            if dispatcher.breakers.state("svc") != "closed":
+                break
+            await anyio.sleep(0.01)
         until = time.time() + float(seconds)
         async with anyio.create_task_group() as tg:
             for _ in range(3):
