@@ -199,3 +199,20 @@ def short_hang_report(*, breaker: bool) -> Run:
             future = pool.submit(lambda: anyio.run(play, experiment))
             _SHORT_HANG_REPORTS[breaker] = future.result()
     return _SHORT_HANG_REPORTS[breaker]
+
+
+@asynccontextmanager
+async def http_session(url: str, **options: Any) -> AsyncIterator[Any]:
+    """An initialized MCP SDK ``ClientSession`` over streamable HTTP (``options``: its
+    callbacks), with the long read timeout a gateway test needs."""
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with (
+        httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=60.0)) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write, **options) as session,
+    ):
+        await session.initialize()
+        yield session

@@ -18,8 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,10 +29,9 @@ import pytest
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
 
 import node_packages
-from helpers import wait_until
+from helpers import http_session, wait_until
 from toolrelay import Dispatcher, ToolRegistry
 from toolrelay.sources.mcp import McpSource, McpSourceOptions
 from toolrelay.sources.relay import CALL_CHANNEL, LOG_LEVEL_META, Relay
@@ -137,17 +135,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         upstream.terminate()
         upstream.wait(15)
     assert "Traceback" not in gw.errlog.read_text()
-
-
-@asynccontextmanager
-async def http_session(url: str, **callbacks: Any) -> AsyncIterator[ClientSession]:
-    async with (
-        httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=60.0)) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write, **callbacks) as session,
-    ):
-        await session.initialize()
-        yield session
 
 
 def listed(tools: list[types.Tool]) -> dict[str, dict[str, Any]]:

@@ -14,18 +14,16 @@ import io
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import mcp.types as types
 import pytest
-from mcp import Client, ClientSession, MCPError
-from mcp.client.streamable_http import streamable_http_client
+from mcp import Client, MCPError
 
+from helpers import http_session
 from test_gateway_transparency import (
     ENV,
     MCP_URL,
@@ -43,17 +41,6 @@ from toolrelay.sources.errors import innermost
 
 # the gateway and the upstreams are processes of their own; only the SDK's client runs here
 GATEWAY_PROCESS = pytest.mark.parametrize("anyio_backend", ["asyncio"])
-
-
-@asynccontextmanager
-async def http_session(url: str, **options: Any) -> AsyncIterator[ClientSession]:
-    async with (
-        httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=60.0)) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write, **options) as session,
-    ):
-        await session.initialize()
-        yield session
 
 
 def upstream(tmp: Path, tag: str) -> list[str]:

@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import mcp.types as types
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
 
+from helpers import http_session
 from toolrelay import Dispatcher, DispatcherOptions, ToolRegistry
 from toolrelay.sources.mcp import McpSource, McpSourceOptions
 
@@ -103,17 +102,6 @@ async def stdio_session(command: list[str], errlog: Path) -> AsyncIterator[Clien
         ):
             await session.initialize()
             yield session
-
-
-@asynccontextmanager
-async def http_session(url: str) -> AsyncIterator[ClientSession]:
-    async with (
-        httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=60.0)) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
 
 
 class Setup:

@@ -512,7 +512,8 @@ async def test_hung_sync_threads_are_bounded_per_key() -> None:
         # Every handler that started is abandoned and still holds its place; a job whose
         # thread came too late was skipped and gave its place back.
         await wait_until(lambda: dispatcher.workers.live()["A"] == len(entered))
-        assert 1 <= dispatcher.workers.abandoned()["A"] == len(entered) <= 5
+        assert entered  # at least one handler started within its deadline
+        assert dispatcher.workers.abandoned()["A"] == len(entered)
         # The abandoned threads still hold their places: once all five are taken by hung
         # handlers, more calls are shed and none is started.
         for _ in range(10):
