@@ -1,7 +1,7 @@
 """The MCP gateway side by side: a bare upstream, ``mcp-proxy``, and ``toolrelay serve``.
 
     python bench/gateway.py [--quick] [--rounds N] [--calls N] [--variant NAME=TOML]...
-                            [--no-mcp-proxy] [--profile SECONDS]
+                            [--no-mcp-proxy] [--profile SECONDS] [--against TREE]
 
 Servers, each its own process on a loopback port, serving streamable HTTP at ``/mcp``:
 
@@ -21,7 +21,11 @@ Servers, each its own process on a loopback port, serving streamable HTTP at ``/
   gateway before it starts
   (``--variant nofreeze='!import gc; gc.freeze = lambda: None'``: what a change buys;
   ``!import toolrelay.sources.mcp_connection as m; m.stamped_meta = lambda client: None``
-  sends the upstream's ``tools/call`` through the SDK's session instead of the raw lane).
+  sends the upstream's ``tools/call`` through the SDK's session instead of the raw lane);
+* with ``--against TREE`` (another checkout, e.g. ``git worktree add /tmp/base REV``): every
+  toolrelay pair once more, run from ``TREE``'s ``src/`` and ``plugins/``, named
+  ``toolrelay[NAME@TREE]``, in the same rounds: the before/after of a change, measured side by
+  side, with the ratio rows ``toolrelay[NAME] / toolrelay[NAME@TREE]`` (context, no target).
 
 The client is the MCP SDK's Python client (``ClientSession`` over
 ``streamable_http_client``, the 2025-era handshake every server here speaks), in this
@@ -62,10 +66,19 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # loaded by path (the tests), not run as a script
     sys.path.insert(0, str(HERE))
 
-from suite.gateway import CONCURRENCY, Comparison, Sample, compare  # noqa: E402
+from suite.gateway import CONCURRENCY, Comparison, Sample, against, compare  # noqa: E402
 from suite.gateway.clients import OPERATIONS, PROGRESS_STEPS  # noqa: E402
 
-__all__ = ["CONCURRENCY", "OPERATIONS", "PROGRESS_STEPS", "Comparison", "Sample", "compare", "main"]
+__all__ = [
+    "CONCURRENCY",
+    "OPERATIONS",
+    "PROGRESS_STEPS",
+    "Comparison",
+    "Sample",
+    "against",
+    "compare",
+    "main",
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,12 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-mcp-proxy", action="store_true", help="leave mcp-proxy out")
     parser.add_argument("--profile", type=float, default=0, metavar="SECONDS")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs)")
+    parser.add_argument("--against", type=Path, metavar="TREE", help="also run from TREE")
     options = parser.parse_args(argv)
     if options.quick:
         options.rounds, options.calls = 2, 80
     variants = [tuple(v.split("=", 1)) for v in options.variant]
     if any(len(v) != 2 for v in variants):
         parser.error("--variant takes NAME=TOML (or NAME=!PYTHON)")
+    if options.against is not None:
+        variants += against(options.against, variants)
     comparison = anyio.run(
         compare,
         options.rounds,

@@ -128,3 +128,30 @@ def test_the_plugin_is_judged_against_the_bare_server_where_the_server_sets_the_
     comparison = bench.Comparison(servers, [""], results, dict.fromkeys(servers, 1.0))
     ratios = {r.name: r for r in comparison.ratios()}
     assert not ratios["p50 toolrelay-plugin / upstream[json], 8 SDK clients (client-bound)"].passed
+
+
+def test_against_runs_every_configuration_again_from_the_other_tree(tmp_path: Path) -> None:
+    """``--against TREE``: the default and each variant once more, each with ``TREE``'s src/
+    and plugins/ first on the gateway's path, and the before/after ratio rows in the table."""
+    bench = load_bench()
+    tree = (tmp_path / "base").resolve()
+    variants = bench.against(tree, [("json", "json_response = true")])
+    assert [name for name, _ in variants] == ["@base", "json@base"]
+    prelude, toml = variants[1][1].split("\n", 1)
+    paths = [str(tree / "src"), str(tree / "plugins")]
+    assert prelude == f"!import sys; sys.path[:0] = {paths!r}" and toml == "json_response = true"
+
+    new = bench.Sample([0.001] * 10, 1.0, 0.5, 120, 0.4)
+    old = bench.Sample([0.002] * 10, 1.0, 0.5, 100, 0.5)
+    servers = ["upstream", "upstream[json]", "toolrelay[json]", "toolrelay-plugin[json]"]
+    servers += ["toolrelay[json@base]", "toolrelay-plugin[json@base]"]
+    samples = {name: [old if "@" in name else new] for name in servers}
+    results = {(name, c): samples[name] for name in servers for c in bench.CONCURRENCY}
+    comparison = bench.Comparison(servers, ["json", "json@base"], results, {}, samples)
+    ratios = {r.name: r for r in comparison.ratios() if r.label == "json@base"}
+    rate = ratios["calls/s toolrelay[json] / toolrelay[json@base], saturated"]
+    assert rate.value == pytest.approx(1.2) and rate.target is None and rate.passed
+    cpu = ratios["CPU/call toolrelay-plugin[json] / toolrelay-plugin[json@base], saturated"]
+    assert cpu.value == pytest.approx((0.9 / 120) / (1.0 / 100))
+    p50 = ratios["p50 toolrelay[json] / toolrelay[json@base], 8 client(s)"]
+    assert p50.value == pytest.approx(0.5)

@@ -5,6 +5,6 @@
 from .clients import Sample
 from .compare import compare
 from .figures import Comparison, Ratio
-from .servers import CONCURRENCY
+from .servers import CONCURRENCY, against
 
-__all__ = ["CONCURRENCY", "Comparison", "Ratio", "Sample", "compare"]
+__all__ = ["CONCURRENCY", "Comparison", "Ratio", "Sample", "against", "compare"]

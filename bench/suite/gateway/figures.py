@@ -38,6 +38,8 @@ def round_ratio(top: Sequence[Sample], bottom: Sequence[Sample], what: str) -> f
     def figure(s: Sample) -> float:
         if what == "rate":
             return s.calls / s.wall_s
+        if what == "cpu":
+            return (s.cpu_s + s.upstream_cpu_s) / s.calls
         return percentile(s.latencies, 50 if what == "p50" else 99)
 
     return statistics.median(figure(a) / figure(b) for a, b in zip(top, bottom, strict=True))
@@ -106,6 +108,8 @@ class Comparison:
                 value = round_ratio(top, bottom, what)
                 out.append(Ratio(name, value, target, at_least, label))
 
+            if "@" in label:
+                out.extend(self._before_after(label))
             if "mcp-proxy" in self.servers:
                 for clients in CONCURRENCY:
                     top, bottom = self.results[tr, clients], self.results["mcp-proxy", clients]
@@ -131,6 +135,28 @@ class Comparison:
                     add(f"p50 {plugin} / {bare}, {light}", top, bottom, "p50", 1.05)
                     add(f"calls/s {bare} / {plugin}, {light}", bottom, top, "rate", 1.05)
         return out
+
+    def _before_after(self, label: str) -> list[Ratio]:
+        """This checkout's toolrelay against the same configuration run from another
+        (``NAME@TREE``, ``--against``), both in the same rounds: shown, no target."""
+        mine = label.split("@", 1)[0]
+        out = []
+        for kind in ("toolrelay", "toolrelay-plugin"):
+            top, bottom = f"{kind}[{mine}]" if mine else kind, f"{kind}[{label}]"
+            rows: list[tuple[str, Sequence[Sample], Sequence[Sample], str]] = [
+                (f"p50 {top} / {bottom}, {c} client(s)", *self._pair(top, bottom, c), "p50")
+                for c in CONCURRENCY
+            ]
+            if self.saturated:
+                light = (self.saturated[top], self.saturated[bottom])
+                rows.append((f"calls/s {top} / {bottom}, saturated", *light, "rate"))
+                rows.append((f"CPU/call {top} / {bottom}, saturated", *light, "cpu"))
+            for name, new, old, what in rows:
+                out.append(Ratio(name, round_ratio(new, old, what), None, what == "rate", label))
+        return out
+
+    def _pair(self, top: str, bottom: str, clients: int) -> tuple[list[Sample], list[Sample]]:
+        return self.results[top, clients], self.results[bottom, clients]
 
     def table(self) -> str:
         out = [

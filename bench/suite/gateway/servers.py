@@ -127,6 +127,15 @@ def toolrelay_command(config: Path, prelude: str) -> list[str]:
     return [sys.executable, "-c", code, "serve", "--config", str(config)]
 
 
+def against(tree: Path, variants: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The default configuration and each variant once more, each gateway run from ``tree``'s
+    ``src/`` and ``plugins/`` (put first on its path): ``NAME@TREE``."""
+    root = tree.resolve()
+    paths = [str(root / "src"), str(root / "plugins")]
+    prelude = f"!import sys; sys.path[:0] = {paths!r}"
+    return [(f"{name}@{root.name}", f"{prelude}\n{toml}") for name, toml in [("", ""), *variants]]
+
+
 def plan(workdir: Path, variants: Sequence[tuple[str, str]], proxy: bool) -> list[Server]:
     env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     echo = [sys.executable, str(ECHO), "--http", "{port}"]
