@@ -15,8 +15,6 @@ from .options import BreakerOptions
 from .replica import Clock, State
 from .window import minimum_calls, new_window
 
-__all__ = ["Breakers", "KeyBreaker", "StorageFactory"]
-
 log = logging.getLogger("toolrelay")
 
 

@@ -23,8 +23,6 @@ from .options import BreakerOptions
 from .replica import NOBODY, Clock, Remote, Replica, Replication, State
 from .window import minimum_calls, new_window
 
-__all__ = ["REJECT", "BreakerMachine", "TransitionListener"]
-
 _STATE: dict[str, State] = {
     pybreaker.STATE_CLOSED: "closed",
     pybreaker.STATE_OPEN: "open",
