@@ -169,20 +169,15 @@ class Bulkhead:
             )
         self._tenants[tenant] = held + 1
         try:
-            return await self._admit(call_next, inv, gate)
+            if isinstance(gate, _AdaptiveGate):
+                return await self._adapt(call_next, inv, gate)
+            return await self._fixed(call_next, inv, gate)
         finally:
             left = self._tenants[tenant] - 1
             if left:
                 self._tenants[tenant] = left
             else:
                 del self._tenants[tenant]
-
-    def _admit(
-        self, call_next: Next, inv: Invocation, gate: _Gate | _AdaptiveGate
-    ) -> Awaitable[Outcome]:
-        if isinstance(gate, _AdaptiveGate):
-            return self._adapt(call_next, inv, gate)
-        return self._fixed(call_next, inv, gate)
 
     async def _fixed(self, call_next: Next, inv: Invocation, gate: _Gate) -> Outcome:
         assert inv.tool is not None
