@@ -1,14 +1,9 @@
 """Bulkhead: at most ``max_concurrent`` calls in flight per breaker key (:class:`BulkheadOptions`).
 
-Above that the answer is ``overloaded`` at once, or after at most ``wait_s``
-(never past the call's deadline). Load shedding is not a service failure: the breaker
-ignores it.
-
-With ``max_concurrent = "adaptive"`` the number of places follows the service's latency
-(:class:`~toolrelay.adaptive.AdaptiveLimit`): each attempt's time from its place to its
-answer is recorded (a timeout as a drop; a cancellation, or an ``overloaded`` answer from
-inside, not at all), abandoned worker threads of the key still hold places, and a call
-refused by the limit is told ``retry_after_s`` (about one round trip).
+Above that the answer is ``overloaded`` at once, or after at most ``wait_s`` (never past
+the call's deadline); the breaker ignores it. With ``max_concurrent = "adaptive"`` the
+number of places follows the service's latency (:class:`~toolrelay.adaptive.AdaptiveLimit`,
+``docs/adaptive-concurrency.md``); abandoned worker threads of the key still hold places.
 """
 
 from __future__ import annotations

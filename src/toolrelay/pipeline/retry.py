@@ -2,14 +2,9 @@
 
 The first attempt runs without any retry machinery; only a retryable failure of an
 idempotent tool enters tenacity's loop (exponential backoff with jitter, honouring a
-``retry_after_s`` hint). A retry never sleeps past the deadline — when the next wait would
-cross it, the answer is the last real outcome — never follows a failure that opened the
-breaker or a ``circuit_open``/``overloaded`` answer, and never follows a cancellation.
-
-With a retry budget (the key's :class:`~toolrelay.budget.BudgetOptions`) every call is
-counted, and a retry is made only while the key's retries and hedges are within the
-budget; when it is spent, the answer is the failure the call had (a
-``RetryBudgetExhausted`` event notes the retry not made).
+``retry_after_s`` hint). When to retry and when never: ``docs/breakers.md``, "Retries". With
+a retry budget (:class:`~toolrelay.budget.BudgetOptions`) a retry is made only while the
+key's retries and hedges are within it (``docs/retry-budgets.md``).
 """
 
 from __future__ import annotations
