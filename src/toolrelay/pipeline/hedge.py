@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import ClassVar, Literal
 
@@ -55,21 +56,15 @@ class LatencyWindow:
     the slow tail that hedging cuts off would vanish from the window, and the delay would
     sink towards the fast answers)."""
 
-    __slots__ = ("_p95", "_pos", "_ring", "_since")
+    __slots__ = ("_p95", "_ring", "_since")
 
     def __init__(self) -> None:
-        self._ring: list[float] = []
-        self._pos = 0
+        self._ring: deque[float] = deque(maxlen=WINDOW_SAMPLES)
         self._since = 0
         self._p95: float | None = None
 
     def add(self, seconds: float) -> None:
-        ring = self._ring
-        if len(ring) < WINDOW_SAMPLES:
-            ring.append(seconds)
-        else:
-            ring[self._pos] = seconds
-            self._pos = (self._pos + 1) % WINDOW_SAMPLES
+        self._ring.append(seconds)
         self._since += 1
 
     def p95(self) -> float | None:
