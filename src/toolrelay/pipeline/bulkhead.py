@@ -103,7 +103,7 @@ class Bulkhead:
     def __init__(
         self,
         options_for: Callable[[str], BulkheadOptions],
-        held: Callable[[str], int] | None = None,
+        held: Callable[[str], int],
     ) -> None:
         """``held(key)``: places of an adaptive key held outside the bulkhead (worker
         threads abandoned at a deadline and still running)."""
@@ -131,8 +131,7 @@ class Bulkhead:
             return True
         if isinstance(gate, _Gate):
             return gate.places.value > 0
-        held = self._held(key) if self._held else 0
-        return gate.in_flight + held < gate.limit.limit
+        return gate.in_flight + self._held(key) < gate.limit.limit
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         key = inv.key
@@ -211,15 +210,15 @@ class Bulkhead:
         key, limit = inv.key, gate.limit
         held = self._held
         queued = 0.0
-        if gate.in_flight + (held(key) if held else 0) >= limit.limit:
+        if gate.in_flight + held(key) >= limit.limit:
             entered = time.perf_counter()
             wait = min(gate.options.wait_s, inv.deadline - anyio.current_time())
             with anyio.move_on_after(max(0.0, wait)):
-                while gate.in_flight + (held(key) if held else 0) >= limit.limit:
+                while gate.in_flight + held(key) >= limit.limit:
                     if gate.freed is None:
                         gate.freed = anyio.Event()
                     await gate.freed.wait()
-            if gate.in_flight + (held(key) if held else 0) >= limit.limit:
+            if gate.in_flight + held(key) >= limit.limit:
                 if inv.observers:
                     inv.emit(ConcurrencyLimited(key, limit.limit, gate.in_flight))
                 return failure(

@@ -108,11 +108,9 @@ def _announce(retry_state: RetryCallState) -> None:
 class Retry:
     __slots__ = ("_budgets", "_options_for", "_retry_if", "_stop_deadline", "_waits")
 
-    def __init__(
-        self, options_for: Callable[[str], RetryOptions], budgets: RetryBudgets | None = None
-    ) -> None:
-        """``options_for(key)``: the key's retry options; ``budgets``: the retry budgets
-        (none: retries are limited by attempts only)."""
+    def __init__(self, options_for: Callable[[str], RetryOptions], budgets: RetryBudgets) -> None:
+        """``options_for(key)``: the key's retry options; ``budgets``: the keys' retry budgets
+        (a key without one: retries are limited by attempts only)."""
         self._options_for = options_for
         self._budgets = budgets
         self._waits: dict[RetryOptions, _Backoff] = {}
@@ -121,7 +119,7 @@ class Retry:
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         assert inv.key is not None
-        budget = None if self._budgets is None else self._budgets.get(inv.key)
+        budget = self._budgets.get(inv.key)
         if budget is not None:
             budget.deposit()
         out = await call_next(inv)  # attempt 1 (the deadline stage's number)
