@@ -18,8 +18,6 @@ from pydantic.dataclasses import dataclass
 
 from .settings import DATACLASS, Seconds, Share, one_line_errors
 
-__all__ = ["OTHERS_TTL_S", "WINDOW_S", "BudgetOptions", "KeyBudget", "RetryBudgets"]
-
 WINDOW_S = 10
 """The budget's sliding window, in seconds."""
 OTHERS_TTL_S = 2.0
