@@ -116,16 +116,15 @@ class AdaptiveLimit:
         now = self.clock()
         if now < self._end or len(self._samples) + self._drops < self.min_samples:
             return False
+        samples, drops, self.peak = self._samples, self._drops, self._peak
+        self._samples, self._drops, self._peak = [], 0, 0
         if self.probing:
-            self._probed(now)
+            self._probed(now, samples, drops)
         else:
-            self._update(now)
+            self._update(now, samples, drops)
         return True
 
-    def _probed(self, now: float) -> None:
-        samples, drops = self._samples, self._drops
-        self.peak = self._peak
-        self._samples, self._drops, self._peak = [], 0, 0
+    def _probed(self, now: float, samples: list[float], drops: int) -> None:
         if drops:  # timeouts even at the minimum: keep probing, resume lower
             self._estimate = max(float(self.min_limit), self._estimate * self.backoff)
             return
@@ -136,10 +135,7 @@ class AdaptiveLimit:
         self._next_probe = now + self.baseline_s
         self._end = now + min(self.window_max_s, max(self.window_s, 2 * samples[0]))
 
-    def _update(self, now: float) -> None:
-        self.peak = self._peak
-        samples, drops, peak = self._samples, self._drops, self._peak
-        self._samples, self._drops, self._peak = [], 0, 0
+    def _update(self, now: float, samples: list[float], drops: int) -> None:
         estimate = self._estimate
         shortest = self.window_s
         if drops:
@@ -154,7 +150,7 @@ class AdaptiveLimit:
             if not drops:
                 gradient = max(0.5, min(1.0, self.tolerance * baseline / sample))
                 target = estimate * gradient + math.sqrt(estimate)
-                if target > estimate and peak * 2 < estimate:
+                if target > estimate and self.peak * 2 < estimate:
                     target = estimate  # app-limited: the service was not the bottleneck
                 estimate += self.smoothing * (target - estimate)
         self._estimate = min(float(self.max_limit), max(float(self.min_limit), estimate))

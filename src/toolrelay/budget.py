@@ -18,8 +18,6 @@ from pydantic.dataclasses import dataclass
 
 from .settings import DATACLASS, Seconds, Share, one_line_errors
 
-__all__ = ["OTHERS_TTL_S", "WINDOW_S", "BudgetOptions", "KeyBudget", "RetryBudgets"]
-
 WINDOW_S = 10
 """The budget's sliding window, in seconds."""
 OTHERS_TTL_S = 2.0
@@ -101,14 +99,10 @@ class KeyBudget:
             extras += others_extras
         return calls, extras
 
-    def allows(self) -> bool:
-        """Would one more extra fit? (Spends nothing.)"""
-        calls, extras = self.totals()
-        return extras + 1 <= max(self.ratio * calls, self.min_per_s * self.window_s)
-
     def try_spend(self) -> bool:
         """Spend one extra if it fits; ``False`` (and nothing spent) when the budget is spent."""
-        if not self.allows():
+        calls, extras = self.totals()
+        if extras + 1 > max(self.ratio * calls, self.min_per_s * self.window_s):
             return False
         self._bucket()[2] += 1
         return True

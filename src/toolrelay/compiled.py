@@ -78,8 +78,6 @@ def compile_tool(
 
     ``target()`` gives where a worker process finds the handler (``isolation="process"``);
     its ``ValueError`` says why there is no such place."""
-    if not isinstance(decl, ToolDeclaration):
-        raise RegistrationError(f"describe() returned {type(decl).__name__}, not ToolDeclaration")
     name = decl.name
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise RegistrationError(f"tool name {name!r} must match {NAME_RE.pattern}")

@@ -294,7 +294,7 @@ class Dispatcher:
                 tool = None
             inv = Invocation.asked(
                 name, raw_args, ANONYMOUS if ctx is None else ctx,
-                EVERYTHING if profile is None else self.profiles.get(profile, NOTHING),
+                EVERYTHING if profile is None else self.options.profiles.get(profile, NOTHING),
                 call_id, slot, self.observers, tool,
             )  # fmt: skip
             out = await self._chain(inv)

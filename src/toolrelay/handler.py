@@ -12,8 +12,6 @@ from typing import Any
 
 from .contract import AuthContext
 
-__all__ = ["ASYNC_MARK", "Handler", "is_async"]
-
 Handler = Callable[[dict[str, Any], AuthContext], Any]
 """A tool's handler: the validated arguments and the caller's ``AuthContext`` in, the
 result (or an awaitable of it) out."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -144,23 +145,8 @@ class Invocation:
         return fresh
 
     def attempt(self, number: int) -> Invocation:
-        new: Any = _NEW(Invocation)  # slot by slot: a third faster than __init__
-        new.name = self.name
-        new.raw_args = self.raw_args
-        new.ctx = self.ctx
-        new.profile = self.profile
-        new.call_id = self.call_id
-        new.slot = self.slot
-        new.observers = self.observers
-        new.tool = self.tool
-        new.key = self.key
-        new.args = self.args
-        new.deadline = self.deadline
-        new.slot_bound = self.slot_bound
-        new.attempts = number
-        new.audit = self.audit
-        fresh: Invocation = new
-        return fresh
+        """This invocation as attempt ``number`` (a retry's, a hedge's: the rarer changes)."""
+        return dataclasses.replace(self, attempts=number)
 
     def emit(self, event: Event) -> None:
         for observer in self.observers:

@@ -177,17 +177,13 @@ TRUNCATION_MARKER = "[truncated by toolrelay]"
 ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
 
 
-def _size(data: object) -> int:
-    return len(ENCODER.encode(data).encode("utf-8", "replace"))
-
-
 def truncated(text: str, size: int, cap: int) -> dict[str, object]:
     """``text`` (the output's JSON) cut to fit, with an explicit marker, within ``cap`` bytes."""
     budget = max(0, cap - 100)  # the envelope and the marker
     while True:
         prefix = text.encode("utf-8", "replace")[:budget].decode("utf-8", "ignore")
         data = {"truncated": True, "original_bytes": size, "text": prefix + TRUNCATION_MARKER}
-        over = _size(data) - cap
+        over = len(ENCODER.encode(data).encode("utf-8", "replace")) - cap
         if over <= 0 or budget == 0:
             return data
         budget = max(0, budget - over)  # escapes (\" \n …) grew it: cut what overshot

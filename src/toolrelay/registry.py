@@ -64,21 +64,21 @@ class FunctionPlugin:
     :class:`~toolrelay.capabilities.ProcessIsolatable`."""
 
     def __init__(self) -> None:
-        self._tools: dict[str, tuple[ToolDeclaration, Callable[..., Any]]] = {}
-        self._targets: dict[str, Callable[[], ProcessTarget]] = {}
+        self._tools: dict[
+            str, tuple[ToolDeclaration, Callable[..., Any], Callable[[], ProcessTarget]]
+        ] = {}
 
     def add(
         self, decl: ToolDeclaration, fn: Callable[..., Any], target: Callable[[], ProcessTarget]
     ) -> None:
-        self._tools[decl.name] = (decl, fn)
-        self._targets[decl.name] = target
+        self._tools[decl.name] = (decl, fn, target)
 
     def process_target(self, name: str) -> Callable[[], ProcessTarget]:
         """The decorated function by name (not its typed caller: a worker rebuilds that)."""
-        return self._targets[name]
+        return self._tools[name][2]
 
     def describe(self) -> list[ToolDeclaration]:
-        return [decl for decl, _ in self._tools.values()]
+        return [entry[0] for entry in self._tools.values()]
 
     def declaration(self, name: str) -> ToolDeclaration | None:
         entry = self._tools.get(name)
@@ -112,22 +112,6 @@ class _Entry:
             if isinstance(plugin, DeclaresOne)
             else functools.partial(_scan, plugin)
         )
-
-
-def _handler(plugin: ToolPlugin, name: str) -> Handler:
-    """The tool's handler: the plugin's ``handler(name)``, else its ``execute`` for it."""
-    if isinstance(plugin, HasHandler):
-        return plugin.handler(name)
-    return functools.partial(plugin.execute, name)
-
-
-def _process_target(plugin: ToolPlugin, name: str, handler: Handler) -> Callable[[], ProcessTarget]:
-    """Where a worker process finds the tool's handler: the plugin's
-    ``process_target(name)`` (the decorated function for ``tool()``), else the handler,
-    which must then be a module-level function."""
-    if isinstance(plugin, ProcessIsolatable):
-        return plugin.process_target(name)
-    return functools.partial(target_of, handler, name, typed=False)
 
 
 class ToolRegistry:
@@ -304,8 +288,19 @@ class ToolRegistry:
         effective = decl if override is None else dataclasses.replace(decl, **override)
         if gated and self._gate is not None:
             effective = self._gate(effective)
-        handler = _handler(plugin, decl.name)
-        target = _process_target(plugin, decl.name, handler)
+        name = decl.name
+        handler: Handler = (
+            plugin.handler(name)
+            if isinstance(plugin, HasHandler)
+            else functools.partial(plugin.execute, name)
+        )
+        # where a worker process finds the handler: the plugin's process_target(name) (the
+        # decorated function for tool()), else the handler, then a module-level function
+        target = (
+            plugin.process_target(name)
+            if isinstance(plugin, ProcessIsolatable)
+            else functools.partial(target_of, handler, name, typed=False)
+        )
         return compile_tool(effective, handler, self.reserved_properties, decl, target)
 
     OVERRIDABLE = frozenset(

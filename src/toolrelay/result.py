@@ -8,8 +8,6 @@ from typing import Any
 
 from .contract import ErrorType
 
-__all__ = ["MAX_CALL_ID_CHARS", "ToolCall", "ToolResult", "safe_call_id"]
-
 MAX_CALL_ID_CHARS = 128
 """The longest call id kept; a longer one is cut (and ends with ``…``)."""
 

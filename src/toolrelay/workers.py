@@ -128,15 +128,6 @@ class KeyWorkers:
             self.live += 1
         return _Job()
 
-    def _submit(self, job: _Job) -> None:
-        with self._lock:
-            self._jobs.put(job)
-            spawn = self.threads < self.live
-            if spawn:
-                self.threads += 1
-        if spawn:
-            SPAWNER.request(self)
-
     def _spawn(self) -> None:
         try:
             threading.Thread(
@@ -218,7 +209,13 @@ class KeyWorkers:
         job.context = contextvars.copy_context()
         job.event = event = anyio.Event()
         job.token = anyio.lowlevel.current_token()
-        self._submit(job)
+        with self._lock:
+            self._jobs.put(job)
+            spawn = self.threads < self.live
+            if spawn:
+                self.threads += 1
+        if spawn:
+            SPAWNER.request(self)
         await event.wait()
         if job.error is not None:
             raise job.error

@@ -15,8 +15,6 @@ from .options import BreakerOptions
 from .replica import Clock, State
 from .window import minimum_calls, new_window
 
-__all__ = ["Breakers", "KeyBreaker", "StorageFactory"]
-
 log = logging.getLogger("toolrelay")
 
 
@@ -43,8 +41,7 @@ class KeyBreaker(BreakerMachine):
     def force_open(self) -> None:
         """Open and stay open (no trials) until :meth:`force_close` or :meth:`reset`;
         with shared storage, on every replica."""
-        if self.inbox:
-            self._drain()
+        self._drain()
         self.pinned_open = True
         if self.known != "open":
             self.opened = self.clock()
@@ -54,8 +51,7 @@ class KeyBreaker(BreakerMachine):
 
     def force_close(self) -> None:
         """Close now, counters cleared; normal operation resumes (on every replica)."""
-        if self.inbox:
-            self._drain()
+        self._drain()
         self.pinned_open = False
         self.storage.reset_counter()
         self.break_s = self.options.reset_timeout_s

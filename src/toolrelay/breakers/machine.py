@@ -23,8 +23,6 @@ from .options import BreakerOptions
 from .replica import NOBODY, Clock, Remote, Replica, Replication, State
 from .window import minimum_calls, new_window
 
-__all__ = ["REJECT", "BreakerMachine", "TransitionListener"]
-
 _STATE: dict[str, State] = {
     pybreaker.STATE_CLOSED: "closed",
     pybreaker.STATE_OPEN: "open",
@@ -193,10 +191,6 @@ class BreakerMachine(Replica):
         return max(0.0, self.opened + self.break_s - self.clock())
 
     # -- admission and counting --------------------------------------------------------------
-    def _sharing(self) -> bool:
-        shared = self.shared
-        return shared is not None and shared.up
-
     def _claim(self) -> None:
         """Ask the shared storage for a trial place (answered through the inbox)."""
         now = self.clock()
@@ -216,13 +210,13 @@ class BreakerMachine(Replica):
         if state == "open":
             if self.pinned_open or self.retry_after() > 0:
                 return REJECT
-            if self._sharing():
+            if self.shared is not None and self.shared.up:
                 self._claim()  # the shared storage moves every replica to half-open
                 return REJECT
             self._move("half_open")
         if self.trials >= self.options.half_open_max_calls:
             return REJECT
-        if self._sharing():
+        if self.shared is not None and self.shared.up:
             if not self.permits:
                 self._claim()
                 return REJECT

@@ -9,8 +9,6 @@ from pydantic.dataclasses import dataclass
 
 from ..settings import DATACLASS, Count, Positive, Rate, Seconds, one_line_errors
 
-__all__ = ["BreakerOptions", "Window"]
-
 Window = Literal["consecutive", "count", "time"]
 
 

@@ -19,8 +19,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Literal, NamedTuple, Protocol
 
-__all__ = ["NOBODY", "REPLY_WAIT_S", "Others", "Remote", "Replica", "Replication", "State"]
-
 State = Literal["closed", "open", "half_open"]
 Clock = Callable[[], float]
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from .options import BreakerOptions
 
-__all__ = ["CountWindow", "FailureWindow", "TimeWindow", "minimum_calls", "new_window"]
-
 _FAILED, _SLOW, _SEEN = 1, 2, 4
 
 

@@ -4,8 +4,7 @@ Each line names the tool, call id, user, tenant, the approval decision (and who 
 when the approver says: ``approver``) and the outcome
 (``cancelled`` when the host cancelled the call). Arguments are included only when the
 host opts in, and then redacted (:meth:`~toolrelay.redact.Redactor.value`: secret-named
-keys masked whole, every string through the patterns). Read-only tools are not audited
-unless ``everything=True``.
+keys masked whole, every string through the patterns). Read-only tools are not audited.
 """
 
 from __future__ import annotations
@@ -30,27 +29,18 @@ def log_sink(record: dict[str, Any]) -> None:
 
 
 class Audit:
-    """``redact`` is the dispatcher's :class:`~toolrelay.redact.Redactor` (default: the
-    default patterns only)."""
+    """``redact`` is the dispatcher's :class:`~toolrelay.redact.Redactor`."""
 
-    __slots__ = ("arguments", "everything", "redact", "sink")
+    __slots__ = ("arguments", "redact", "sink")
 
-    def __init__(
-        self,
-        sink: AuditSink = log_sink,
-        *,
-        arguments: bool = False,
-        everything: bool = False,
-        redact: Redactor | None = None,
-    ) -> None:
+    def __init__(self, sink: AuditSink, *, arguments: bool, redact: Redactor) -> None:
         self.sink = sink
         self.arguments = arguments
-        self.everything = everything
-        self.redact = Redactor() if redact is None else redact
+        self.redact = redact
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         tool = inv.tool
-        if tool is None or (tool.decl.risk == "read" and not self.everything):
+        if tool is None or tool.decl.risk == "read":
             return call_next(inv)  # no line to write: no coroutine frame of its own
         return self._watch(call_next, inv)
 

@@ -1,11 +1,6 @@
-"""Breaker: the circuit breaker of the call's ``breaker_key``.
-
-Open → ``circuit_open`` at once with ``retry_after_s``; the handler is not called and no
-deadline is waited out. Pinned open by an operator → the answer says so (no trial is due).
-Half-open → at most ``half_open_max_calls`` trials at a time. Each attempt's verdict is
-recorded, in the breaker period that admitted it; a cancellation is neither success nor
-failure. A call's duration (for ``slow_call_s``) starts when it has its bulkhead place:
-waiting for our own concurrency limit is not the service's fault.
+"""Breaker: every attempt is admitted by, and its verdict recorded in, the circuit breaker of
+the call's ``breaker_key`` (the states, and what counts as a failure: ``docs/breakers.md``).
+A cancellation is neither success nor failure.
 """
 
 from __future__ import annotations

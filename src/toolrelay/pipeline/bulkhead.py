@@ -1,14 +1,9 @@
 """Bulkhead: at most ``max_concurrent`` calls in flight per breaker key (:class:`BulkheadOptions`).
 
-Above that the answer is ``overloaded`` at once, or after at most ``wait_s``
-(never past the call's deadline). Load shedding is not a service failure: the breaker
-ignores it.
-
-With ``max_concurrent = "adaptive"`` the number of places follows the service's latency
-(:class:`~toolrelay.adaptive.AdaptiveLimit`): each attempt's time from its place to its
-answer is recorded (a timeout as a drop; a cancellation, or an ``overloaded`` answer from
-inside, not at all), abandoned worker threads of the key still hold places, and a call
-refused by the limit is told ``retry_after_s`` (about one round trip).
+Above that the answer is ``overloaded`` at once, or after at most ``wait_s`` (never past
+the call's deadline); the breaker ignores it. With ``max_concurrent = "adaptive"`` the
+number of places follows the service's latency (:class:`~toolrelay.adaptive.AdaptiveLimit`,
+``docs/adaptive-concurrency.md``); abandoned worker threads of the key still hold places.
 """
 
 from __future__ import annotations
@@ -108,7 +103,7 @@ class Bulkhead:
     def __init__(
         self,
         options_for: Callable[[str], BulkheadOptions],
-        held: Callable[[str], int] | None = None,
+        held: Callable[[str], int],
     ) -> None:
         """``held(key)``: places of an adaptive key held outside the bulkhead (worker
         threads abandoned at a deadline and still running)."""
@@ -136,8 +131,7 @@ class Bulkhead:
             return True
         if isinstance(gate, _Gate):
             return gate.places.value > 0
-        held = self._held(key) if self._held else 0
-        return gate.in_flight + held < gate.limit.limit
+        return gate.in_flight + self._held(key) < gate.limit.limit
 
     def __call__(self, call_next: Next, inv: Invocation) -> Awaitable[Outcome]:
         key = inv.key
@@ -169,20 +163,15 @@ class Bulkhead:
             )
         self._tenants[tenant] = held + 1
         try:
-            return await self._admit(call_next, inv, gate)
+            if isinstance(gate, _AdaptiveGate):
+                return await self._adapt(call_next, inv, gate)
+            return await self._fixed(call_next, inv, gate)
         finally:
             left = self._tenants[tenant] - 1
             if left:
                 self._tenants[tenant] = left
             else:
                 del self._tenants[tenant]
-
-    def _admit(
-        self, call_next: Next, inv: Invocation, gate: _Gate | _AdaptiveGate
-    ) -> Awaitable[Outcome]:
-        if isinstance(gate, _AdaptiveGate):
-            return self._adapt(call_next, inv, gate)
-        return self._fixed(call_next, inv, gate)
 
     async def _fixed(self, call_next: Next, inv: Invocation, gate: _Gate) -> Outcome:
         assert inv.tool is not None
@@ -221,15 +210,15 @@ class Bulkhead:
         key, limit = inv.key, gate.limit
         held = self._held
         queued = 0.0
-        if gate.in_flight + (held(key) if held else 0) >= limit.limit:
+        if gate.in_flight + held(key) >= limit.limit:
             entered = time.perf_counter()
             wait = min(gate.options.wait_s, inv.deadline - anyio.current_time())
             with anyio.move_on_after(max(0.0, wait)):
-                while gate.in_flight + (held(key) if held else 0) >= limit.limit:
+                while gate.in_flight + held(key) >= limit.limit:
                     if gate.freed is None:
                         gate.freed = anyio.Event()
                     await gate.freed.wait()
-            if gate.in_flight + (held(key) if held else 0) >= limit.limit:
+            if gate.in_flight + held(key) >= limit.limit:
                 if inv.observers:
                     inv.emit(ConcurrencyLimited(key, limit.limit, gate.in_flight))
                 return failure(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ..contract import ErrorType
-from ..jsonlimits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, decode_arguments, schema_errors
+from ..jsonlimits import decode_arguments, schema_errors
 from ..outcome import Outcome, failure
 from . import Invocation, Next
 
@@ -21,12 +21,7 @@ class Decode:
 
     __slots__ = ("max_bytes", "max_depth", "redact")
 
-    def __init__(
-        self,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-        max_depth: int = DEFAULT_MAX_DEPTH,
-        redact: Callable[[str], str] | None = None,
-    ):
+    def __init__(self, max_bytes: int, max_depth: int, redact: Callable[[str], str]) -> None:
         self.max_bytes = max_bytes
         self.max_depth = max_depth
         self.redact = redact
@@ -36,7 +31,7 @@ class Decode:
         assert tool is not None
         args = decode_arguments(inv.raw_args, self.max_bytes, self.max_depth)
         if isinstance(args, str):
-            return failure(ErrorType.INVALID_ARGUMENTS, self._redacted(args), inv)
+            return failure(ErrorType.INVALID_ARGUMENTS, self.redact(args), inv)
         inv = inv.decoded(args)
         validator = tool.validator
         try:
@@ -55,9 +50,6 @@ class Decode:
             )
         return failure(
             ErrorType.VALIDATION_ERROR,
-            "arguments do not match the schema: " + self._redacted(reasons),
+            "arguments do not match the schema: " + self.redact(reasons),
             inv,
         )
-
-    def _redacted(self, text: str) -> str:
-        return text if self.redact is None else self.redact(text)

@@ -1,22 +1,10 @@
 """Fallback: a tool that cannot answer now hands the call to its first healthy fallback.
 
-A declaration may name fallbacks (``ToolDeclaration.fallback``). When the primary answers
-``circuit_open`` or ``overloaded`` (it never ran: safe for any tool), or — for idempotent
-tools only — ``timeout`` while time is left before its deadline, the call re-enters the
-chain below this stage for each fallback in turn, with the same raw arguments, the same
-caller (profile, context, slot) and the *primary's* deadline as its outer bound:
-
-- a fallback the caller's profile does not allow, that is unknown, whose breaker is open,
-  whose schema the arguments do not fit, or that needs an approval it does not get is
-  skipped (it never ran);
-- a fallback that answers ``overloaded`` (or, if idempotent, ``timeout`` with time left)
-  is skipped too;
-- the first other answer is the call's answer, with ``served_by`` naming the fallback —
-  a failure included: the fallback ran, and what it did (``effect_unknown``…) is news.
-
-No fallback answered → the primary's own answer. A fallback's own fallbacks are never
-followed (the re-entry chain has no fallback stage), so there are no cycles and no
-chains. A cancellation propagates, never an answer. See ``docs/fallbacks.md``.
+When the primary answers ``circuit_open`` or ``overloaded``, or (idempotent tools only)
+``timeout`` with time left, each of its ``ToolDeclaration.fallback`` re-enters the chain
+below this stage in turn, with the primary's deadline as its bound; one that never ran is
+skipped, the first other answer is the call's (``served_by``). A fallback's own fallbacks
+are never followed. The rules in full: ``docs/fallbacks.md``.
 """
 
 from __future__ import annotations

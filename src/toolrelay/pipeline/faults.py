@@ -32,9 +32,8 @@ class FaultInjector:
     ) -> None:
         """``on_change()`` is called when the first fault comes in force or the last goes."""
         self._ids = itertools.count(1)
-        self._faults: dict[int, Fault] = {}
+        self._faults: dict[int, Fault] = {next(self._ids): fault for fault in faults}
         self.random = random.Random(seed)
-        self._faults.update((next(self._ids), fault) for fault in faults)
         self.on_change = on_change
 
     def add(self, fault: Fault) -> int:

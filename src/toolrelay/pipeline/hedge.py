@@ -1,20 +1,10 @@
-"""Hedge: hedging — a slow attempt of an idempotent tool gets a twin; the first good answer wins.
+"""Hedge: a slow attempt of an idempotent tool gets a twin; the first good answer wins.
 
-Between retry and breaker: each attempt the retry stage makes may be hedged, and each
-hedged attempt goes through the breaker, the bulkhead, faults and invoke on its own.
-
-If an attempt has not answered ``after_s`` (:class:`HedgeOptions`) after it started (or, with
-``"adaptive"``, the key's observed p95 of successful attempts, never below
-``after_min_s``), one more attempt starts, up to ``max_hedges`` of them, one delay
-apart. The first ``ok`` answer is the call's; the others are cancelled, which the breaker
-does not count and nobody reports as an answer. When every attempt fails, the last
-failure is the answer (retrying it is the retry stage's job). A hedge is skipped, never
-queued, when less time is left before the call's deadline than the delay, when the
-key's bulkhead has no free place, or when the key's retry budget is spent.
-
-Tools that are not idempotent are never hedged. A sync tool's losing attempt leaves its
-thread to finish (counted as abandoned, as at a deadline); an ``isolation="process"``
-one's worker is killed.
+Between retry and breaker: each hedged attempt goes through the breaker, the bulkhead,
+faults and invoke on its own. The delay is ``HedgeOptions.after_s`` or, with
+``"adaptive"``, the key's p95 (:class:`LatencyWindow`); a hedge is skipped, never queued,
+without the time, a bulkhead place or the retry budget for it. The algorithm step by step:
+``docs/hedging.md``.
 """
 
 from __future__ import annotations
@@ -22,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import ClassVar, Literal
 
@@ -65,21 +56,15 @@ class LatencyWindow:
     the slow tail that hedging cuts off would vanish from the window, and the delay would
     sink towards the fast answers)."""
 
-    __slots__ = ("_p95", "_pos", "_ring", "_since")
+    __slots__ = ("_p95", "_ring", "_since")
 
     def __init__(self) -> None:
-        self._ring: list[float] = []
-        self._pos = 0
+        self._ring: deque[float] = deque(maxlen=WINDOW_SAMPLES)
         self._since = 0
         self._p95: float | None = None
 
     def add(self, seconds: float) -> None:
-        ring = self._ring
-        if len(ring) < WINDOW_SAMPLES:
-            ring.append(seconds)
-        else:
-            ring[self._pos] = seconds
-            self._pos = (self._pos + 1) % WINDOW_SAMPLES
+        self._ring.append(seconds)
         self._since += 1
 
     def p95(self) -> float | None:

@@ -36,7 +36,6 @@ from ..registry import CompiledTool
 from ..workers import WorkerPools
 from . import Invocation
 
-_DEFAULT_REDACTOR = Redactor()
 _UNTIMED = [0.0]  # an untimed call's held time: never written
 SUCCESS = Verdict.SUCCESS  # an answer built positionally: ~0.1 µs less than by keyword
 
@@ -76,17 +75,12 @@ class Invoke:
     __slots__ = ("blocking", "processes", "redact", "workers")
 
     def __init__(
-        self,
-        workers: WorkerPools,
-        redact: Callable[[str], str] | None = None,
-        processes: isolation.ProcessPools | None = None,
+        self, workers: WorkerPools, redact: Redactor, processes: isolation.ProcessPools
     ) -> None:
         self.workers = workers
         self.redact = redact
         self.blocking: set[str] = set()  # tools logged as holding the loop
-        self.processes = processes or isolation.ProcessPools(
-            lambda key: workers.get(key).max_threads
-        )
+        self.processes = processes
 
     async def __call__(self, inv: Invocation) -> Outcome:
         tool = inv.tool
@@ -185,7 +179,7 @@ class Invoke:
                 deadline=inv.deadline - anyio.current_time() + time.monotonic(),
             )  # fmt: skip
         except Exception as exc:  # the host's AuthContext holds something pickle refuses
-            why = describe_exception(exc, self.redact or _DEFAULT_REDACTOR)
+            why = describe_exception(exc, self.redact)
             log.warning("toolrelay: cannot send a call of %s to a worker process: %s", name, why)
             return failure(
                 ErrorType.INTERNAL_ERROR,
@@ -232,8 +226,8 @@ class Invoke:
             )  # fmt: skip
             return error_outcome(inv, error, self.redact)
         if kind == "raised":
-            redact = self.redact or _DEFAULT_REDACTOR  # raised in the worker process
-            return raised_outcome(inv, reply[1], redact(reply[2].rstrip()))
+            details = self.redact(reply[2].rstrip())  # raised in the worker process
+            return raised_outcome(inv, reply[1], details)
         if kind == "too_large":
             return failure(
                 ErrorType.INVALID_OUTPUT,

@@ -38,7 +38,7 @@ class Resolve:
 
     __slots__ = ("redact", "registry")
 
-    def __init__(self, registry: ToolRegistry, redact: Callable[[str], str] | None = None) -> None:
+    def __init__(self, registry: ToolRegistry, redact: Callable[[str], str]) -> None:
         self.registry = registry
         self.redact = redact
 
@@ -65,4 +65,4 @@ class Resolve:
             log.error("toolrelay: %s", exc)
             return failure(ErrorType.INTERNAL_ERROR, f"tool {shown(name)} is misconfigured")
         message = f"there is no tool named {shown(name)}"
-        return failure(ErrorType.UNKNOWN_TOOL, self.redact(message) if self.redact else message)
+        return failure(ErrorType.UNKNOWN_TOOL, self.redact(message))

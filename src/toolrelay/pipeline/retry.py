@@ -2,14 +2,9 @@
 
 The first attempt runs without any retry machinery; only a retryable failure of an
 idempotent tool enters tenacity's loop (exponential backoff with jitter, honouring a
-``retry_after_s`` hint). A retry never sleeps past the deadline — when the next wait would
-cross it, the answer is the last real outcome — never follows a failure that opened the
-breaker or a ``circuit_open``/``overloaded`` answer, and never follows a cancellation.
-
-With a retry budget (the key's :class:`~toolrelay.budget.BudgetOptions`) every call is
-counted, and a retry is made only while the key's retries and hedges are within the
-budget; when it is spent, the answer is the failure the call had (a
-``RetryBudgetExhausted`` event notes the retry not made).
+``retry_after_s`` hint). When to retry and when never: ``docs/breakers.md``, "Retries". With
+a retry budget (:class:`~toolrelay.budget.BudgetOptions`) a retry is made only while the
+key's retries and hedges are within it (``docs/retry-budgets.md``).
 """
 
 from __future__ import annotations
@@ -113,11 +108,9 @@ def _announce(retry_state: RetryCallState) -> None:
 class Retry:
     __slots__ = ("_budgets", "_options_for", "_retry_if", "_stop_deadline", "_waits")
 
-    def __init__(
-        self, options_for: Callable[[str], RetryOptions], budgets: RetryBudgets | None = None
-    ) -> None:
-        """``options_for(key)``: the key's retry options; ``budgets``: the retry budgets
-        (none: retries are limited by attempts only)."""
+    def __init__(self, options_for: Callable[[str], RetryOptions], budgets: RetryBudgets) -> None:
+        """``options_for(key)``: the key's retry options; ``budgets``: the keys' retry budgets
+        (a key without one: retries are limited by attempts only)."""
         self._options_for = options_for
         self._budgets = budgets
         self._waits: dict[RetryOptions, _Backoff] = {}
@@ -126,7 +119,7 @@ class Retry:
 
     async def __call__(self, call_next: Next, inv: Invocation) -> Outcome:
         assert inv.key is not None
-        budget = None if self._budgets is None else self._budgets.get(inv.key)
+        budget = self._budgets.get(inv.key)
         if budget is not None:
             budget.deposit()
         out = await call_next(inv)  # attempt 1 (the deadline stage's number)

@@ -10,8 +10,6 @@ from typing import Any, Protocol
 
 from .lua import text
 
-__all__ = ["Share", "queue", "read"]
-
 
 class Share(Protocol):
     name: str

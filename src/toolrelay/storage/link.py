@@ -23,8 +23,6 @@ from . import fleet, lua
 from .lua import CHANNEL, CLAIM, TRANSITION, TRIAL_DONE, Rejected, ms, text
 from .shared import SharedStorage
 
-__all__ = ["RedisLink"]
-
 log = logging.getLogger("toolrelay")
 
 

@@ -17,20 +17,6 @@ from typing import Any, get_args
 
 from ..breakers import Others, Remote, State
 
-__all__ = [
-    "CHANNEL",
-    "CLAIM",
-    "TRANSITION",
-    "Rejected",
-    "TRIAL_DONE",
-    "read_budget_others",
-    "ms",
-    "read_others",
-    "read_remote",
-    "read_state",
-    "text",
-]
-
 CHANNEL = "toolrelay:breakers"
 """Where a replica that changed a key's state announces it."""
 

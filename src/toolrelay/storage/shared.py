@@ -13,8 +13,6 @@ import pybreaker
 from ..breakers import Replica, State
 from .lua import ms
 
-__all__ = ["Link", "SharedStorage"]
-
 
 class Link(Protocol):
     """What a key's storage needs of the link (:class:`~toolrelay.storage.RedisLink`)."""
