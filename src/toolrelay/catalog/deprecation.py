@@ -17,8 +17,6 @@ from pydantic import BaseModel, Field, field_validator
 from ..compiled import NAME_RE
 from ..settings import MODEL, Text
 
-__all__ = ["DEPRECATED_TAG", "Deprecation"]
-
 DEPRECATED_TAG = "deprecated"
 """The tag a deprecated tool is offered with (for ``deny_tags``)."""
 

@@ -25,8 +25,6 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["RULES", "flags"]
-
 RULES = ("invisible", "bidi", "html_comment", "imperative", "too_long")
 _BIDI = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
 _INVISIBLE = re.compile(  # Unicode category Cf (15.0) but the bidi controls; variation selectors

@@ -28,8 +28,6 @@ from .descriptions import flags
 from .diff import Change, diff_entries
 from .lock import entry, load
 
-__all__ = ["Catalog", "CatalogSettings"]
-
 log = logging.getLogger("toolrelay.catalog")
 
 

@@ -18,8 +18,6 @@ from typing import Any
 from ..contract import ToolDeclaration
 from ..formats import to_mcp
 
-__all__ = ["LOCK_VERSION", "LockError", "definition", "digest", "dumps", "entry", "load", "lock_of"]
-
 LOCK_VERSION = 1
 """The format of the lock file (its ``"lock_version"``)."""
 

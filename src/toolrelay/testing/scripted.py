@@ -13,17 +13,6 @@ import anyio
 
 from ..contract import AuthContext, CallContext, ErrorType, ToolDeclaration, ToolError
 
-__all__ = [
-    "ScriptedCall",
-    "ScriptedPlugin",
-    "Step",
-    "SyncScriptedPlugin",
-    "error",
-    "hang",
-    "ok",
-    "slow",
-]
-
 ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
 
 
