@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 try:
@@ -39,14 +40,12 @@ Approver = Callable[[ToolCall, ToolDeclaration, AuthContext], Awaitable[bool] | 
 AuthFrom = Callable[[RunContext[Any]], AuthContext | None]
 
 
+@dataclass(slots=True)
 class _Grant:
     """The host approved this call (``ctx.tool_call_approved``): one approval, for one tool."""
 
-    __slots__ = ("spent", "tool")
-
-    def __init__(self, tool: str) -> None:
-        self.tool = tool
-        self.spent = False
+    tool: str
+    spent: bool = False
 
 
 _GRANT: contextvars.ContextVar[_Grant | None] = contextvars.ContextVar(
