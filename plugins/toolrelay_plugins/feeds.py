@@ -7,7 +7,7 @@ strict XML on a worker thread, with feedparser's sanitizer off (docs/security.md
 upstream"); feedparser resolves no external entity and expat refuses entity bombs.
 
 Settings: ``feeds`` (required: ``{name: url}``), ``summary_chars`` (default 280), and the
-HTTP settings of :class:`~toolrelay_plugins._http.HttpSettings`.
+HTTP settings of :class:`~toolrelay_plugins._settings.HttpSettings`.
 """
 
 from __future__ import annotations
@@ -24,17 +24,10 @@ from pydantic import BeforeValidator, Field, Strict
 
 from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
 
-from ._http import (
-    HttpPlugin,
-    HttpSettings,
-    Must,
-    Registrar,
-    ServiceClient,
-    Url,
-    clean_text,
-    malformed,
-    safe_url,
-)
+from ._failures import malformed
+from ._http import HttpPlugin, Registrar, ServiceClient
+from ._settings import HttpSettings, Must, Url
+from ._text import clean_text, safe_url
 
 try:
     import feedparser  # type: ignore[import-untyped]

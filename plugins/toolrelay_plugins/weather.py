@@ -8,7 +8,7 @@ model except the geocoder's place name and country, cut to 80 characters.
 
 Settings: ``base_url`` (default ``https://api.open-meteo.com``), ``geocoding_url``
 (default ``https://geocoding-api.open-meteo.com``), and the HTTP settings of
-:class:`~toolrelay_plugins._http.HttpSettings` (``timeout_s`` …).
+:class:`~toolrelay_plugins._settings.HttpSettings` (``timeout_s`` …).
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from typing import Any
 
 from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
 
-from ._http import HttpPlugin, HttpSettings, Registrar, ServiceClient, Url, clean_text, malformed
+from ._failures import malformed
+from ._http import HttpPlugin, Registrar, ServiceClient
+from ._settings import HttpSettings, Url
+from ._text import clean_text
 
 SERVICE = "open-meteo"
 DEFAULT_BASE_URL = "https://api.open-meteo.com"
