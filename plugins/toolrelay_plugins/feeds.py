@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import anyio.to_thread
 from pydantic import BeforeValidator, Field, Strict
 
-from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
+from toolrelay.contract import AuthContext, ToolDeclaration
 
 from ._failures import malformed
 from ._http import HttpPlugin, Registrar, ServiceClient
@@ -95,14 +95,9 @@ class FeedsPlugin(HttpPlugin):
         super().__init__([declaration], client)
 
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
-        if name != "feed_latest":
-            raise ToolError(f"feeds has no tool named {name!r}")
-        feed = args["feed"]
-        url = self.settings.feeds.get(feed)
-        if url is None:
-            raise ToolError(f"there is no feed named {feed!r}")
+        feed = args["feed"]  # one of the configured names: the schema's enum
         service = f"feed {feed!r}"
-        body, content_type = await self.client.fetch(service, url)
+        body, content_type = await self.client.fetch(service, self.settings.feeds[feed])
         parsed = await anyio.to_thread.run_sync(
             functools.partial(parse_feed, body, content_type), abandon_on_cancel=True
         )

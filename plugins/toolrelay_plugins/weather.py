@@ -137,8 +137,6 @@ class WeatherPlugin(HttpPlugin):
         )
 
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
-        if name not in ("weather_current", "weather_forecast"):
-            raise ToolError(f"weather has no tool named {name!r}")
         place = await self._place(args)
         forecast = f"{self.settings.base_url}/v1/forecast"
         query: dict[str, str | int | float] = {
@@ -170,16 +168,12 @@ class WeatherPlugin(HttpPlugin):
         data = await self.client.get_json(
             SERVICE, f"{self.settings.geocoding_url}/v1/search", query
         )
-        if not isinstance(data, dict):
-            raise malformed(SERVICE)
-        results = data.get("results", [])
+        results = data.get("results", []) if isinstance(data, dict) else None
         if not isinstance(results, list):
             raise malformed(SERVICE)
         if not results:
             raise ToolError(f"no place named {city.strip()!r} was found", counts_as_failure=False)
-        first = results[0]
-        if not isinstance(first, dict):
-            raise malformed(SERVICE)
+        first = results[0] if isinstance(results[0], dict) else {}  # no coordinates: malformed
         latitude = _number(first.get("latitude"), 90)
         longitude = _number(first.get("longitude"), 180)
         if latitude is None or longitude is None:

@@ -93,8 +93,6 @@ class WebSearchPlugin(HttpPlugin):
 
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
         settings = self.settings
-        if name != settings.tool:
-            raise ToolError(f"websearch has no tool named {name!r}")
         query: dict[str, str | int | float] = {
             "q": args["query"],
             "format": "json",
