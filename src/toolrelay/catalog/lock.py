@@ -26,14 +26,6 @@ class LockError(ValueError):
     """A lock file that cannot be read; the message names the file."""
 
 
-def canonical(value: Any) -> bytes:
-    """``value`` as canonical JSON: sorted keys, no spaces, UTF-8 (RFC 8785 for the JSON
-    a tool definition holds: strings, integers, booleans, nulls, lists and objects)."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
-
-
 def definition(decl: ToolDeclaration) -> dict[str, Any]:
     """What the model and the policy read of a tool: its MCP ``tools/list`` entry without
     the name (description, inputSchema, outputSchema, annotations)."""
@@ -43,8 +35,13 @@ def definition(decl: ToolDeclaration) -> dict[str, Any]:
 
 
 def digest(defn: Mapping[str, Any]) -> str:
-    """``sha256:`` and the hex SHA-256 of the definition's canonical JSON."""
-    return "sha256:" + hashlib.sha256(canonical(defn)).hexdigest()
+    """``sha256:`` and the hex SHA-256 of the definition's canonical JSON: sorted keys, no
+    spaces, UTF-8 (RFC 8785 for the JSON a tool definition holds: strings, integers,
+    booleans, nulls, lists and objects)."""
+    text = json.dumps(
+        defn, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def entry(decl: ToolDeclaration) -> dict[str, Any]:
