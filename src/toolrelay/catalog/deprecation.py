@@ -45,14 +45,6 @@ class Deprecation(BaseModel):
         """The sunset as an aware datetime."""
         return _instant(self.sunset)
 
-    def hint(self) -> dict[str, str]:
-        """What an answer carries: ``{"use": ..., "sunset": ...}``."""
-        return {"use": self.use, "sunset": self.sunset}
-
-    def retired(self, now: dt.datetime | None = None) -> bool:
-        """Is the sunset past?"""
-        return (now or dt.datetime.now(dt.UTC)) >= self.sunset_at
-
 
 def _instant(text: str) -> dt.datetime:
     when = dt.datetime.fromisoformat(text)

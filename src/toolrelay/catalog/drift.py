@@ -128,7 +128,7 @@ class Catalog:
         window = self.settings.deprecated.get(decl.name)
         if window is None:
             return decl
-        if window.retired():
+        if dt.datetime.now(dt.UTC) >= window.sunset_at:
             why = f"tool {decl.name!r} was retired on {window.sunset}: use {window.use!r}"
             raise ToolRefused(why, "unknown_tool")
         return dataclasses.replace(decl, tags=decl.tags | {DEPRECATED_TAG})
@@ -214,7 +214,7 @@ class Catalog:
         if window is None:
             return result
         self.deprecated_calls.labels(result.tool, caller).inc()
-        return dataclasses.replace(result, deprecated=window.hint())
+        return dataclasses.replace(result, deprecated={"use": window.use, "sunset": window.sunset})
 
     def next_sunset(self, now: dt.datetime | None = None) -> float | None:
         """Seconds until the next sunset (``None``: none to come). A gate's verdicts are
