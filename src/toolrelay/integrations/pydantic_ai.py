@@ -1,10 +1,6 @@
-"""A :class:`~toolrelay.Dispatcher`'s tools as a Pydantic AI toolset.
-
-``ToolrelayToolset(dispatcher, profile=..., auth=...)`` is an ``AbstractToolset``: each step
-of a run it lists the tools the profile permits whose breaker lets calls through, and each
-call runs :meth:`Dispatcher.dispatch`, whose envelope (``ToolResult.to_model()``) is the
-tool's return value. Approvals go through Pydantic AI's deferred tools: see
-:func:`deferred_approver` and ``docs/integrations/pydantic-ai.md``.
+"""A :class:`~toolrelay.Dispatcher`'s tools as a Pydantic AI toolset (:class:`ToolrelayToolset`),
+approvals through Pydantic AI's deferred tools (:func:`deferred_approver`); see
+``docs/integrations/pydantic-ai.md``.
 
 Needs ``pip install 'toolrelay[pydantic-ai]'``.
 """
