@@ -159,8 +159,7 @@ class ScriptedPlugin:
             if script is None:
                 raise ToolError(f"no script for tool {name!r}")
             step = script.next()
-            call = ScriptedCall(name, args, ctx, attempt, step)
-            self._calls.append(call)
+            self._calls.append(ScriptedCall(name, args, ctx, attempt, step))
         return step
 
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
