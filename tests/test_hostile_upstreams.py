@@ -36,8 +36,9 @@ from toolrelay import (
 from toolrelay.chaos.upstream import StandInUpstream
 from toolrelay.jsonlimits import json_values
 from toolrelay.sources.mcp import McpSource, McpSourceOptions
-from toolrelay_plugins import _http
-from toolrelay_plugins._http import HttpPlugin, clean_text
+from toolrelay_plugins import _http, _redirects
+from toolrelay_plugins._http import HttpPlugin
+from toolrelay_plugins._text import clean_text
 from toolrelay_plugins.feeds import FeedsPlugin
 from toolrelay_plugins.weather import WeatherPlugin
 from toolrelay_plugins.websearch import WebSearchPlugin
@@ -483,9 +484,9 @@ def test_internal_addresses() -> None:
         "100.64.0.1", "::1", "fe80::1%eth0", "fd00:ec2::254", "::ffff:127.0.0.1",
         "2002:7f00:1::", "224.0.0.1", "not an address",
     ):  # fmt: skip
-        assert _http.internal_address(address), address
+        assert _redirects.internal_address(address), address
     for address in ("93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:53c8", "1.1.1.1"):
-        assert not _http.internal_address(address), address
+        assert not _redirects.internal_address(address), address
 
 
 # -- the MCP source ------------------------------------------------------------------------

@@ -30,7 +30,9 @@ from toolrelay import (
     ToolRegistry,
 )
 from toolrelay.chaos.upstream import StandInUpstream
-from toolrelay_plugins._http import HttpPlugin, clean_text, retry_after_seconds, safe_url
+from toolrelay_plugins._failures import retry_after_seconds
+from toolrelay_plugins._http import HttpPlugin
+from toolrelay_plugins._text import clean_text, safe_url
 from toolrelay_plugins.feeds import FeedsPlugin, FeedsSettings, parse_feed
 from toolrelay_plugins.weather import WMO_CODES, WeatherPlugin
 from toolrelay_plugins.websearch import WebSearchPlugin

@@ -1,8 +1,8 @@
-"""What the first-party plugins share: settings (:mod:`._settings`), one HTTP client each
-(:class:`ServiceClient`), one failure mapping (:mod:`._failures`), redirect checks
-(:mod:`._redirects`) and text cleaning (:mod:`._text`); the plugins import them from here.
-Every bound on what a hostile upstream can cost is listed in docs/security.md, "Hostile
-upstream".
+"""The first-party plugins' HTTP client (:class:`ServiceClient`, one per plugin instance)
+and plugin shell (:class:`HttpPlugin`). What else they share has a module each: settings
+(:mod:`._settings`), the failure mapping (:mod:`._failures`), redirect checks
+(:mod:`._redirects`) and text cleaning (:mod:`._text`). Every bound on what a hostile
+upstream can cost is listed in docs/security.md, "Hostile upstream".
 """
 
 from __future__ import annotations
@@ -17,30 +17,9 @@ from toolrelay._compat.httpcore import wrap_network_backend
 from toolrelay.contract import ToolDeclaration, ToolError
 from toolrelay.jsonlimits import json_values
 
-from ._failures import malformed, retry_after_seconds, status_error, too_large, transport_error
-from ._redirects import MAX_REDIRECTS, PinnedBackend, check_redirect, host_port, internal_address
-from ._settings import HttpSettings, Must, Seconds, Url
-from ._text import clean_text, safe_url
-
-__all__ = [
-    "MAX_JSON_ITEMS",
-    "MAX_REDIRECTS",
-    "HttpPlugin",
-    "HttpSettings",
-    "Must",
-    "Registrar",
-    "Seconds",
-    "ServiceClient",
-    "check_redirect",
-    "clean_text",
-    "internal_address",
-    "malformed",
-    "retry_after_seconds",
-    "safe_url",
-    "status_error",
-    "transport_error",
-    "Url",
-]
+from ._failures import malformed, status_error, too_large, transport_error
+from ._redirects import MAX_REDIRECTS, PinnedBackend, check_redirect, host_port
+from ._settings import HttpSettings
 
 USER_AGENT = "toolrelay-plugins/0.1"
 MAX_JSON_ITEMS = 50_000

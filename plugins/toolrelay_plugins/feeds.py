@@ -7,7 +7,7 @@ strict XML on a worker thread, with feedparser's sanitizer off (docs/security.md
 upstream"); feedparser resolves no external entity and expat refuses entity bombs.
 
 Settings: ``feeds`` (required: ``{name: url}``), ``summary_chars`` (default 280), and the
-HTTP settings of :class:`~toolrelay_plugins._http.HttpSettings`.
+HTTP settings of :class:`~toolrelay_plugins._settings.HttpSettings`.
 """
 
 from __future__ import annotations
@@ -22,19 +22,12 @@ from typing import Annotated, Any
 import anyio.to_thread
 from pydantic import BeforeValidator, Field, Strict
 
-from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
+from toolrelay.contract import AuthContext, ToolDeclaration
 
-from ._http import (
-    HttpPlugin,
-    HttpSettings,
-    Must,
-    Registrar,
-    ServiceClient,
-    Url,
-    clean_text,
-    malformed,
-    safe_url,
-)
+from ._failures import malformed
+from ._http import HttpPlugin, Registrar, ServiceClient
+from ._settings import HttpSettings, Must, Url
+from ._text import clean_text, safe_url
 
 try:
     import feedparser  # type: ignore[import-untyped]
@@ -102,14 +95,9 @@ class FeedsPlugin(HttpPlugin):
         super().__init__([declaration], client)
 
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
-        if name != "feed_latest":
-            raise ToolError(f"feeds has no tool named {name!r}")
-        feed = args["feed"]
-        url = self.settings.feeds.get(feed)
-        if url is None:
-            raise ToolError(f"there is no feed named {feed!r}")
+        feed = args["feed"]  # one of the configured names: the schema's enum
         service = f"feed {feed!r}"
-        body, content_type = await self.client.fetch(service, url)
+        body, content_type = await self.client.fetch(service, self.settings.feeds[feed])
         parsed = await anyio.to_thread.run_sync(
             functools.partial(parse_feed, body, content_type), abandon_on_cancel=True
         )

@@ -8,7 +8,7 @@ model except the geocoder's place name and country, cut to 80 characters.
 
 Settings: ``base_url`` (default ``https://api.open-meteo.com``), ``geocoding_url``
 (default ``https://geocoding-api.open-meteo.com``), and the HTTP settings of
-:class:`~toolrelay_plugins._http.HttpSettings` (``timeout_s`` …).
+:class:`~toolrelay_plugins._settings.HttpSettings` (``timeout_s`` …).
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from typing import Any
 
 from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
 
-from ._http import HttpPlugin, HttpSettings, Registrar, ServiceClient, Url, clean_text, malformed
+from ._failures import malformed
+from ._http import HttpPlugin, Registrar, ServiceClient
+from ._settings import HttpSettings, Url
+from ._text import clean_text
 
 SERVICE = "open-meteo"
 DEFAULT_BASE_URL = "https://api.open-meteo.com"
@@ -134,8 +137,6 @@ class WeatherPlugin(HttpPlugin):
         )
 
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
-        if name not in ("weather_current", "weather_forecast"):
-            raise ToolError(f"weather has no tool named {name!r}")
         place = await self._place(args)
         forecast = f"{self.settings.base_url}/v1/forecast"
         query: dict[str, str | int | float] = {
@@ -167,16 +168,12 @@ class WeatherPlugin(HttpPlugin):
         data = await self.client.get_json(
             SERVICE, f"{self.settings.geocoding_url}/v1/search", query
         )
-        if not isinstance(data, dict):
-            raise malformed(SERVICE)
-        results = data.get("results", [])
+        results = data.get("results", []) if isinstance(data, dict) else None
         if not isinstance(results, list):
             raise malformed(SERVICE)
         if not results:
             raise ToolError(f"no place named {city.strip()!r} was found", counts_as_failure=False)
-        first = results[0]
-        if not isinstance(first, dict):
-            raise malformed(SERVICE)
+        first = results[0] if isinstance(results[0], dict) else {}  # no coordinates: malformed
         latitude = _number(first.get("latitude"), 90)
         longitude = _number(first.get("longitude"), 180)
         if latitude is None or longitude is None:

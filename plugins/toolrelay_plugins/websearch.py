@@ -9,7 +9,7 @@ Settings: ``base_url`` (required: your SearXNG, with the JSON format enabled),
 ``safesearch`` (0–2, default 1), ``language`` (e.g. ``"en"``, default: SearXNG's),
 ``tool`` (the tool's name, default ``web_search``; another name — e.g. a second instance as
 ``web_search_backup``, a fallback — also makes that name its breaker key), and the HTTP
-settings of :class:`~toolrelay_plugins._http.HttpSettings`.
+settings of :class:`~toolrelay_plugins._settings.HttpSettings`.
 """
 
 from __future__ import annotations
@@ -22,17 +22,10 @@ from pydantic import Field, Strict
 
 from toolrelay.contract import AuthContext, ToolDeclaration, ToolError
 
-from ._http import (
-    HttpPlugin,
-    HttpSettings,
-    Must,
-    Registrar,
-    ServiceClient,
-    Url,
-    clean_text,
-    malformed,
-    safe_url,
-)
+from ._failures import malformed
+from ._http import HttpPlugin, Registrar, ServiceClient
+from ._settings import HttpSettings, Must, Url
+from ._text import clean_text, safe_url
 
 SERVICE = "searxng"
 DEFAULT_RESULTS = 5
@@ -100,8 +93,6 @@ class WebSearchPlugin(HttpPlugin):
 
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:
         settings = self.settings
-        if name != settings.tool:
-            raise ToolError(f"websearch has no tool named {name!r}")
         query: dict[str, str | int | float] = {
             "q": args["query"],
             "format": "json",

@@ -17,8 +17,6 @@ from pydantic import BaseModel, Field, field_validator
 from ..compiled import NAME_RE
 from ..settings import MODEL, Text
 
-__all__ = ["DEPRECATED_TAG", "Deprecation"]
-
 DEPRECATED_TAG = "deprecated"
 """The tag a deprecated tool is offered with (for ``deny_tags``)."""
 
@@ -46,14 +44,6 @@ class Deprecation(BaseModel):
     def sunset_at(self) -> dt.datetime:
         """The sunset as an aware datetime."""
         return _instant(self.sunset)
-
-    def hint(self) -> dict[str, str]:
-        """What an answer carries: ``{"use": ..., "sunset": ...}``."""
-        return {"use": self.use, "sunset": self.sunset}
-
-    def retired(self, now: dt.datetime | None = None) -> bool:
-        """Is the sunset past?"""
-        return (now or dt.datetime.now(dt.UTC)) >= self.sunset_at
 
 
 def _instant(text: str) -> dt.datetime:

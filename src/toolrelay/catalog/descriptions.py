@@ -3,20 +3,7 @@
 Every description and title of a tool (its own, and those inside its input and output
 schemas) is checked against a small, explicit rule set; a rule that matches *flags* the
 tool (logged and counted once per definition), and ``[serve.catalog] descriptions =
-"refuse"`` also withholds it. The rules, and what each catches (``docs/catalog.md``):
-
-``invisible``     a format character (Unicode category Cf: zero-width spaces and joiners,
-                  the BOM, soft hyphens, tag characters U+E0000–E007F) or a variation
-                  selector: text a human reviewer does not see but the model reads
-``bidi``          a bidirectional control (U+202A–202E, U+2066–2069, U+200E/F, U+061C):
-                  text shown in another order than the model reads it
-``html_comment``  ``<!--``: a comment a rendered view hides
-``imperative``    instructions aimed at the model rather than a description of the tool:
-                  "ignore/disregard/forget (the) previous instructions", "do not tell the
-                  user", "system prompt", pseudo-tags such as ``<IMPORTANT>`` or
-                  ``<system>``, and paths into the user's home (``~/.ssh``)
-``too_long``      a tool description longer than ``max_description_chars`` (1024): far
-                  more than a tool's job needs, and room to hide the above
+"refuse"`` also withholds it. ``docs/catalog.md`` tables the rules and what each catches.
 """
 
 from __future__ import annotations
@@ -24,8 +11,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
-
-__all__ = ["RULES", "flags"]
 
 RULES = ("invisible", "bidi", "html_comment", "imperative", "too_long")
 _BIDI = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")

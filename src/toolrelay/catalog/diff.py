@@ -17,8 +17,6 @@ from typing import Any
 
 from ..contract import RISK_ORDER
 
-__all__ = ["Change", "diff_entries", "diff_locks"]
-
 _UPPER = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
 _LOWER = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 _TEXT = ("pattern", "format", "const", "multipleOf")

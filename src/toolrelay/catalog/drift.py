@@ -25,10 +25,8 @@ from ..result import ToolResult
 from ..settings import MODEL, Text
 from .deprecation import DEPRECATED_TAG, Deprecation
 from .descriptions import flags
-from .diff import Change, diff_entries
+from .diff import diff_entries
 from .lock import entry, load
-
-__all__ = ["Catalog", "CatalogSettings"]
 
 log = logging.getLogger("toolrelay.catalog")
 
@@ -130,7 +128,7 @@ class Catalog:
         window = self.settings.deprecated.get(decl.name)
         if window is None:
             return decl
-        if window.retired():
+        if dt.datetime.now(dt.UTC) >= window.sunset_at:
             why = f"tool {decl.name!r} was retired on {window.sunset}: use {window.use!r}"
             raise ToolRefused(why, "unknown_tool")
         return dataclasses.replace(decl, tags=decl.tags | {DEPRECATED_TAG})
@@ -162,14 +160,15 @@ class Catalog:
             raise ToolRefused(f"tool {name!r} is not offered: {why}")
 
     def _pin(self, decl: ToolDeclaration, live: dict[str, Any]) -> None:
-        """Raise :class:`ToolRefused` when ``decl`` differs from its lock entry and the
-        policy refuses it."""
-        locked = self.locked.get(decl.name)
+        """Note how ``decl`` differs from its lock entry (logged and counted once per
+        definition) and raise :class:`ToolRefused` when the policy refuses it."""
+        name = decl.name
+        locked = self.locked.get(name)
         pinned = None if locked is None else (locked.get("sha256"), locked.get("version"))
         if pinned == (live["sha256"], live["version"]):
-            self.drifted.pop(decl.name, None)
+            self.drifted.pop(name, None)
             return
-        changes = [] if locked is None else diff_entries(decl.name, locked, live)
+        changes = [] if locked is None else diff_entries(name, locked, live)
         policy: str
         if locked is None:
             kind, policy = "new", self.settings.on_new
@@ -177,22 +176,6 @@ class Catalog:
             kind = "breaking" if any(c.breaking for c in changes) else "compatible"
             policy = self.settings.on_drift
         offered = policy == "warn" or (policy == "accept_compatible" and kind == "compatible")
-        self._note(decl.name, kind, offered, locked, live, changes)
-        if not offered:
-            why = "it is not in the lock file"
-            if locked is not None:
-                why = "its definition changed since it was locked"
-            raise ToolRefused(f"tool {decl.name!r} is not offered: {why}")
-
-    def _note(
-        self,
-        name: str,
-        kind: str,
-        offered: bool,
-        locked: dict[str, Any] | None,
-        live: dict[str, Any],
-        changes: list[Change],
-    ) -> None:
         self.drifted[name] = {
             "tool": name,
             "kind": kind,
@@ -203,17 +186,17 @@ class Catalog:
             "locked": locked,
             "live": live,
         }
-        if (name, live["sha256"]) in self._counted:
-            return
-        self._counted.add((name, live["sha256"]))
-        self.drift_total.labels(name, kind).inc()
-        log.warning(
-            "toolrelay: tool %s %s (%s): %s",
-            name,
-            "is not in the lock file" if locked is None else "differs from its lock entry",
-            kind,
-            "offered" if offered else "not offered",
-        )
+        if (name, live["sha256"]) not in self._counted:
+            self._counted.add((name, live["sha256"]))
+            self.drift_total.labels(name, kind).inc()
+            how = "is not in the lock file" if locked is None else "differs from its lock entry"
+            verdict = "offered" if offered else "not offered"
+            log.warning("toolrelay: tool %s %s (%s): %s", name, how, kind, verdict)
+        if not offered:
+            why = "it is not in the lock file"
+            if locked is not None:
+                why = "its definition changed since it was locked"
+            raise ToolRefused(f"tool {name!r} is not offered: {why}")
 
     def drift(self, name: str) -> dict[str, Any] | None:
         """How ``name`` differs from its lock entry now; ``None`` for a tool the lock does
@@ -231,7 +214,7 @@ class Catalog:
         if window is None:
             return result
         self.deprecated_calls.labels(result.tool, caller).inc()
-        return dataclasses.replace(result, deprecated=window.hint())
+        return dataclasses.replace(result, deprecated={"use": window.use, "sunset": window.sunset})
 
     def next_sunset(self, now: dt.datetime | None = None) -> float | None:
         """Seconds until the next sunset (``None``: none to come). A gate's verdicts are

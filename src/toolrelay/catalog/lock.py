@@ -18,22 +18,12 @@ from typing import Any
 from ..contract import ToolDeclaration
 from ..formats import to_mcp
 
-__all__ = ["LOCK_VERSION", "LockError", "definition", "digest", "dumps", "entry", "load", "lock_of"]
-
 LOCK_VERSION = 1
 """The format of the lock file (its ``"lock_version"``)."""
 
 
 class LockError(ValueError):
     """A lock file that cannot be read; the message names the file."""
-
-
-def canonical(value: Any) -> bytes:
-    """``value`` as canonical JSON: sorted keys, no spaces, UTF-8 (RFC 8785 for the JSON
-    a tool definition holds: strings, integers, booleans, nulls, lists and objects)."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
 
 
 def definition(decl: ToolDeclaration) -> dict[str, Any]:
@@ -45,8 +35,13 @@ def definition(decl: ToolDeclaration) -> dict[str, Any]:
 
 
 def digest(defn: Mapping[str, Any]) -> str:
-    """``sha256:`` and the hex SHA-256 of the definition's canonical JSON."""
-    return "sha256:" + hashlib.sha256(canonical(defn)).hexdigest()
+    """``sha256:`` and the hex SHA-256 of the definition's canonical JSON: sorted keys, no
+    spaces, UTF-8 (RFC 8785 for the JSON a tool definition holds: strings, integers,
+    booleans, nulls, lists and objects)."""
+    text = json.dumps(
+        defn, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def entry(decl: ToolDeclaration) -> dict[str, Any]:

@@ -149,24 +149,19 @@ class _Health:
         self, tool: FunctionTool, decl: ToolDeclaration
     ) -> Callable[[RunContextWrapper[Any], Any], bool]:
         def is_enabled(run_context: RunContextWrapper[Any], agent: Any) -> bool:
-            return self.enabled(run_context, tool, decl)
+            turn = run_context.turn_input  # a new list object every turn
+            run = self.runs.get(id(run_context))
+            if run is None:
+                weakref.finalize(run_context, self.runs.pop, id(run_context), None)
+            if run is None or run[0] is not turn:
+                run = self.runs[id(run_context)] = (turn, {})
+            verdicts = run[1]
+            verdict = verdicts.get(decl.name)
+            if verdict is None:
+                description = self.dispatcher.describe(decl, self.chosen, self.unavailable)
+                if description is not None:  # marked or not: the breaker's state now
+                    tool.description = description
+                verdict = verdicts[decl.name] = description is not None
+            return verdict
 
         return is_enabled
-
-    def enabled(
-        self, run_context: RunContextWrapper[Any], tool: FunctionTool, decl: ToolDeclaration
-    ) -> bool:
-        turn = run_context.turn_input  # a new list object every turn
-        run = self.runs.get(id(run_context))
-        if run is None:
-            weakref.finalize(run_context, self.runs.pop, id(run_context), None)
-        if run is None or run[0] is not turn:
-            run = self.runs[id(run_context)] = (turn, {})
-        verdicts = run[1]
-        verdict = verdicts.get(decl.name)
-        if verdict is None:
-            description = self.dispatcher.describe(decl, self.chosen, self.unavailable)
-            if description is not None:  # marked or not: the breaker's state now
-                tool.description = description
-            verdict = verdicts[decl.name] = description is not None
-        return verdict

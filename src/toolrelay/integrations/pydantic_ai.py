@@ -1,10 +1,6 @@
-"""A :class:`~toolrelay.Dispatcher`'s tools as a Pydantic AI toolset.
-
-``ToolrelayToolset(dispatcher, profile=..., auth=...)`` is an ``AbstractToolset``: each step
-of a run it lists the tools the profile permits whose breaker lets calls through, and each
-call runs :meth:`Dispatcher.dispatch`, whose envelope (``ToolResult.to_model()``) is the
-tool's return value. Approvals go through Pydantic AI's deferred tools: see
-:func:`deferred_approver` and ``docs/integrations/pydantic-ai.md``.
+"""A :class:`~toolrelay.Dispatcher`'s tools as a Pydantic AI toolset (:class:`ToolrelayToolset`),
+approvals through Pydantic AI's deferred tools (:func:`deferred_approver`); see
+``docs/integrations/pydantic-ai.md``.
 
 Needs ``pip install 'toolrelay[pydantic-ai]'``.
 """
@@ -14,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 try:
@@ -39,14 +36,12 @@ Approver = Callable[[ToolCall, ToolDeclaration, AuthContext], Awaitable[bool] | 
 AuthFrom = Callable[[RunContext[Any]], AuthContext | None]
 
 
+@dataclass(slots=True)
 class _Grant:
     """The host approved this call (``ctx.tool_call_approved``): one approval, for one tool."""
 
-    __slots__ = ("spent", "tool")
-
-    def __init__(self, tool: str) -> None:
-        self.tool = tool
-        self.spent = False
+    tool: str
+    spent: bool = False
 
 
 _GRANT: contextvars.ContextVar[_Grant | None] = contextvars.ContextVar(

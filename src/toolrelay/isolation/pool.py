@@ -11,6 +11,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -253,11 +254,8 @@ class ProcessPool:
                 self._dying.remove(worker)
                 self._close(worker)
         horizon = time.monotonic() - IDLE_S - 1.0
-        if self._idle and self._idle[0].idle_since < horizon:
-            stale = [w for w in self._idle if w.idle_since < horizon]
-            self._idle = [w for w in self._idle if w.idle_since >= horizon]
-            for worker in stale:
-                self._close(worker)
+        while self._idle and self._idle[0].idle_since < horizon:  # the oldest at the bottom
+            self._close(self._idle.pop(0))
 
     def _close(self, worker: _Worker) -> None:
         """Forget a worker whose process has ended (or will, now that its socket is closed)."""
@@ -315,25 +313,20 @@ class ProcessPool:
             await self._bury(worker, kill=False)
 
 
+@dataclass(eq=False)
 class ProcessPools:
     """One :class:`ProcessPool` per breaker key, created on first use."""
 
-    def __init__(
-        self,
-        max_processes_for: Callable[[str], int],
-        env: Collection[str] = (),
-        max_frame_bytes: int | None = None,
-    ) -> None:
-        self._max_processes_for = max_processes_for
-        self._pools: dict[str, ProcessPool] = {}
-        self._env = env
-        self._max_frame_bytes = max_frame_bytes
+    max_processes_for: Callable[[str], int]
+    env: Collection[str] = ()
+    max_frame_bytes: int | None = None
+    _pools: dict[str, ProcessPool] = field(default_factory=dict)
 
     def get(self, key: str) -> ProcessPool:
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = ProcessPool(
-                key, self._max_processes_for(key), self._env, self._max_frame_bytes
+                key, self.max_processes_for(key), self.env, self.max_frame_bytes
             )
         return pool
 

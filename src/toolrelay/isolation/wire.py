@@ -8,7 +8,7 @@ import pickle
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 
@@ -35,24 +35,15 @@ def frame(message: Any) -> bytes:
     return _HEADER.pack(len(payload)) + payload
 
 
-def _recv_exact_blocking(sock: socket.socket, size: int) -> bytes | None:
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            return None
-        got += n
-    return bytes(buf)
-
-
-def receive_blocking(sock: socket.socket) -> bytes | None:
-    """In the worker: the next message, still pickled; ``None`` when the host has gone."""
-    header = _recv_exact_blocking(sock, _HEADER.size)
-    if header is None:
+def receive_blocking(reader: BinaryIO) -> bytes | None:
+    """In the worker: the next message from the socket's ``makefile("rb")``, still
+    pickled; ``None`` when the host has gone."""
+    header = reader.read(_HEADER.size)
+    if len(header) < _HEADER.size:
         return None
-    return _recv_exact_blocking(sock, _HEADER.unpack(header)[0])
+    size = _HEADER.unpack(header)[0]
+    payload = reader.read(size)
+    return payload if len(payload) == size else None
 
 
 async def _recv_exact(sock: socket.socket, size: int) -> bytes | None:

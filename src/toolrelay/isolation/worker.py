@@ -83,6 +83,7 @@ def worker_main(sock: socket.socket, idle_s: float, env: Mapping[str, str]) -> N
     sock.setblocking(True)
     threading.Thread(target=_watch, args=(sock,), name="toolrelay-watch", daemon=True).start()
     handlers: dict[ProcessTarget, Callable[..., Any]] = {}
+    reader = sock.makefile("rb")  # one message in flight: it never buffers the next one
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     try:
@@ -92,7 +93,7 @@ def worker_main(sock: socket.socket, idle_s: float, env: Mapping[str, str]) -> N
                 # that call never ran.
                 sock.sendall(frame(("idle",)))
                 break
-            payload = receive_blocking(sock)
+            payload = receive_blocking(reader)
             if payload is None:
                 break
             reply = _run(handlers, payload)

@@ -124,10 +124,9 @@ class Telemetry:
             attempts = out.attempts or asked.attempts
             if attempts and out.served_by is None:
                 count_attempt(1)
-                if outcome == "circuit_open" and key is not None:
-                    metrics.key_child(metrics.breaker_rejected, key)(1)
-                elif outcome == "overloaded" and key is not None:
-                    metrics.key_child(metrics.bulkhead_rejected, key)(1)
+                rejected = metrics.rejected.get(outcome)
+                if rejected is not None and key is not None:
+                    metrics.child(rejected, key)(1)
             exemplar = None
             if span is not None and span.is_recording():
                 decl = None if asked.tool is None else asked.tool.decl
@@ -168,7 +167,7 @@ class Telemetry:
         if isinstance(event, RetryScheduled):
             tool = self.label(inv.name)
             self.metrics.retries.labels(tool).inc()
-            self.metrics.attempt_child(tool, event.error_type)(1)
+            self.metrics.child(self.metrics.attempts, tool, event.error_type)(1)
         elif isinstance(event, FaultInjected):
             self.metrics.faults.labels(self.label(inv.name), event.fault).inc()
         elif isinstance(event, ConcurrencyLimitUpdated):
@@ -182,7 +181,7 @@ class Telemetry:
         elif isinstance(event, FallbackEnded):
             self._fallback_ended(inv, event)
         elif isinstance(event, WorkerKilled):
-            self.metrics.key_child(self.metrics.processes_killed, event.breaker_key)(1)
+            self.metrics.child(self.metrics.processes_killed, event.breaker_key)(1)
         elif isinstance(event, LoopBlocked):
             self.metrics.loop_blocked.labels(self.label(inv.name)).inc(event.seconds)
         if self._tracing:
@@ -203,11 +202,10 @@ class Telemetry:
         for name, key, result, attempts in ended:
             if not attempts:
                 continue
-            metrics.attempt_child(name, result)(1)
-            if key is not None and result == "circuit_open":
-                metrics.key_child(metrics.breaker_rejected, key)(1)
-            elif key is not None and result == "overloaded":
-                metrics.key_child(metrics.bulkhead_rejected, key)(1)
+            metrics.child(metrics.attempts, name, result)(1)
+            rejected = metrics.rejected.get(result)
+            if rejected is not None and key is not None:
+                metrics.child(rejected, key)(1)
         if self._tracing:
             span = trace.get_current_span()
             if span.is_recording():

@@ -86,32 +86,6 @@ def breaker_reading(breaker: KeyBreaker) -> Reading:
     )
 
 
-class _BreakerCollector(Collector):
-    """The breaker gauges of one registry, computed when it is scraped."""
-
-    def __init__(self, gauges: BreakerGauges) -> None:
-        self._gauges = weakref.ref(gauges)
-
-    def _families(self) -> list[GaugeMetricFamily]:
-        return [
-            GaugeMetricFamily(f"toolrelay_{name}", doc, labels=("breaker_key",))
-            for name, doc in BREAKER_GAUGES
-        ]
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(self._families())
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = self._families()
-        gauges = self._gauges()
-        readings = {} if gauges is None else gauges.readings()
-        for key in sorted(readings):
-            for family, value in zip(families, readings[key], strict=True):
-                if value is not None:
-                    family.add_metric((key,), value)
-        return iter(families)
-
-
 def _refresh_loop(ref: weakref.ref[BreakerGauges], pid: int) -> None:
     """Multiprocess mode: copy the readings into the gauges until the registry is gone."""
     while True:
@@ -127,9 +101,10 @@ GaugeFactory = Callable[[str, str, tuple[str, ...], Any], Gauge]
 _ALL: weakref.WeakSet[BreakerGauges] = weakref.WeakSet()
 
 
-class BreakerGauges:
-    """The breaker gauges of one registry: a scrape-time collector, or (multiprocess mode)
-    ``livemax`` gauges made with ``gauge`` and refreshed from a daemon thread."""
+class BreakerGauges(Collector):
+    """The breaker gauges of one registry: a collector computing them when it is scraped,
+    or (multiprocess mode) ``livemax`` gauges made with ``gauge`` and refreshed from a daemon
+    thread."""
 
     def __init__(self, registry: CollectorRegistry, gauge: GaugeFactory) -> None:
         self._watched: weakref.WeakSet[Breakers] = weakref.WeakSet()
@@ -147,8 +122,26 @@ class BreakerGauges:
                 gauge(name, doc, ("breaker_key",), "livemax") for name, doc in BREAKER_GAUGES
             ]
         else:
-            registry.register(_BreakerCollector(self))
+            registry.register(self)
         _ALL.add(self)
+
+    def _families(self) -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily(f"toolrelay_{name}", doc, labels=("breaker_key",))
+            for name, doc in BREAKER_GAUGES
+        ]
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = self._families()
+        readings = self.readings()
+        for key in sorted(readings):
+            for family, value in zip(families, readings[key], strict=True):
+                if value is not None:
+                    family.add_metric((key,), value)
+        return iter(families)
 
     def watch(self, breakers: Breakers) -> None:
         """Report ``breakers`` for as long as it lives (held weakly)."""

@@ -10,6 +10,7 @@ The gauges read from the breakers' windows are :mod:`.breaker_gauges`'.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import weakref
@@ -92,8 +93,8 @@ class Metrics:
             return metrics
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
-            return Counter(name, doc, labels, namespace="toolrelay", registry=registry)
+        counter = functools.partial(Counter, namespace="toolrelay", registry=registry)
+        histogram = functools.partial(Histogram, namespace="toolrelay", registry=registry)
 
         def gauge(name: str, doc: str, labels: tuple[str, ...], mode: Any) -> Gauge:
             return Gauge(
@@ -101,17 +102,12 @@ class Metrics:
                 multiprocess_mode=mode,
             )  # fmt: skip
 
-        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: Any) -> Histogram:
-            return Histogram(
-                name, doc, labels, namespace="toolrelay", registry=registry, buckets=buckets
-            )
-
         self.calls = counter("tool_calls", "Tool calls answered, by outcome.", ("tool", "outcome"))
         self.duration = histogram(
             "tool_call_duration_seconds",
             "Time from dispatch to answer.",
             ("tool", "outcome"),
-            DURATION_BUCKETS,
+            buckets=DURATION_BUCKETS,
         )
         self.attempts = counter(
             "tool_attempts", "Attempts made (retries included), by result.", ("tool", "result")
@@ -155,10 +151,10 @@ class Metrics:
             "deadline_overrun_seconds",
             "For timeouts: answer time minus the call's deadline.",
             (),
-            OVERRUN_BUCKETS,
+            buckets=OVERRUN_BUCKETS,
         )
         self.slot_hold = histogram(
-            "slot_hold_seconds", "How long a model slot was held.", (), SLOT_BUCKETS
+            "slot_hold_seconds", "How long a model slot was held.", (), buckets=SLOT_BUCKETS
         )
         self.slot_budget = gauge(
             "slot_budget_seconds", "Budget of the most recent model slot hold.", (), "livemax"
@@ -209,13 +205,18 @@ class Metrics:
             ("breaker_key",),
             "livesum",
         )
+        self.rejected = {
+            "circuit_open": self.breaker_rejected,
+            "overloaded": self.bulkhead_rejected,
+        }
+        """An attempt's answer → the counter of attempts its key refused that way."""
         self.breakers = BreakerGauges(registry, gauge)
         """The gauges read from the breakers (``watch`` a dispatcher's breakers there)."""
         self._adders: dict[tuple[object, ...], Add] = {}
         self._call_children: dict[tuple[str, str], CallChildren] = {}
         self._inflight_children: dict[str, Add] = {}
 
-    def _adder(self, metric: Counter | Gauge, *labels: str) -> Add:
+    def child(self, metric: Counter | Gauge, *labels: str) -> Add:
         """The :func:`adder` of ``metric``'s child for ``labels``, bound once: the hot path
         does no label lookups."""
         add = self._adders.get((id(metric), *labels))
@@ -228,18 +229,12 @@ class Metrics:
         entry = self._call_children.get((tool, outcome))
         if entry is None:
             entry = self._call_children[(tool, outcome)] = (
-                self._adder(self.calls, tool, outcome),
+                self.child(self.calls, tool, outcome),
                 self.duration.labels(tool, outcome),
-                self._adder(self.attempts, tool, outcome),
+                self.child(self.attempts, tool, outcome),
                 ExemplarGate(),
             )
         return entry
-
-    def attempt_child(self, tool: str, result: str) -> Add:
-        return self._adder(self.attempts, tool, result)
-
-    def key_child(self, metric: Counter, key: str) -> Add:
-        return self._adder(metric, key)
 
     def inflight_child(self, tool: str) -> Add:  # every dispatch: a plain lookup
         add = self._inflight_children.get(tool)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from opentelemetry import metrics
 from opentelemetry.util.types import Attributes
@@ -28,32 +29,23 @@ MCP_SERVER_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120,
 CHECK_INTERVAL_S = 1.0
 
 
+@dataclass(slots=True)
 class LazyHistogram:
     """A histogram created once a meter provider records (``provider``, else the global
     one). ``histogram`` is ``None`` until then; callers call :meth:`check` only when
-    ``now >= next_check``, so a process without an SDK pays a comparison per observation.
+    ``histogram`` is ``None`` and ``now >= next_check``, so a process without an SDK pays a
+    comparison per observation.
     """
 
-    __slots__ = ("_buckets", "_description", "_name", "histogram", "next_check", "provider")
-
-    def __init__(
-        self,
-        name: str,
-        description: str,
-        buckets: Sequence[float],
-        provider: metrics.MeterProvider | None = None,
-    ) -> None:
-        self._name = name
-        self._description = description
-        self._buckets = buckets
-        self.provider = provider
-        self.histogram: metrics.Histogram | None = None
-        self.next_check = float("-inf")
+    name: str
+    description: str
+    buckets: Sequence[float]
+    provider: metrics.MeterProvider | None = None
+    histogram: metrics.Histogram | None = None
+    next_check: float = float("-inf")
 
     def check(self, now: float) -> metrics.Histogram | None:
         """The histogram if a provider records now (looked at once a ``CHECK_INTERVAL_S``)."""
-        if self.histogram is not None or now < self.next_check:
-            return self.histogram
         self.next_check = now + CHECK_INTERVAL_S
         provider = self.provider or metrics.get_meter_provider()
         # the API's no-op, or its placeholder until set_meter_provider() (not exported)
@@ -63,10 +55,10 @@ class LazyHistogram:
             return None
         meter = provider.get_meter("toolrelay", __version__)
         self.histogram = meter.create_histogram(
-            self._name,
+            self.name,
             unit="s",
-            description=self._description,
-            explicit_bucket_boundaries_advisory=self._buckets,
+            description=self.description,
+            explicit_bucket_boundaries_advisory=self.buckets,
         )
         return self.histogram
 

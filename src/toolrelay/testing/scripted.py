@@ -13,17 +13,6 @@ import anyio
 
 from ..contract import AuthContext, CallContext, ErrorType, ToolDeclaration, ToolError
 
-__all__ = [
-    "ScriptedCall",
-    "ScriptedPlugin",
-    "Step",
-    "SyncScriptedPlugin",
-    "error",
-    "hang",
-    "ok",
-    "slow",
-]
-
 ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
 
 
@@ -170,8 +159,7 @@ class ScriptedPlugin:
             if script is None:
                 raise ToolError(f"no script for tool {name!r}")
             step = script.next()
-            call = ScriptedCall(name, args, ctx, attempt, step)
-            self._calls.append(call)
+            self._calls.append(ScriptedCall(name, args, ctx, attempt, step))
         return step
 
     async def execute(self, name: str, args: dict[str, Any], ctx: AuthContext) -> Any:

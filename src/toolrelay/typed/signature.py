@@ -115,17 +115,9 @@ def _ctx_like(annotation: Any) -> bool:
 
 
 def is_legacy(fn: Callable[..., Any], *, explicit_schema: bool) -> bool:
-    """Is ``fn`` an ``fn(args, ctx)`` handler? See ``docs/typed-tools.md`` for the rule.
-
-    With a hand-written schema (``explicit_schema``) it always is, and a signature that
-    plainly cannot be one raises :class:`SignatureError`. Without one, it is when it has
-    exactly two parameters, both positional, the first unannotated or a mapping (``dict``,
-    ``dict[str, Any]``, ``Mapping[…]``, ``Any``) and the second unannotated, ``Any`` or
-    ``AuthContext`` (``| None``); when neither is annotated, they must be named ``args``
-    (``arguments``) and ``ctx`` (``context``, ``auth``), else :class:`SignatureError`: not
-    guessed. Anything else is typed. Parameters a ``functools.partial`` binds by keyword do
-    not count.
-    """
+    """Is ``fn`` an ``fn(args, ctx)`` handler? ``docs/typed-tools.md`` ("The rule") says
+    when; :class:`SignatureError` for a signature that cannot be one with a hand-written
+    schema (``explicit_schema``), or that could be either and is not guessed."""
     sig, resolved = read_signature(fn)
     if sig is None:
         if explicit_schema:

@@ -55,19 +55,15 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
         )
     summary, described = docstring(fn)
     fields: dict[str, Any] = {}
-    auth: str | None = None
-    call: str | None = None
+    injected: dict[type, str] = {}  # AuthContext, CallContext → the parameter given it
     python_defaults: dict[str, Any] = {}
     for param in call_parameters(fn, sig):
         annotation = Any if param.annotation is EMPTY else modern(param.annotation)
-        if is_context(annotation, AuthContext) or is_context(annotation, CallContext):
-            is_auth = is_context(annotation, AuthContext)
-            if (auth if is_auth else call) is not None:
+        context = next((c for c in (AuthContext, CallContext) if is_context(annotation, c)), None)
+        if context is not None:
+            if context in injected:
                 raise SignatureError(f"more than one parameter is annotated {annotation}")
-            if is_auth:
-                auth = param.name
-            else:
-                call = param.name
+            injected[context] = param.name
             continue
         if param.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD and (
             param.kind is not inspect.Parameter.KEYWORD_ONLY
@@ -97,13 +93,11 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
     nulls = _nullable_defaults(parameters)
     for missing in fields.keys() - model.model_fields.keys():  # pydantic's private names
         raise SignatureError(f"parameter {missing!r} cannot be an argument: rename it")
-    for field_name, field in model.model_fields.items():
-        if field.alias is not None or field.validation_alias is not None:
-            raise SignatureError(f"parameter {field_name!r} has an alias: rename the parameter")
-
     converters: list[tuple[str, frozenset[type], Callable[[Any], Any]]] = []
     fills: list[tuple[str, Callable[[], Any]]] = []
     for field_name, field in model.model_fields.items():
+        if field.alias is not None or field.validation_alias is not None:
+            raise SignatureError(f"parameter {field_name!r} has an alias: rename the parameter")
         tp = _annotated(field.annotation, tuple(field.metadata))
         plain, kinds = input_plan(tp)
         if not plain:
@@ -118,8 +112,8 @@ def typed_tool(fn: Callable[..., Any], name: str, description: str | None) -> Ty
 
     output_schema, convert_output = _output(modern(sig.return_annotation))
     run = caller(
-        fn, name, is_async(fn), auth, call, tuple(converters), tuple(fills), nulls,
-        convert_output,
+        fn, name, is_async(fn), injected.get(AuthContext), injected.get(CallContext),
+        tuple(converters), tuple(fills), nulls, convert_output,
     )  # fmt: skip
     return TypedTool(
         parameters, output_schema, summary if description is None else description, run
