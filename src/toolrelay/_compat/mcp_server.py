@@ -15,7 +15,7 @@ import anyio
 # The SDK adds its own span middleware to every server; the gateway serves its own spans
 # (semantic conventions, a client's trace context) and takes the SDK's out so calls are not
 # traced twice.
-from mcp.server._otel import OpenTelemetryMiddleware
+from mcp.server._otel import OpenTelemetryMiddleware as OpenTelemetryMiddleware
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.connection import Connection
 from mcp.server.streamable_http import StreamableHTTPServerTransport
@@ -24,19 +24,6 @@ from mcp.shared.message import SessionMessage
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
-
-__all__ = [
-    "OpenTelemetryMiddleware",
-    "SdkSessionManager",
-    "busy",
-    "check_content_type",
-    "connection_of",
-    "error_response",
-    "has_event_store",
-    "is_busy",
-    "passes_security",
-    "send_to_session",
-]
 
 
 class SdkSessionManager(StreamableHTTPSessionManager):

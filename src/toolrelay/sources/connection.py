@@ -24,8 +24,6 @@ from .rawlane import RawLane
 
 log = logging.getLogger("toolrelay.sources.mcp")
 
-__all__ = ["DEAD", "Backoff", "Connection", "State", "list_tools", "stamped_meta", "trust_result"]
-
 _MAX_LIST_PAGES = 100
 
 

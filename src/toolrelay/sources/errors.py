@@ -14,27 +14,6 @@ from pydantic import ValidationError
 from ..redact import Redactor
 from .limits import TOO_LARGE_TEXT
 
-__all__ = [
-    "MAX_ERROR_CHARS",
-    "MESSAGE_TOO_LARGE",
-    "MESSAGE_UNREADABLE",
-    "UNREADABLE_TEXT",
-    "AnswerTooLarge",
-    "Disconnected",
-    "McpCallError",
-    "McpConnectError",
-    "NotAToolResult",
-    "Refused",
-    "Unreachable",
-    "cap",
-    "closed",
-    "innermost",
-    "is_disconnect",
-    "map_mcp_errors",
-    "unreadable",
-    "why",
-]
-
 MESSAGE_TOO_LARGE = -32070
 """The JSON-RPC error code the stdio reader answers an oversized message's request with
 (in the range JSON-RPC leaves to implementations)."""

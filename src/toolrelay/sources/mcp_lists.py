@@ -43,8 +43,6 @@ from .errors import (
 )
 from .mcp_connection import Connector
 
-__all__ = ["Listing", "UpstreamFailure"]
-
 log = logging.getLogger("toolrelay.sources.mcp")
 
 T = TypeVar("T")

@@ -24,8 +24,6 @@ from mcp import MCPError
 
 from .errors import closed, unreadable
 
-__all__ = ["HEAD_BYTES", "RAW_ID_PREFIX", "RawLane", "answered_id"]
-
 HEAD_BYTES = 512  # of an oversized message, this much is kept to find its request id
 RAW_ID_PREFIX = "tr-"
 _RAW_MARK = b'"' + RAW_ID_PREFIX.encode()

@@ -34,15 +34,6 @@ from mcp import Client, MCPError
 from mcp.client.session import ClientRequestContext
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
-__all__ = [
-    "CALL_CHANNEL",
-    "LOG_LEVEL_META",
-    "CallChannel",
-    "Relay",
-    "forwarded_meta",
-    "level_passes",
-]
-
 log = logging.getLogger("toolrelay.sources.mcp")
 
 R = TypeVar("R", bound=mcp_types.Result)

@@ -41,8 +41,6 @@ from .errors import MESSAGE_TOO_LARGE, MESSAGE_UNREADABLE, UNREADABLE_TEXT, clos
 from .limits import DEFAULT_MAX_MESSAGE_VALUES, Lines, too_large, too_many
 from .rawlane import HEAD_BYTES, RAW_ID_PREFIX, RawLane, answered_id
 
-__all__ = ["StdioTransport", "capped_stdio_client"]
-
 log = logging.getLogger("toolrelay.sources.mcp")
 
 _WRITER_FLUSH_TIMEOUT = 0.5  # as the SDK's stdio_client
