@@ -28,7 +28,7 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from .._compat.mcp_client import replace_tool_result_check
-from .connection import DEAD, Backoff, Connection, State, list_tools, stamped_meta, trust_result
+from .connection import DEAD, Backoff, Connection, State, pages, stamped_meta, trust_result
 from .errors import McpConnectError, Unreachable, cap, innermost, is_disconnect, why
 from .options import McpSourceOptions
 from .relay import CALL_CHANNEL, Relay
@@ -183,7 +183,7 @@ class Connector:
         assert conn.client is not None
         try:
             with anyio.fail_after(self.options.connect_timeout_s):
-                tools = await list_tools(conn.client)
+                tools = await pages(conn.client.list_tools, "tools")
         except (MCPError, ValidationError, TimeoutError) as exc:
             if isinstance(exc, MCPError) and is_disconnect(exc):
                 self.lost(conn, exc.message)
@@ -292,7 +292,7 @@ class Connector:
                     pinned = conn.mode not in ("auto", "legacy")
                     if modern and (changes.list_changed if changes is not None else pinned):
                         tg.start_soon(self._listen, conn, client, changes is not None)
-                    offered = self._listed(await list_tools(client))
+                    offered = self._listed(await pages(client.list_tools, "tools"))
                     tg.start_soon(self.relay.set_level, client)
                     meta = stamped_meta(client) if conn.lane is not None else None
                     if meta is None:
@@ -383,7 +383,7 @@ class Connector:
             conn.refresh_wanted = anyio.Event()
             try:
                 with anyio.fail_after(self.options.connect_timeout_s):
-                    tools = await list_tools(client)
+                    tools = await pages(client.list_tools, "tools")
             except Exception as exc:
                 if isinstance(exc, MCPError) and is_disconnect(exc):
                     self.lost(conn, exc.message)

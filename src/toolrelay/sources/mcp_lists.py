@@ -31,7 +31,7 @@ from mcp.shared.subscriptions import (
 )
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
-from .connection import State
+from .connection import State, pages
 from .errors import (
     AnswerTooLarge,
     Disconnected,
@@ -46,7 +46,6 @@ from .mcp_connection import Connector
 log = logging.getLogger("toolrelay.sources.mcp")
 
 T = TypeVar("T")
-_MAX_PAGES = 100
 _NOTICES: dict[type, Callable[[Any], ServerEvent]] = {
     mcp_types.ResourceUpdatedNotification: lambda n: ResourceUpdated(str(n.params.uri)),
     mcp_types.ResourceListChangedNotification: lambda n: ResourcesListChanged(),
@@ -97,15 +96,15 @@ class Listing:
         self.stale = False  # a change reported while reading is read next time
         caps = self.capabilities = client.server_capabilities
         if caps.resources is not None:
-            self.resources = await _pages(client.list_resources, "resources")
+            self.resources = await pages(client.list_resources, "resources")
             try:
-                self.templates = await _pages(client.list_resource_templates, "resource_templates")
+                self.templates = await pages(client.list_resource_templates, "resource_templates")
             except MCPError as exc:  # a server of resources without templates
                 if exc.code != mcp_types.METHOD_NOT_FOUND:
                     raise
                 self.templates = []
         if caps.prompts is not None:
-            self.prompts = await _pages(client.list_prompts, "prompts")
+            self.prompts = await pages(client.list_prompts, "prompts")
         self._connects = connects
 
     def lists(self, uri: str) -> bool:
@@ -258,16 +257,3 @@ def _pattern(template: str) -> re.Pattern[str]:
 async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
-
-
-async def _pages(lister: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
-    """Every page of a list (at most :data:`_MAX_PAGES`)."""
-    items: list[Any] = []
-    cursor: str | None = None
-    for _ in range(_MAX_PAGES):
-        page = await lister(cursor=cursor)
-        items.extend(getattr(page, field))
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return items
