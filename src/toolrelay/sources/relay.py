@@ -106,19 +106,14 @@ class _Attempt:
         """The call's deadline: the client's answer is awaited until shortly before it."""
 
     def __enter__(self) -> _Attempt:
-        attempts = self._active.get(self.channel)
-        if attempts is None:
-            self._active[self.channel] = [self]
-        else:
-            attempts.append(self)
+        self._active.setdefault(self.channel, []).append(self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         attempts = self._active[self.channel]
-        if len(attempts) == 1:
+        attempts.remove(self)
+        if not attempts:
             del self._active[self.channel]
-        else:
-            attempts.remove(self)
 
 
 class Relay:

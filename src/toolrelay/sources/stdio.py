@@ -18,8 +18,7 @@ import math
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from types import TracebackType
-from typing import TextIO
+from typing import Any, TextIO
 
 import anyio
 import anyio.lowlevel
@@ -61,13 +60,8 @@ class StdioTransport(AbstractAsyncContextManager[TransportStreams]):
     async def __aenter__(self) -> TransportStreams:
         return await self._streams.__aenter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        return await self._streams.__aexit__(exc_type, exc, tb)
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._streams.__aexit__(*exc_info)
 
 
 def capped_stdio_client(
