@@ -127,7 +127,7 @@ async def _stdio_streams(
         if request_id is None:
             return False
         if isinstance(request_id, str) and request_id.startswith(RAW_ID_PREFIX):
-            lane.refuse(request_id, code, why)
+            lane.answer(request_id, MCPError(code=code, message=why))
             return True
         error = mcp_types.ErrorData(code=code, message=why)
         reply = mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
