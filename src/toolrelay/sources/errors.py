@@ -62,13 +62,14 @@ class NotAToolResult(McpCallError):
 
 
 class Refused(McpCallError):
-    """The server answered with a JSON-RPC error."""
+    """The server answered with a JSON-RPC error (``code``)."""
 
-    def __init__(self, text: str, *, counted: bool, stale: bool) -> None:
+    def __init__(self, text: str, code: int) -> None:
         super().__init__(text)
-        self.counted = counted
+        self.code = code
+        self.counted = code == mcp_types.INTERNAL_ERROR
         """The server's own failure (``INTERNAL_ERROR``): the breaker counts it."""
-        self.stale = stale
+        self.stale = code in _STALE_CODES
         """Unknown method or bad arguments: the tool list may be stale."""
 
 
@@ -143,8 +144,7 @@ def mapped(exc: MCPError) -> McpCallError:
         return NotAToolResult(exc.message)
     if is_disconnect(exc):
         return Disconnected(exc.message)
-    counted, stale = exc.code == mcp_types.INTERNAL_ERROR, exc.code in _STALE_CODES
-    return Refused(exc.message, counted=counted, stale=stale)
+    return Refused(exc.message, exc.code)
 
 
 class _McpErrors:

@@ -133,14 +133,10 @@ class Listing:
         except TimeoutError:
             raise UpstreamFailure(late, code=None, counted=True) from None
         assert conn.client is not None
-        counted, code, passed = True, None, None
+        counted, code = True, None
         try:
             with anyio.fail_at(deadline), map_mcp_errors():
-                try:
-                    return_value = await call(conn.client)
-                except MCPError as exc:
-                    code = exc.code
-                    raise
+                return_value = await call(conn.client)
         except TimeoutError:
             message = late
         except Disconnected as exc:
@@ -149,13 +145,13 @@ class Listing:
         except AnswerTooLarge:
             counted, message = False, f"{source.name} sent an answer too large to read"
         except Refused as exc:
-            counted, message, passed = exc.counted, cap(str(exc)), code
+            counted, message, code = exc.counted, cap(str(exc)), exc.code
         except NotAToolResult:
             message = f"{source.name} sent an answer that is not valid MCP"
         else:
             source.answered()
             return return_value
-        raise UpstreamFailure(message, code=passed, counted=counted)
+        raise UpstreamFailure(message, code=code, counted=counted)
 
     async def subscribe(self, client: Client, uri: str, on: bool) -> None:
         """Subscribe to (``on``) or unsubscribe from ``uri`` on the server (a
