@@ -15,8 +15,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
-from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import anyio
 import anyio.abc
@@ -94,22 +93,18 @@ class Connector:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
         self.closed = True
         if self.conn is not None:
             self.conn.close()
         tg, self._tg = self._tg, None
         assert tg is not None
         try:
-            return await tg.__aexit__(exc_type, exc, tb)
+            return await tg.__aexit__(*exc_info)
         except BaseExceptionGroup as group:
             # The connection tasks never raise, so a group holding just the body's own
             # exception is the task group wrapping it: let the original propagate as is.
+            exc = exc_info[1]
             if exc is not None and list(group.exceptions) == [exc]:
                 return None
             raise
@@ -278,11 +273,7 @@ class Connector:
                 async with AsyncExitStack() as stack:
                     client = await self._enter(stack, conn)
                     tg = await stack.enter_async_context(anyio.create_task_group())
-                    # The SDK re-checks structuredContent against the upstream's outputSchema
-                    # with pure-Python jsonschema, on the event loop, with a backtracking
-                    # regex engine (an upstream's "^(a+)+$" held the loop for seconds).
-                    # toolrelay checks the same schema itself with jsonschema-rs (linear-time
-                    # regex) in its shape stage, so the SDK's copy is skipped.
+                    # the shape stage checks outputSchema (see replace_tool_result_check)
                     replace_tool_result_check(client.session, trust_result)
                     # 2026-era servers send list changes only on a subscriptions/listen
                     # stream. A pinned version is adopted without asking the server, so its
