@@ -89,9 +89,7 @@ def _normal(name: str) -> str:
 
 def _riskier(a: Risk, b: Risk | None) -> Risk:
     """The higher of two risks (``read`` < ``write`` < ``dangerous``)."""
-    if b is None:
-        return a
-    return a if RISKS.index(a) >= RISKS.index(b) else b
+    return a if b is None or RISKS.index(a) >= RISKS.index(b) else b
 
 
 @dataclass(frozen=True, slots=True)
