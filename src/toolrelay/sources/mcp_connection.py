@@ -177,13 +177,11 @@ class Connector:
             raise McpConnectError(f"{self.name} server is not reachable") from None
         assert conn.client is not None
         try:
-            with anyio.fail_after(self.options.connect_timeout_s):
-                tools = await pages(conn.client.list_tools, "tools")
+            await self._relist(conn.client)
         except (MCPError, ValidationError, TimeoutError) as exc:
             if isinstance(exc, MCPError) and is_disconnect(exc):
                 self.lost(conn, exc.message)
             raise McpConnectError(f"{self.name}: tools/list failed ({why(exc)})") from exc
-        self._listed(tools)
 
     # -- connections ----------------------------------------------------------------------
     def _start(self) -> Connection:
@@ -283,7 +281,7 @@ class Connector:
                     pinned = conn.mode not in ("auto", "legacy")
                     if modern and (changes.list_changed if changes is not None else pinned):
                         tg.start_soon(self._listen, conn, client, changes is not None)
-                    offered = self._listed(await pages(client.list_tools, "tools"))
+                    offered = await self._relist(client)
                     tg.start_soon(self.relay.set_level, client)
                     meta = stamped_meta(client) if conn.lane is not None else None
                     if meta is None:
@@ -373,17 +371,17 @@ class Connector:
             await conn.refresh_wanted.wait()
             conn.refresh_wanted = anyio.Event()
             try:
-                with anyio.fail_after(self.options.connect_timeout_s):
-                    tools = await pages(client.list_tools, "tools")
+                await self._relist(client)
             except Exception as exc:
                 if isinstance(exc, MCPError) and is_disconnect(exc):
                     self.lost(conn, exc.message)
                     return
                 reason = cap(exc.message, 80) if isinstance(exc, MCPError) else type(exc).__name__
                 log.warning("toolrelay: MCP server %s: tools/list failed: %s", self.name, reason)
-                continue
-            self._listed(tools)
 
-    def _listed(self, tools: Sequence[mcp_types.Tool]) -> int:
+    async def _relist(self, client: Client) -> int:
+        """Read ``tools/list`` within ``connect_timeout_s`` and install it; how many tools."""
+        with anyio.fail_after(self.options.connect_timeout_s):
+            tools = await pages(client.list_tools, "tools")
         self.answered()
         return self._install(tools)
