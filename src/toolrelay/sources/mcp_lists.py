@@ -119,26 +119,19 @@ class Listing:
     async def request(self, call: Callable[[Client], Awaitable[T]], timeout_s: float) -> T:
         """``call`` with the live client within ``timeout_s``; raises :class:`UpstreamFailure`."""
         source = self.source
-        deadline = anyio.current_time() + timeout_s
-        late = f"{source.name} did not answer within {timeout_s:g} s"
+        counted, code = True, None
         try:
-            with anyio.fail_at(deadline):
+            with anyio.fail_after(timeout_s):
                 conn = await source.acquire()  # a reconnect, if one is due, within it too
+                assert conn.client is not None
+                with map_mcp_errors():
+                    return_value = await call(conn.client)
         except Unreachable as gone:
             wait = gone.args[0]
             after = "" if wait is None else f" (the next attempt in {wait:.0f} s)"
-            raise UpstreamFailure(
-                f"{source.name} is not reachable{after}", code=None, counted=True
-            ) from None
+            message = f"{source.name} is not reachable{after}"
         except TimeoutError:
-            raise UpstreamFailure(late, code=None, counted=True) from None
-        assert conn.client is not None
-        counted, code = True, None
-        try:
-            with anyio.fail_at(deadline), map_mcp_errors():
-                return_value = await call(conn.client)
-        except TimeoutError:
-            message = late
+            message = f"{source.name} did not answer within {timeout_s:g} s"
         except Disconnected as exc:
             source.lost(conn, str(exc))
             message = f"{source.name} is not reachable"
