@@ -50,22 +50,18 @@ class CallChannel(Protocol):
     @property
     def meta(self) -> Mapping[str, Any]:
         """The call's ``_meta`` as the client sent it (``{}``: none)."""
-        ...
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """Report progress with the client's own token (nothing when it gave none)."""
-        ...
 
     async def log(self, params: mcp_types.LoggingMessageNotificationParams) -> None:
         """Pass on an upstream's log message, if the client wants that level."""
-        ...
 
     async def ask(
         self, request: mcp_types.ServerRequest, result_type: type[R]
     ) -> R | mcp_types.ErrorData:
         """Send a request to the client and return its answer (or the error for the
         upstream: the client cannot be asked, refused, or answered nonsense)."""
-        ...
 
 
 CALL_CHANNEL: ContextVar[CallChannel | None] = ContextVar("toolrelay_call_channel", default=None)
