@@ -13,8 +13,6 @@ from collections.abc import Callable
 import httpcore
 import httpx
 
-__all__ = ["wrap_network_backend"]
-
 Wrap = Callable[[httpcore.AsyncNetworkBackend], httpcore.AsyncNetworkBackend]
 
 

@@ -15,7 +15,7 @@ import anyio
 # The SDK adds its own span middleware to every server; the gateway serves its own spans
 # (semantic conventions, a client's trace context) and takes the SDK's out so calls are not
 # traced twice.
-from mcp.server._otel import OpenTelemetryMiddleware
+from mcp.server._otel import OpenTelemetryMiddleware as OpenTelemetryMiddleware
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.connection import Connection
 from mcp.server.streamable_http import StreamableHTTPServerTransport
@@ -24,19 +24,6 @@ from mcp.shared.message import SessionMessage
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
-
-__all__ = [
-    "OpenTelemetryMiddleware",
-    "SdkSessionManager",
-    "busy",
-    "check_content_type",
-    "connection_of",
-    "error_response",
-    "has_event_store",
-    "is_busy",
-    "passes_security",
-    "send_to_session",
-]
 
 
 class SdkSessionManager(StreamableHTTPSessionManager):
@@ -104,7 +91,16 @@ def is_busy(transport: StreamableHTTPServerTransport) -> bool:
     return bool(transport._requests_in_flight)
 
 
-class _Busy:
+class busy:  # lowercase: called like a function, as contextlib.suppress
+    """``with busy(transport):`` count a request the fast lane serves outside the transport
+    as the transport counts its own: in flight, and the session's idle timer stopped until
+    the last one ends (a class, not a generator: every call of the lane enters one).
+
+    Relies on ``_requests_in_flight`` (read and written) and ``_idle_timeout`` with the public
+    ``idle_scope``, as ``StreamableHTTPServerTransport.handle_request`` uses them: the fast
+    lane halves the gateway's CPU per call, and a session must not expire under its calls.
+    """
+
     __slots__ = ("_idle", "_transport")
 
     def __init__(self, transport: StreamableHTTPServerTransport) -> None:
@@ -122,18 +118,6 @@ class _Busy:
         timeout = transport._idle_timeout
         if idle is not None and timeout is not None and not transport._requests_in_flight:
             idle.deadline = anyio.current_time() + timeout
-
-
-def busy(transport: StreamableHTTPServerTransport) -> _Busy:
-    """``with busy(transport):`` count a request the fast lane serves outside the transport
-    as the transport counts its own: in flight, and the session's idle timer stopped until
-    the last one ends (a class, not a generator: every call of the lane enters one).
-
-    Relies on ``_requests_in_flight`` (read and written) and ``_idle_timeout`` with the public
-    ``idle_scope``, as ``StreamableHTTPServerTransport.handle_request`` uses them: the fast
-    lane halves the gateway's CPU per call, and a session must not expire under its calls.
-    """
-    return _Busy(transport)
 
 
 async def send_to_session(

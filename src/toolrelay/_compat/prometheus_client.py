@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["value_inc"]
-
 
 def value_inc(child: Any) -> Callable[[float], None] | None:
     """The ``inc`` of a bound counter or gauge child's value store, or ``None`` if a release

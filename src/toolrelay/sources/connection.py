@@ -2,8 +2,8 @@
 
 A :class:`Connection` is one attempt and, when it succeeds, the live SDK client;
 :class:`~.mcp_connection.Connector` owns one at a time. :class:`Backoff` says when the
-next attempt may start. :func:`list_tools` and :func:`stamped_meta` read what a live
-client knows.
+next attempt may start. :func:`pages` and :func:`stamped_meta` read what a live client
+knows.
 """
 
 from __future__ import annotations
@@ -24,21 +24,21 @@ from .rawlane import RawLane
 
 log = logging.getLogger("toolrelay.sources.mcp")
 
-__all__ = ["DEAD", "Backoff", "Connection", "State", "list_tools", "stamped_meta", "trust_result"]
-
 _MAX_LIST_PAGES = 100
 
 
-async def list_tools(client: Client) -> list[mcp_types.Tool]:
-    tools: list[mcp_types.Tool] = []
+async def pages(lister: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
+    """Every page of an MCP list (at most :data:`_MAX_LIST_PAGES`), e.g.
+    ``pages(client.list_tools, "tools")``."""
+    items: list[Any] = []
     cursor: str | None = None
     for _ in range(_MAX_LIST_PAGES):
-        page = await client.list_tools(cursor=cursor)
-        tools.extend(page.tools)
+        page = await lister(cursor=cursor)
+        items.extend(getattr(page, field))
         cursor = page.next_cursor
         if cursor is None:
             break
-    return tools
+    return items
 
 
 def stamped_meta(client: Client) -> dict[str, Any] | None:

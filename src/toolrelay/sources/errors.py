@@ -14,27 +14,6 @@ from pydantic import ValidationError
 from ..redact import Redactor
 from .limits import TOO_LARGE_TEXT
 
-__all__ = [
-    "MAX_ERROR_CHARS",
-    "MESSAGE_TOO_LARGE",
-    "MESSAGE_UNREADABLE",
-    "UNREADABLE_TEXT",
-    "AnswerTooLarge",
-    "Disconnected",
-    "McpCallError",
-    "McpConnectError",
-    "NotAToolResult",
-    "Refused",
-    "Unreachable",
-    "cap",
-    "closed",
-    "innermost",
-    "is_disconnect",
-    "map_mcp_errors",
-    "unreadable",
-    "why",
-]
-
 MESSAGE_TOO_LARGE = -32070
 """The JSON-RPC error code the stdio reader answers an oversized message's request with
 (in the range JSON-RPC leaves to implementations)."""
@@ -83,13 +62,14 @@ class NotAToolResult(McpCallError):
 
 
 class Refused(McpCallError):
-    """The server answered with a JSON-RPC error."""
+    """The server answered with a JSON-RPC error (``code``)."""
 
-    def __init__(self, text: str, *, counted: bool, stale: bool) -> None:
+    def __init__(self, text: str, code: int) -> None:
         super().__init__(text)
-        self.counted = counted
+        self.code = code
+        self.counted = code == mcp_types.INTERNAL_ERROR
         """The server's own failure (``INTERNAL_ERROR``): the breaker counts it."""
-        self.stale = stale
+        self.stale = code in _STALE_CODES
         """Unknown method or bad arguments: the tool list may be stale."""
 
 
@@ -164,8 +144,7 @@ def mapped(exc: MCPError) -> McpCallError:
         return NotAToolResult(exc.message)
     if is_disconnect(exc):
         return Disconnected(exc.message)
-    counted, stale = exc.code == mcp_types.INTERNAL_ERROR, exc.code in _STALE_CODES
-    return Refused(exc.message, counted=counted, stale=stale)
+    return Refused(exc.message, exc.code)
 
 
 class _McpErrors:

@@ -18,8 +18,6 @@ from .._compat.mcp_client import TransportStreams
 from ..jsonlimits import json_values
 from .limits import DEFAULT_MAX_MESSAGE_VALUES, too_large, too_many
 
-__all__ = ["MessageTooLarge", "capped_http_client", "http_transport"]
-
 _HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)  # the SDK's defaults for MCP over HTTP
 
 

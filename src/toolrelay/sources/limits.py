@@ -6,15 +6,6 @@ without importing the SDK. The transports (:mod:`.stdio`, :mod:`.http`) apply th
 
 from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_MAX_MESSAGE_BYTES",
-    "DEFAULT_MAX_MESSAGE_VALUES",
-    "TOO_LARGE_TEXT",
-    "Lines",
-    "too_large",
-    "too_many",
-]
-
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """The default bound on one message from an MCP server (4 MiB)."""
 

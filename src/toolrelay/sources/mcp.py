@@ -72,8 +72,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 __all__ = ["McpConnectError", "McpSource", "McpSourceOptions", "object_schema"]
 
-TransportFactory = Callable[[], Transport]
-
 
 class McpSource(Connector):
     """The tools of one MCP server, as a toolrelay plugin. Use :meth:`stdio` or :meth:`http`.
@@ -88,7 +86,7 @@ class McpSource(Connector):
         options: The breaker key and the rest (:class:`~.options.McpSourceOptions`).
     """
 
-    def __init__(self, transport: TransportFactory, options: McpSourceOptions) -> None:
+    def __init__(self, transport: Callable[[], Transport], options: McpSourceOptions) -> None:
         name = options.name or options.breaker_key
         self._tools = ToolMap(options, name)
         super().__init__(options, name, transport, self._tools.install)

@@ -15,8 +15,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
-from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import anyio
 import anyio.abc
@@ -28,7 +27,7 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from .._compat.mcp_client import replace_tool_result_check
-from .connection import DEAD, Backoff, Connection, State, list_tools, stamped_meta, trust_result
+from .connection import DEAD, Backoff, Connection, State, pages, stamped_meta, trust_result
 from .errors import McpConnectError, Unreachable, cap, innermost, is_disconnect, why
 from .options import McpSourceOptions
 from .relay import CALL_CHANNEL, Relay
@@ -94,22 +93,18 @@ class Connector:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
         self.closed = True
         if self.conn is not None:
             self.conn.close()
         tg, self._tg = self._tg, None
         assert tg is not None
         try:
-            return await tg.__aexit__(exc_type, exc, tb)
+            return await tg.__aexit__(*exc_info)
         except BaseExceptionGroup as group:
             # The connection tasks never raise, so a group holding just the body's own
             # exception is the task group wrapping it: let the original propagate as is.
+            exc = exc_info[1]
             if exc is not None and list(group.exceptions) == [exc]:
                 return None
             raise
@@ -182,13 +177,11 @@ class Connector:
             raise McpConnectError(f"{self.name} server is not reachable") from None
         assert conn.client is not None
         try:
-            with anyio.fail_after(self.options.connect_timeout_s):
-                tools = await list_tools(conn.client)
+            await self._relist(conn.client)
         except (MCPError, ValidationError, TimeoutError) as exc:
             if isinstance(exc, MCPError) and is_disconnect(exc):
                 self.lost(conn, exc.message)
             raise McpConnectError(f"{self.name}: tools/list failed ({why(exc)})") from exc
-        self._listed(tools)
 
     # -- connections ----------------------------------------------------------------------
     def _start(self) -> Connection:
@@ -278,11 +271,7 @@ class Connector:
                 async with AsyncExitStack() as stack:
                     client = await self._enter(stack, conn)
                     tg = await stack.enter_async_context(anyio.create_task_group())
-                    # The SDK re-checks structuredContent against the upstream's outputSchema
-                    # with pure-Python jsonschema, on the event loop, with a backtracking
-                    # regex engine (an upstream's "^(a+)+$" held the loop for seconds).
-                    # toolrelay checks the same schema itself with jsonschema-rs (linear-time
-                    # regex) in its shape stage, so the SDK's copy is skipped.
+                    # the shape stage checks outputSchema (see replace_tool_result_check)
                     replace_tool_result_check(client.session, trust_result)
                     # 2026-era servers send list changes only on a subscriptions/listen
                     # stream. A pinned version is adopted without asking the server, so its
@@ -292,7 +281,7 @@ class Connector:
                     pinned = conn.mode not in ("auto", "legacy")
                     if modern and (changes.list_changed if changes is not None else pinned):
                         tg.start_soon(self._listen, conn, client, changes is not None)
-                    offered = self._listed(await list_tools(client))
+                    offered = await self._relist(client)
                     tg.start_soon(self.relay.set_level, client)
                     meta = stamped_meta(client) if conn.lane is not None else None
                     if meta is None:
@@ -382,17 +371,17 @@ class Connector:
             await conn.refresh_wanted.wait()
             conn.refresh_wanted = anyio.Event()
             try:
-                with anyio.fail_after(self.options.connect_timeout_s):
-                    tools = await list_tools(client)
+                await self._relist(client)
             except Exception as exc:
                 if isinstance(exc, MCPError) and is_disconnect(exc):
                     self.lost(conn, exc.message)
                     return
                 reason = cap(exc.message, 80) if isinstance(exc, MCPError) else type(exc).__name__
                 log.warning("toolrelay: MCP server %s: tools/list failed: %s", self.name, reason)
-                continue
-            self._listed(tools)
 
-    def _listed(self, tools: Sequence[mcp_types.Tool]) -> int:
+    async def _relist(self, client: Client) -> int:
+        """Read ``tools/list`` within ``connect_timeout_s`` and install it; how many tools."""
+        with anyio.fail_after(self.options.connect_timeout_s):
+            tools = await pages(client.list_tools, "tools")
         self.answered()
         return self._install(tools)

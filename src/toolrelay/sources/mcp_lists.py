@@ -31,7 +31,7 @@ from mcp.shared.subscriptions import (
 )
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
-from .connection import State
+from .connection import State, pages
 from .errors import (
     AnswerTooLarge,
     Disconnected,
@@ -43,12 +43,9 @@ from .errors import (
 )
 from .mcp_connection import Connector
 
-__all__ = ["Listing", "UpstreamFailure"]
-
 log = logging.getLogger("toolrelay.sources.mcp")
 
 T = TypeVar("T")
-_MAX_PAGES = 100
 _NOTICES: dict[type, Callable[[Any], ServerEvent]] = {
     mcp_types.ResourceUpdatedNotification: lambda n: ResourceUpdated(str(n.params.uri)),
     mcp_types.ResourceListChangedNotification: lambda n: ResourcesListChanged(),
@@ -99,15 +96,15 @@ class Listing:
         self.stale = False  # a change reported while reading is read next time
         caps = self.capabilities = client.server_capabilities
         if caps.resources is not None:
-            self.resources = await _pages(client.list_resources, "resources")
+            self.resources = await pages(client.list_resources, "resources")
             try:
-                self.templates = await _pages(client.list_resource_templates, "resource_templates")
+                self.templates = await pages(client.list_resource_templates, "resource_templates")
             except MCPError as exc:  # a server of resources without templates
                 if exc.code != mcp_types.METHOD_NOT_FOUND:
                     raise
                 self.templates = []
         if caps.prompts is not None:
-            self.prompts = await _pages(client.list_prompts, "prompts")
+            self.prompts = await pages(client.list_prompts, "prompts")
         self._connects = connects
 
     def lists(self, uri: str) -> bool:
@@ -122,43 +119,32 @@ class Listing:
     async def request(self, call: Callable[[Client], Awaitable[T]], timeout_s: float) -> T:
         """``call`` with the live client within ``timeout_s``; raises :class:`UpstreamFailure`."""
         source = self.source
-        deadline = anyio.current_time() + timeout_s
-        late = f"{source.name} did not answer within {timeout_s:g} s"
+        counted, code = True, None
         try:
-            with anyio.fail_at(deadline):
+            with anyio.fail_after(timeout_s):
                 conn = await source.acquire()  # a reconnect, if one is due, within it too
+                assert conn.client is not None
+                with map_mcp_errors():
+                    return_value = await call(conn.client)
         except Unreachable as gone:
             wait = gone.args[0]
             after = "" if wait is None else f" (the next attempt in {wait:.0f} s)"
-            raise UpstreamFailure(
-                f"{source.name} is not reachable{after}", code=None, counted=True
-            ) from None
+            message = f"{source.name} is not reachable{after}"
         except TimeoutError:
-            raise UpstreamFailure(late, code=None, counted=True) from None
-        assert conn.client is not None
-        counted, code, passed = True, None, None
-        try:
-            with anyio.fail_at(deadline), map_mcp_errors():
-                try:
-                    return_value = await call(conn.client)
-                except MCPError as exc:
-                    code = exc.code
-                    raise
-        except TimeoutError:
-            message = late
+            message = f"{source.name} did not answer within {timeout_s:g} s"
         except Disconnected as exc:
             source.lost(conn, str(exc))
             message = f"{source.name} is not reachable"
         except AnswerTooLarge:
             counted, message = False, f"{source.name} sent an answer too large to read"
         except Refused as exc:
-            counted, message, passed = exc.counted, cap(str(exc)), code
+            counted, message, code = exc.counted, cap(str(exc)), exc.code
         except NotAToolResult:
             message = f"{source.name} sent an answer that is not valid MCP"
         else:
             source.answered()
             return return_value
-        raise UpstreamFailure(message, code=passed, counted=counted)
+        raise UpstreamFailure(message, code=code, counted=counted)
 
     async def subscribe(self, client: Client, uri: str, on: bool) -> None:
         """Subscribe to (``on``) or unsubscribe from ``uri`` on the server (a
@@ -260,16 +246,3 @@ def _pattern(template: str) -> re.Pattern[str]:
 async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
-
-
-async def _pages(lister: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
-    """Every page of a list (at most :data:`_MAX_PAGES`)."""
-    items: list[Any] = []
-    cursor: str | None = None
-    for _ in range(_MAX_PAGES):
-        page = await lister(cursor=cursor)
-        items.extend(getattr(page, field))
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return items

@@ -69,12 +69,6 @@ def _schema_problem(what: str, schema: Any) -> str | None:
     return None
 
 
-def _description(text: str) -> str:
-    if len(text) <= MAX_DESCRIPTION_CHARS:
-        return text
-    return text[: MAX_DESCRIPTION_CHARS - 1] + "…"
-
-
 def _risk(annotations: mcp_types.ToolAnnotations | None) -> tuple[Risk, bool | None]:
     """The risk the server's hints claim. ``destructiveHint: true`` wins over
     ``readOnlyHint``: contradictory hints never make a tool look safer than either says."""
@@ -95,9 +89,7 @@ def _normal(name: str) -> str:
 
 def _riskier(a: Risk, b: Risk | None) -> Risk:
     """The higher of two risks (``read`` < ``write`` < ``dangerous``)."""
-    if b is None:
-        return a
-    return a if RISKS.index(a) >= RISKS.index(b) else b
+    return a if b is None or RISKS.index(a) >= RISKS.index(b) else b
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,9 +191,12 @@ class ToolMap:
         if new:  # named by no rule: renamed or added since the rules were written
             risk = _riskier(risk, self._new_risk)
         annotation_title = tool.annotations.title if tool.annotations is not None else None
+        description = tool.description or tool.title or annotation_title or ""
+        if len(description) > MAX_DESCRIPTION_CHARS:
+            description = description[: MAX_DESCRIPTION_CHARS - 1] + "…"
         decl = ToolDeclaration(
             name=name,
-            description=_description(tool.description or tool.title or annotation_title or ""),
+            description=description,
             parameters=parameters,
             output_schema=tool.output_schema,
             risk=risk,

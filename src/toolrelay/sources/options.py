@@ -18,8 +18,6 @@ from ..registry import DEFAULT_RESERVED
 from ..settings import DATACLASS, Flag, Name, Positive, Text, one_line_errors
 from .limits import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_VALUES
 
-__all__ = ["McpSourceOptions"]
-
 Key = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
 Prefix = Annotated[str, Strict(), Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
 Protocol = Annotated[str, Strict(), Field(pattern=r"^(auto|legacy|\d{4}-\d{2}-\d{2})$")]

@@ -24,8 +24,6 @@ from mcp import MCPError
 
 from .errors import closed, unreadable
 
-__all__ = ["HEAD_BYTES", "RAW_ID_PREFIX", "RawLane", "answered_id"]
-
 HEAD_BYTES = 512  # of an oversized message, this much is kept to find its request id
 RAW_ID_PREFIX = "tr-"
 _RAW_MARK = b'"' + RAW_ID_PREFIX.encode()
@@ -48,12 +46,11 @@ def answered_id(head: bytes) -> mcp_types.RequestId | None:
 
 
 class _Waiter:
-    __slots__ = ("error", "event", "line")
+    __slots__ = ("answer", "event")
 
     def __init__(self) -> None:
         self.event = anyio.Event()
-        self.line: bytes | None = None
-        self.error: MCPError | None = None
+        self.answer: bytes | MCPError = b""  # the response line, or what the request fails with
 
 
 class RawLane:
@@ -105,10 +102,9 @@ class RawLane:
             raise
         finally:
             self._pending.pop(request_id, None)
-        if waiter.error is not None:
-            raise waiter.error
-        assert waiter.line is not None
-        return self._result(waiter.line)
+        if isinstance(waiter.answer, MCPError):
+            raise waiter.answer
+        return self._result(waiter.answer)
 
     def _encode(self, message: Mapping[str, Any]) -> bytes:
         text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -153,17 +149,12 @@ class RawLane:
             return request_id
         return None
 
-    def answer(self, request_id: str, line: bytes) -> None:
-        """Hand a response to its waiter (dropped when nobody waits: a late answer)."""
+    def answer(self, request_id: str, answer: bytes | MCPError) -> None:
+        """Hand a response line, or the error its request fails with, to its waiter (dropped
+        when nobody waits: a late answer)."""
         waiter = self._pending.pop(request_id, None)
         if waiter is not None:
-            waiter.line = line
-            waiter.event.set()
-
-    def refuse(self, request_id: str, code: int, why: str) -> None:
-        waiter = self._pending.pop(request_id, None)
-        if waiter is not None:
-            waiter.error = MCPError(code=code, message=why)
+            waiter.answer = answer
             waiter.event.set()
 
     def close(self) -> None:
@@ -171,5 +162,5 @@ class RawLane:
         self._closed = True
         pending, self._pending = self._pending, {}
         for waiter in pending.values():
-            waiter.error = closed()
+            waiter.answer = closed()
             waiter.event.set()

@@ -34,15 +34,6 @@ from mcp import Client, MCPError
 from mcp.client.session import ClientRequestContext
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
-__all__ = [
-    "CALL_CHANNEL",
-    "LOG_LEVEL_META",
-    "CallChannel",
-    "Relay",
-    "forwarded_meta",
-    "level_passes",
-]
-
 log = logging.getLogger("toolrelay.sources.mcp")
 
 R = TypeVar("R", bound=mcp_types.Result)
@@ -59,22 +50,18 @@ class CallChannel(Protocol):
     @property
     def meta(self) -> Mapping[str, Any]:
         """The call's ``_meta`` as the client sent it (``{}``: none)."""
-        ...
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """Report progress with the client's own token (nothing when it gave none)."""
-        ...
 
     async def log(self, params: mcp_types.LoggingMessageNotificationParams) -> None:
         """Pass on an upstream's log message, if the client wants that level."""
-        ...
 
     async def ask(
         self, request: mcp_types.ServerRequest, result_type: type[R]
     ) -> R | mcp_types.ErrorData:
         """Send a request to the client and return its answer (or the error for the
         upstream: the client cannot be asked, refused, or answered nonsense)."""
-        ...
 
 
 CALL_CHANNEL: ContextVar[CallChannel | None] = ContextVar("toolrelay_call_channel", default=None)
@@ -115,19 +102,14 @@ class _Attempt:
         """The call's deadline: the client's answer is awaited until shortly before it."""
 
     def __enter__(self) -> _Attempt:
-        attempts = self._active.get(self.channel)
-        if attempts is None:
-            self._active[self.channel] = [self]
-        else:
-            attempts.append(self)
+        self._active.setdefault(self.channel, []).append(self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         attempts = self._active[self.channel]
-        if len(attempts) == 1:
+        attempts.remove(self)
+        if not attempts:
             del self._active[self.channel]
-        else:
-            attempts.remove(self)
 
 
 class Relay:

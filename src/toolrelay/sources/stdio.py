@@ -18,8 +18,7 @@ import math
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from types import TracebackType
-from typing import TextIO
+from typing import Any, TextIO
 
 import anyio
 import anyio.lowlevel
@@ -41,8 +40,6 @@ from .errors import MESSAGE_TOO_LARGE, MESSAGE_UNREADABLE, UNREADABLE_TEXT, clos
 from .limits import DEFAULT_MAX_MESSAGE_VALUES, Lines, too_large, too_many
 from .rawlane import HEAD_BYTES, RAW_ID_PREFIX, RawLane, answered_id
 
-__all__ = ["StdioTransport", "capped_stdio_client"]
-
 log = logging.getLogger("toolrelay.sources.mcp")
 
 _WRITER_FLUSH_TIMEOUT = 0.5  # as the SDK's stdio_client
@@ -63,13 +60,8 @@ class StdioTransport(AbstractAsyncContextManager[TransportStreams]):
     async def __aenter__(self) -> TransportStreams:
         return await self._streams.__aenter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        return await self._streams.__aexit__(exc_type, exc, tb)
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._streams.__aexit__(*exc_info)
 
 
 def capped_stdio_client(
@@ -135,7 +127,7 @@ async def _stdio_streams(
         if request_id is None:
             return False
         if isinstance(request_id, str) and request_id.startswith(RAW_ID_PREFIX):
-            lane.refuse(request_id, code, why)
+            lane.answer(request_id, MCPError(code=code, message=why))
             return True
         error = mcp_types.ErrorData(code=code, message=why)
         reply = mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
