@@ -17,8 +17,6 @@ from typing import Any
 
 import anyio
 
-__all__ = ["main"]
-
 DEFAULT_CONFIG = "toolrelay.toml"
 EMBEDDED_DEFAULTS: dict[str, Any] = {"plugins": {"weather": {}}}
 

@@ -36,7 +36,6 @@ from .registry import RegistrationError, ToolRegistry
 from .settings import (
     DATACLASS,
     MODEL,
-    ConfigError,
     Count,
     Flag,
     Name,
@@ -47,21 +46,9 @@ from .settings import (
     diff,
     read_toml,
 )
-
-__all__ = [
-    "CONFIG_SCHEMA",
-    "RENAMED",
-    "ConfigError",
-    "DispatcherSection",
-    "PluginSettings",
-    "Settings",
-    "TelemetrySettings",
-    "ToolOverride",
-    "extend",
-    "load_config",
-    "load_configured_plugins",
-    "parse_config",
-]
+from .settings import (
+    ConfigError as ConfigError,
+)
 
 
 class PluginSettings(BaseModel):

@@ -27,7 +27,9 @@ from ..catalog import Catalog
 from ..dispatcher import Dispatcher
 from . import admin_models as m
 from .admin_http import (
-    MAX_BODY_BYTES,
+    MAX_BODY_BYTES as MAX_BODY_BYTES,
+)
+from .admin_http import (
     AdminRoute,
     ApiError,
     HostCheck,
@@ -39,8 +41,6 @@ from .admin_http import (
 from .errors import ReloadRefused
 from .health import UpstreamHealth
 from .ui import status_ui
-
-__all__ = ["MAX_BODY_BYTES", "MAX_FAULTS", "AdminState", "ApiError", "admin_app", "authorized"]
 
 MAX_FAULTS = m.MAX_FAULTS
 _MAX_SEED = 10**30 - 1

@@ -25,8 +25,6 @@ from .admin_models import UpstreamView
 if TYPE_CHECKING:
     from ..sources.mcp import McpSource
 
-__all__ = ["ConfigInfo", "UpstreamHealth"]
-
 
 class ConfigInfo(Collector):
     """``toolrelay_config_info{hash}`` = 1: the content hash of the config file in force

@@ -13,8 +13,6 @@ from ..telemetry import serve_metrics
 from .auth import check_bind
 from .errors import ServeError
 
-__all__ = ["meter_provider", "metrics_endpoint", "tracer_provider"]
-
 
 def tracer_provider(telemetry: Mapping[str, Any]) -> Any:
     """An OpenTelemetry SDK tracer provider exporting to ``otlp_endpoint``, or ``None``."""

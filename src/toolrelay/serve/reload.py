@@ -53,15 +53,6 @@ from .watch import ToolListWatcher
 if TYPE_CHECKING:
     from .gateway import Gateway
 
-__all__ = [
-    "LIVE",
-    "ReloadRefused",
-    "ReloadTarget",
-    "Reloader",
-    "ReloadableVerifier",
-    "load_plugins_by_name",
-]
-
 log = logging.getLogger("toolrelay.serve")
 
 LIVE = (

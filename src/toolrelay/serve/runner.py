@@ -46,8 +46,6 @@ from .watch import ToolListWatcher
 if TYPE_CHECKING:
     from .admin import AdminState
 
-__all__ = ["Service", "main"]
-
 EXIT_GRACE_S = 5.0
 """After a signal, how long a graceful stop may take before the process exits anyway."""
 

@@ -42,19 +42,6 @@ from ..settings import (
 )
 from ..sources.options import McpSourceOptions
 
-__all__ = [
-    "DEFAULT_ADMIN_TOKEN_ENV",
-    "UNAUTHENTICATED_PROFILE",
-    "AdminSection",
-    "ClientSettings",
-    "GatewaySettings",
-    "HttpSection",
-    "ServeSection",
-    "UpstreamSettings",
-    "load",
-    "parse_serve_section",
-]
-
 DEFAULT_ADMIN_TOKEN_ENV = "TOOLRELAY_ADMIN_TOKEN"
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
 DEFAULT_MAX_SESSIONS = 1000

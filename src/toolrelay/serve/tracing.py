@@ -26,8 +26,6 @@ from starlette.types import Scope
 from .._version import __version__
 from ..telemetry.semconv import mcp_server_duration
 
-__all__ = ["McpServerTelemetry", "Served", "request_attributes"]
-
 _TARGETS = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
 _MAX_TARGET = 128
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["settle_heap"]
-
 
 def settle_heap() -> None:
     """Collect what start-up left behind, then freeze the rest out of later collections.

@@ -40,8 +40,6 @@ from mcp.server.subscriptions import (
 from ..dispatcher import Dispatcher
 from .metrics import GatewayMetrics
 
-__all__ = ["ToolListWatcher"]
-
 log = logging.getLogger("toolrelay.serve")
 
 MAX_PEERS = 2000
