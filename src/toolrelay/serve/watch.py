@@ -149,13 +149,13 @@ class ToolListWatcher:
     async def check(self) -> list[str | None]:
         """Compare every profile's list with the last one; announce and return the changed."""
         changed = []
-        for profile, before in self._fingerprints.items():
+        for profile in self._buses:
             try:
                 now = self.fingerprint(profile)
             except Exception:
                 log.exception("toolrelay serve: could not list the tools of profile %r", profile)
                 continue
-            if now != before:
+            if now != self._fingerprints.get(profile):
                 self._fingerprints[profile] = now
                 changed.append(profile)
         for profile in changed:
@@ -181,21 +181,10 @@ class ToolListWatcher:
         send = _SENDERS.get(type(event))
         for key, peer in list(self._peers.items()):
             if send is not None and concerns(peer.profile):
-                with anyio.move_on_after(NOTIFY_TIMEOUT_S):
-                    try:
-                        await send(peer.session)
-                    except Exception:
-                        log.debug("toolrelay serve: client %s is gone", key, exc_info=True)
+                await _send(send, key, peer)
 
     async def _notify(self, key: str, peer: _Peer) -> None:
-        delivered = False
-        with anyio.move_on_after(NOTIFY_TIMEOUT_S):
-            try:
-                await peer.session.send_tool_list_changed()
-                delivered = True
-            except Exception:
-                log.debug("toolrelay serve: client %s is gone", key, exc_info=True)
-        if not delivered:
+        if not await _send(ServerSession.send_tool_list_changed, key, peer):
             self._peers.pop(key, None)
 
     # -- hot reload --------------------------------------------------------------------------
@@ -224,14 +213,7 @@ class ToolListWatcher:
             elif after[peer.client] != peer.profile:
                 self._peers[key] = _Peer(peer.session, after[peer.client], peer.client)
                 moved[key] = peer.profile
-        for profile in self._buses:
-            try:
-                self._fingerprints[profile] = self.fingerprint(profile)
-            except Exception:
-                log.exception("toolrelay serve: could not list the tools of profile %r", profile)
-        changed = [p for p in self._buses if self._fingerprints.get(p) != listed.get(p)]
-        for profile in changed:
-            await self.announce(profile)
+        changed = await self.check()
         for key, had in moved.items():
             now = self._peers.get(key)
             if (
@@ -245,3 +227,14 @@ class ToolListWatcher:
             if profile in self._buses:
                 await self._buses[profile].publish(ToolsListChanged())
         return changed
+
+
+async def _send(send: Callable[[ServerSession], Awaitable[None]], key: str, peer: _Peer) -> bool:
+    """Whether ``peer`` accepted the notification within :data:`NOTIFY_TIMEOUT_S`."""
+    with anyio.move_on_after(NOTIFY_TIMEOUT_S):
+        try:
+            await send(peer.session)
+            return True
+        except Exception:
+            log.debug("toolrelay serve: client %s is gone", key, exc_info=True)
+    return False
