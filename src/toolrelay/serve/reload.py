@@ -217,8 +217,9 @@ class Reloader:
         service.watcher.interval_s = settings.watch_interval_s
         service.config = config
         self.loaded, self._refused = digest, None
+        assert self._tg is not None, "Reloader.attach() first"
         for closer, keys, grace_s in retired:
-            self._retire(closer, keys, grace_s)
+            self._tg.start_soon(self._drain, closer, keys, grace_s)
         profiles = await service.watcher.reconfigure(before, service.callers.profiles())
         return Reloaded(changed=sorted(changed), breakers=breakers, profiles=profiles)
 
@@ -311,10 +312,6 @@ class Reloader:
                     keys.add(tool.decl.key)
                     longest = max(longest, tool.decl.timeout_s)
         return keys, longest + CLOSE_GRACE_S
-
-    def _retire(self, close: Callable[[], Any], keys: set[str], grace_s: float) -> None:
-        assert self._tg is not None, "Reloader.attach() first"
-        self._tg.start_soon(self._drain, close, keys, grace_s)
 
     async def _drain(self, close: Callable[[], Any], keys: set[str], grace_s: float) -> None:
         in_flight = self.service.dispatcher.bulkhead.in_flight
