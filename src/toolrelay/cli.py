@@ -105,16 +105,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _dispatcher(args: argparse.Namespace) -> Any:
-    from .config import load_config, parse_config
     from .dispatcher import Dispatcher
 
-    if args.config is not None:
-        source = load_config(args.config)
-    elif Path(DEFAULT_CONFIG).exists():
-        source = load_config(DEFAULT_CONFIG)
-    else:
-        source = parse_config(EMBEDDED_DEFAULTS)
-    return Dispatcher.from_config(source, overrides={"telemetry": False}, audit=None)
+    config = _settings(args.config)[0]
+    return Dispatcher.from_config(config, overrides={"telemetry": False}, audit=None)
 
 
 async def _call(args: argparse.Namespace) -> int:

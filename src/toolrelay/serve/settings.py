@@ -15,7 +15,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import (
     AfterValidator,
@@ -278,13 +278,7 @@ class GatewaySettings(Settings):
     serve: ServeSection = ServeSection()
 
 
-extend(GatewaySettings)
-
-
-def _with_serve(config: Settings) -> GatewaySettings:
-    if not isinstance(config, GatewaySettings):  # pragma: no cover - extended on import
-        raise TypeError("toolrelay.config does not read [serve]: import toolrelay.serve")
-    return config
+extend(GatewaySettings)  # from now on every toolrelay.toml is read into a GatewaySettings
 
 
 def parse_serve_section(
@@ -293,7 +287,7 @@ def parse_serve_section(
     """Check a decoded ``[serve]`` table (or take a checked one)."""
     if isinstance(data, ServeSection):
         return data
-    return _with_serve(parse_config({"serve": data}, path)).serve
+    return cast(GatewaySettings, parse_config({"serve": data}, path)).serve
 
 
 def load(
@@ -306,8 +300,8 @@ def load(
     :class:`~toolrelay.config.ConfigError` with one clear line.
     """
     if path is None and not Path("toolrelay.toml").exists():
-        config = _with_serve(parse_config(dict(defaults or {})))
+        config = cast(GatewaySettings, parse_config(dict(defaults or {})))
     else:
-        config = _with_serve(load_config("toolrelay.toml" if path is None else path))
+        config = cast(GatewaySettings, load_config("toolrelay.toml" if path is None else path))
     serve = config.serve.override(**overrides)
     return config.model_copy(update={"serve": serve}), serve

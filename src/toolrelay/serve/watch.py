@@ -82,7 +82,7 @@ class ToolListWatcher:
         self._wake: anyio.Event | None = None
         self._loop_thread: int | None = None
         self._token: anyio.lowlevel.EventLoopToken | None = None
-        dispatcher.breakers.add_listener(self.breaker_changed)
+        dispatcher.breakers.add_listener(lambda key, old, new: self.wake())
 
     # -- what clients are offered ------------------------------------------------------------
     def fingerprint(self, profile: str | None) -> str:
@@ -118,12 +118,9 @@ class ToolListWatcher:
         return len(self._peers)
 
     # -- triggers --------------------------------------------------------------------------
-    def breaker_changed(self, key: str, old: str, new: str) -> None:
-        """Breaker listener: wake the watcher (from any thread)."""
-        self.wake()
-
     def wake(self) -> None:
-        """Re-check the lists now rather than at the next interval."""
+        """Re-check the lists now rather than at the next interval (from any thread: a
+        breaker listener)."""
         event = self._wake
         if event is None:
             return
