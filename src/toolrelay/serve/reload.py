@@ -1,24 +1,12 @@
-"""Hot reload of ``toolrelay serve``: SIGHUP, ``POST /reload`` or a changed file.
+"""Hot reload of ``toolrelay serve``: SIGHUP, ``POST /reload`` or a changed file; what is
+live and what needs a restart: docs/serve.md, "Hot reload".
 
-A reload reads the config file again and applies it **all or nothing**, without dropping a
-session: what can fail (reading and checking the file, resolving client tokens, connecting
-new upstreams, loading plugins, registering their tools) is done first, and any failure
-leaves the old config serving, with one log line. What changed is known from
-:meth:`toolrelay.config.Settings.diff` (``[serve]`` as in force: command-line overrides
-applied), by key path: ``keys.search.breaker.fail_max``, ``serve.http.port``.
-
-Live: ``[profiles]``, ``[keys]`` (breakers keep their state, see
-:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`), ``faults`` (they replace the faults in
-force, admin-added ones included), ``[plugins]``, ``[serve.upstreams]``,
-``[serve.http.clients]`` tokens, profiles and tenants, and ``serve.profile``,
-``serve.watch_interval_s``, ``serve.reload_watch_s``. Everything else needs a restart and is
-refused with the keys named — as are the options a key keeps from its first call (those
-whose class is not ``RELOADABLE``: ``[keys.NAME.bulkhead]``, ``[keys.NAME.budget]``) of a
-breaker key already in use, client limits, and turning client tokens on or off.
-
-A call in flight finishes under the config it started with (its profile, its tool and
-plugin); a removed or replaced upstream or plugin is closed once its breaker keys have no
-call in flight, or after the longest deadline of its tools.
+A reload applies the file **all or nothing**: what can fail (reading and checking it, client
+tokens, connecting new upstreams, loading plugins, registering their tools) is done first.
+What changed is :meth:`toolrelay.config.Settings.diff` of the config in force (``[serve]``
+with the command line's overrides), by key path; :data:`LIVE` says what may change. A call
+in flight finishes under the config it started with; a retired upstream or plugin is closed
+once its breaker keys have no call in flight, or after the longest deadline of its tools.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""Tell MCP clients when the tools they are offered change.
+"""Tell MCP clients when the tools they are offered change (docs/serve.md, "List changes").
 
-The list a caller gets is ``dispatcher.specs(profile, format="mcp")``: it shrinks when a
-breaker opens (its tools are hidden), grows back when the breaker is due a trial or closes,
-and follows plugins whose declarations change. :class:`ToolListWatcher` keeps a fingerprint
-of that list per profile and re-checks it whenever a breaker changes state (a breaker
-listener) and every ``interval_s`` (for what no listener reports: a breaker becoming due a
-trial, a plugin or an upstream MCP server changing its tools). When a profile's list
-changed, its clients are told, in the way their protocol era expects:
-
-* handshake-era (2025) connections get ``notifications/tools/list_changed`` on their
-  standalone channel (stdio, or the HTTP GET stream);
-* 2026-era clients get a ``ToolsListChanged`` event on the ``subscriptions/listen``
-  streams they opened (one subscription bus per profile, so a change one profile cannot
-  see is not announced to it).
+A caller's list is ``dispatcher.specs(profile, format="mcp")``: breakers hide and show tools,
+plugins and upstreams change theirs. :class:`ToolListWatcher` fingerprints it per profile,
+re-checks on every breaker change and every ``interval_s``, and tells a changed profile's
+clients: handshake-era (2025) connections with ``notifications/tools/list_changed``,
+2026-era ``subscriptions/listen`` streams with ``ToolsListChanged`` (a bus per profile).
 """
 
 from __future__ import annotations
