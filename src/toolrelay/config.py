@@ -218,17 +218,15 @@ RENAMED: dict[str, tuple[str, str]] = {
             *("failure_rate", "slow_call_rate"),
         )
     },
-    "max_attempts": ("retry", "max_attempts"),
-    "backoff_initial_s": ("retry", "backoff_initial_s"),
-    "backoff_max_s": ("retry", "backoff_max_s"),
+    **{name: ("retry", name) for name in ("max_attempts", "backoff_initial_s", "backoff_max_s")},
     "hedge_after_s": ("hedge", "after_s"),
     "hedge_after_min_s": ("hedge", "after_min_s"),
     "max_hedges": ("hedge", "max_hedges"),
-    "max_concurrent": ("bulkhead", "max_concurrent"),
-    "max_concurrent_per_tenant": ("bulkhead", "max_concurrent_per_tenant"),
+    **{
+        name: ("bulkhead", name)
+        for name in ("max_concurrent", "max_concurrent_per_tenant", "adaptive_min", "adaptive_max")
+    },
     "bulkhead_wait_s": ("bulkhead", "wait_s"),
-    "adaptive_min": ("bulkhead", "adaptive_min"),
-    "adaptive_max": ("bulkhead", "adaptive_max"),
     "retry_budget": ("budget", "share"),
     "retry_budget_min_per_s": ("budget", "min_per_s"),
 }

@@ -50,8 +50,6 @@ UNAUTHENTICATED_PROFILE = "toolrelay:unauthenticated"
 """The profile of an HTTP caller without a valid token when client tokens are configured:
 a name :meth:`ServeSection.check` refuses to see defined, so the dispatcher maps it to
 ``NOTHING`` (no tool listed or run)."""
-ApprovalMode = Literal["elicit", "none"]
-"""``[serve] approvals``: ask the calling MCP client (``elicit``) or nobody (``none``)."""
 DEFAULT_APPROVAL_TIMEOUT_S = 60.0
 
 Label = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
@@ -220,7 +218,7 @@ class ServeSection(BaseModel):
     reload_watch_s: Annotated[float, Strict(), Field(ge=0.1, le=3600)] | None = None
     """Check the config file this often and reload it when it changed (its modification
     time and content); ``None``: reload on SIGHUP or ``POST /reload`` only."""
-    approvals: ApprovalMode = "elicit"
+    approvals: Literal["elicit", "none"] = "elicit"
     """Who approves risky calls: the human behind the calling MCP client, asked through
     elicitation when the client can be asked (``elicit``), or nobody (``none``): such calls
     answer ``needs_approval``. See :mod:`toolrelay.serve.approvals`."""
