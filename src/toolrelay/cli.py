@@ -229,14 +229,14 @@ def _settings(config_path: str | None) -> tuple[Any, Any, Path]:
 async def _live(config: Any, serve: Any) -> dict[str, Any]:
     """The lock of the tools a config offers now (its plugins and upstreams)."""
     from .catalog import lock_of
+    from .config import load_configured_plugins
     from .registry import ToolRegistry
     from .serve import ServeError
-    from .serve.reload import load_plugins_by_name
     from .serve.upstreams import Upstreams
 
     reserved = config.dispatcher.reserved_properties
     registry = ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
-    load_plugins_by_name(registry, config)
+    load_configured_plugins(registry, config)
     async with Upstreams(registry, os.environ) as upstreams:
         try:
             await upstreams.start(serve.upstreams.values())

@@ -288,21 +288,23 @@ _CHECKED_NOW = ("isolation", "fallback")
 """Overrides ``ToolRegistry.override`` refuses at once for a tool that cannot have them."""
 
 
-def load_configured_plugins(registry: ToolRegistry, config: Settings) -> list[str]:
+def load_configured_plugins(registry: ToolRegistry, config: Settings) -> dict[str, list[Any]]:
     """Load the enabled ``[plugins.NAME]`` tables, each with its own settings, and apply
-    the ``[tools.NAME]`` overrides."""
+    the ``[tools.NAME]`` overrides; returns the plugin objects each table registered (a
+    reload of ``toolrelay serve`` replaces them by name)."""
     from .loading import load_entry_points, load_plugins
 
-    loaded = []
+    loaded = {}
     for name, table in config.plugins.items():
         if not table.enabled:
             continue
+        before = {id(plugin) for plugin in registry.plugins()}
         if table.entry_point is not None:
             load_entry_points(registry, [table.entry_point], {table.entry_point: table.settings})
         else:
             module = table.module or f"toolrelay_plugins.{name}"
             load_plugins(registry, [module], {module: table.settings})
-        loaded.append(name)
+        loaded[name] = [plugin for plugin in registry.plugins() if id(plugin) not in before]
     where = config.path or "config"
     for tool, override in config.tools.items():
         if not registry.owns(tool):

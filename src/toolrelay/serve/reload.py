@@ -27,7 +27,7 @@ from ..capabilities import Closeable
 from ..config import Settings, load_configured_plugins
 from ..dispatcher import Dispatcher
 from ..loading import PluginLoadError
-from ..registry import RegistrationError, ToolRegistry
+from ..registry import RegistrationError
 from ..settings import ConfigError, read_bytes
 from .admin_models import Reloaded
 from .auth import StaticTokenVerifier
@@ -80,22 +80,6 @@ class ReloadTarget(Protocol):
     @property
     def settings(self) -> ServeSection:
         """The ``[serve]`` section in force."""
-
-
-def load_plugins_by_name(registry: ToolRegistry, config: Settings) -> dict[str, list[Any]]:
-    """Load the enabled ``[plugins.NAME]`` of ``config`` and apply its ``[tools]``
-    overrides, as :func:`~toolrelay.config.load_configured_plugins` does; returns the
-    plugin objects each table registered (a reload replaces them by name)."""
-    tables = config.plugins.items()
-    owned = {name: _load_plugin(registry, name, table) for name, table in tables if table.enabled}
-    load_configured_plugins(registry, config.model_copy(update={"plugins": {}}))
-    return owned
-
-
-def _load_plugin(registry: ToolRegistry, name: str, table: Any) -> list[Any]:
-    before = {id(plugin) for plugin in registry.plugins()}
-    load_configured_plugins(registry, Settings(plugins={name: table}))
-    return [plugin for plugin in registry.plugins() if id(plugin) not in before]
 
 
 def _names(changed: Iterable[str], table: str) -> set[str]:
@@ -271,7 +255,7 @@ class Reloader:
                     retired.append((plugin.aclose, keys, grace_s))
             table = config.plugins.get(name)
             if table is not None and table.enabled:
-                new = _load_plugin(registry, name, table)
+                new = load_configured_plugins(registry, Settings(plugins={name: table}))[name]
                 undo.extend(partial(registry.unregister, plugin) for plugin in new)
                 service.plugins[name] = new
         upstreams = service.upstreams

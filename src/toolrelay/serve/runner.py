@@ -24,6 +24,7 @@ import anyio.abc
 from prometheus_client import CollectorRegistry
 
 from ..catalog import Catalog, LockError
+from ..config import load_configured_plugins
 from ..dispatcher import Dispatcher
 from ..net import is_loopback
 from ..registry import ToolRegistry
@@ -38,7 +39,7 @@ from .health import ConfigInfo, UpstreamHealth
 from .http import HttpService
 from .metrics import GatewayMetrics
 from .observability import meter_provider, metrics_endpoint, tracer_provider
-from .reload import ReloadableVerifier, Reloader, load_plugins_by_name
+from .reload import ReloadableVerifier, Reloader
 from .settings import GatewaySettings, ServeSection, load
 from .upstreams import Upstreams
 from .watch import ToolListWatcher
@@ -99,7 +100,7 @@ class Service:
         registry = (
             ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
         )
-        self.plugins = load_plugins_by_name(registry, config)
+        self.plugins = load_configured_plugins(registry, config)
         """The plugin objects of each ``[plugins.NAME]`` (a reload replaces them by name)."""
         self.dispatcher = Dispatcher.from_config(
             config.model_copy(update={"plugins": {}, "tools": {}}),  # loaded just above
