@@ -165,16 +165,17 @@ class Reloader:
         changed = list(service.config.diff(config))
         self._check_live(config, settings, changed)
         clients = tuple(settings.http.clients.values()) if settings.transport == "http" else ()
-        verifier = None
-        if clients and _names(changed, "serve.http.clients."):
-            try:
-                verifier = StaticTokenVerifier(clients, service.environ)
-            except ServeError as exc:
-                raise ReloadRefused(400, "reload_failed", str(exc)) from None
-        connected = await self._connect(settings, changed)
-        await service.gateway.offerings.prepare(connected.values())  # for collisions
+        connected: dict[str, Any] = {}  # the added and changed upstreams (not registered yet)
         undo: list[Callable[[], object]] = []
         try:
+            verifier = None
+            if clients and _names(changed, "serve.http.clients."):
+                verifier = StaticTokenVerifier(clients, service.environ)
+            for name in sorted(_names(changed, "serve.upstreams.") & settings.upstreams.keys()):
+                source = await service.upstreams.connect(settings.upstreams[name])
+                if source is not None:
+                    connected[name] = source
+            await service.gateway.offerings.prepare(connected.values())  # for collisions
             retired = self._commit(config, settings, changed, connected, undo)
         except (ServeError, ConfigError, PluginLoadError, RegistrationError) as exc:
             _undo(undo)
@@ -215,21 +216,6 @@ class Reloader:
         if fixed:
             shown = ", ".join(fixed[:8]) + (", …" if len(fixed) > 8 else "")
             raise ReloadRefused(400, "restart_required", f"these change only at restart: {shown}")
-
-    async def _connect(self, settings: ServeSection, changed: list[str]) -> dict[str, Any]:
-        """Connect the added and changed upstreams (not registered yet)."""
-        service = self.service
-        connected: dict[str, Any] = {}
-        try:
-            for name in sorted(_names(changed, "serve.upstreams.") & settings.upstreams.keys()):
-                source = await service.upstreams.connect(settings.upstreams[name])
-                if source is not None:
-                    connected[name] = source
-        except ServeError as exc:
-            for source in connected.values():
-                service.upstreams.close(source)
-            raise ReloadRefused(400, "reload_failed", str(exc)) from None
-        return connected
 
     def _commit(
         self,
