@@ -282,11 +282,7 @@ class Service:
         whose = "" if profile is None else f", profile {profile!r}"
         auth = "" if self.verifier is None else ", bearer tokens required"
         self._say(f"{where} ({count} tools{whose}{auth})")
-        # What start-up built (the SDK, pydantic's validators, uvicorn) lives for the whole
-        # run: frozen, the full collections the per-call garbage triggers no longer walk it
-        # (tens of milliseconds each, landing on calls in flight: bench/gateway.py).
-        gc.collect()
-        gc.freeze()
+        settle_heap()
         if self.admin_state is not None:
             self.admin_state.set_ready(True)
 
@@ -322,6 +318,17 @@ def catalog(
         return Catalog(settings.catalog, base, metrics)
     except LockError as exc:
         raise ServeError(f"{exc} (write it with: toolrelay lock)") from None
+
+
+def settle_heap() -> None:
+    """Collect what start-up left behind, then freeze the rest out of later collections.
+
+    What start-up built (the SDK, pydantic's validators, uvicorn) lives for the whole run;
+    frozen, the full collections the per-call garbage triggers no longer walk it (tens of
+    milliseconds each, landing on calls in flight: ``bench/gateway.py``). Safe to call
+    again: what was built since is frozen too."""
+    gc.collect()
+    gc.freeze()
 
 
 def _exit_later(delay_s: float) -> None:
