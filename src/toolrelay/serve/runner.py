@@ -111,7 +111,13 @@ class Service:
             approver=self.approvals,
         )
         self.metrics = GatewayMetrics(self.metrics_registry)
-        self.catalog = catalog(config, settings, self.metrics_registry)
+        self.catalog: Catalog | None = None  # the tool lock of [serve.catalog], when it sets one
+        if settings.catalog.active:
+            base = "." if config.path is None else config.path.parent
+            try:
+                self.catalog = Catalog(settings.catalog, base, self.metrics_registry)
+            except LockError as exc:
+                raise ServeError(f"{exc} (write it with: toolrelay lock)") from None
         registry.gate = self.catalog
         self.callers = Callers(settings.profile, clients)
         self.watcher = ToolListWatcher(
@@ -290,7 +296,11 @@ class Service:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 self._say(f"{signal.Signals(signum).name}: stopping")
-                _exit_later(EXIT_GRACE_S + self.settings.drain_s)
+                # the process ends even if a stdio reader thread never returns
+                grace_s = EXIT_GRACE_S + self.settings.drain_s
+                timer = threading.Timer(grace_s, os._exit, args=(0,))
+                timer.daemon = True
+                timer.start()
                 if self.admin_state is not None:  # draining: not ready, still serving
                     self.admin_state.set_ready(False, "shutting down")
                 with anyio.move_on_after(self.settings.drain_s):
@@ -307,19 +317,6 @@ class Service:
                     await self.reloader.reload()
 
 
-def catalog(
-    config: GatewaySettings, settings: ServeSection, metrics: CollectorRegistry
-) -> Catalog | None:
-    """The tool catalog of ``[serve.catalog]`` (``None`` when it sets nothing)."""
-    if not settings.catalog.active:
-        return None
-    base = "." if config.path is None else config.path.parent
-    try:
-        return Catalog(settings.catalog, base, metrics)
-    except LockError as exc:
-        raise ServeError(f"{exc} (write it with: toolrelay lock)") from None
-
-
 def settle_heap() -> None:
     """Collect what start-up left behind, then freeze the rest out of later collections.
 
@@ -329,13 +326,6 @@ def settle_heap() -> None:
     again: what was built since is frozen too."""
     gc.collect()
     gc.freeze()
-
-
-def _exit_later(delay_s: float) -> None:
-    """Make sure the process ends even if a stdio reader thread never returns."""
-    timer = threading.Timer(delay_s, os._exit, args=(0,))
-    timer.daemon = True
-    timer.start()
 
 
 def main(
