@@ -1,11 +1,5 @@
-"""Health of the upstream MCP servers: their state, ``/readyz``, metrics, and pings; and
-which config a replica runs (:class:`ConfigInfo`).
-
-An upstream is ``connected``, ``reconnecting`` (an attempt under way) or ``down`` (the next
-attempt comes after the back-off, on a call or a ping). :meth:`UpstreamHealth.run` pings
-every upstream idle for ``ping_interval_s`` (reconnecting one that is down), so a dead or
-hung upstream is noticed, and a recovered one comes back, without a client's call. The
-gateway is ready when every upstream that is not ``optional`` is connected.
+"""Health of the upstream MCP servers: their state, ``/readyz``, metrics and pings (what they
+mean: docs/serve.md, "Upstream health"); and which config a replica runs (:class:`ConfigInfo`).
 """
 
 from __future__ import annotations
