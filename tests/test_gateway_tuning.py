@@ -36,8 +36,8 @@ from test_gateway_clients import (
     serve_env,
 )
 from toolrelay.config import ConfigError
+from toolrelay.serve.runner import settle_heap
 from toolrelay.serve.settings import parse_serve_section
-from toolrelay.serve.tuning import settle_heap
 from toolrelay.serve.upstreams import build_source
 
 __all__ = ["node_clients"]  # the fixture, shared with test_gateway_clients

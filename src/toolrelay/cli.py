@@ -17,8 +17,6 @@ from typing import Any
 
 import anyio
 
-__all__ = ["main"]
-
 DEFAULT_CONFIG = "toolrelay.toml"
 EMBEDDED_DEFAULTS: dict[str, Any] = {"plugins": {"weather": {}}}
 
@@ -107,16 +105,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _dispatcher(args: argparse.Namespace) -> Any:
-    from .config import load_config, parse_config
     from .dispatcher import Dispatcher
 
-    if args.config is not None:
-        source = load_config(args.config)
-    elif Path(DEFAULT_CONFIG).exists():
-        source = load_config(DEFAULT_CONFIG)
-    else:
-        source = parse_config(EMBEDDED_DEFAULTS)
-    return Dispatcher.from_config(source, overrides={"telemetry": False}, audit=None)
+    config = _settings(args.config)[0]
+    return Dispatcher.from_config(config, overrides={"telemetry": False}, audit=None)
 
 
 async def _call(args: argparse.Namespace) -> int:
@@ -237,14 +229,14 @@ def _settings(config_path: str | None) -> tuple[Any, Any, Path]:
 async def _live(config: Any, serve: Any) -> dict[str, Any]:
     """The lock of the tools a config offers now (its plugins and upstreams)."""
     from .catalog import lock_of
+    from .config import load_configured_plugins
     from .registry import ToolRegistry
     from .serve import ServeError
-    from .serve.reload import load_plugins_by_name
     from .serve.upstreams import Upstreams
 
     reserved = config.dispatcher.reserved_properties
     registry = ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
-    load_plugins_by_name(registry, config)
+    load_configured_plugins(registry, config)
     async with Upstreams(registry, os.environ) as upstreams:
         try:
             await upstreams.start(serve.upstreams.values())

@@ -36,7 +36,6 @@ from .registry import RegistrationError, ToolRegistry
 from .settings import (
     DATACLASS,
     MODEL,
-    ConfigError,
     Count,
     Flag,
     Name,
@@ -47,21 +46,9 @@ from .settings import (
     diff,
     read_toml,
 )
-
-__all__ = [
-    "CONFIG_SCHEMA",
-    "RENAMED",
-    "ConfigError",
-    "DispatcherSection",
-    "PluginSettings",
-    "Settings",
-    "TelemetrySettings",
-    "ToolOverride",
-    "extend",
-    "load_config",
-    "load_configured_plugins",
-    "parse_config",
-]
+from .settings import (
+    ConfigError as ConfigError,
+)
 
 
 class PluginSettings(BaseModel):
@@ -231,17 +218,15 @@ RENAMED: dict[str, tuple[str, str]] = {
             *("failure_rate", "slow_call_rate"),
         )
     },
-    "max_attempts": ("retry", "max_attempts"),
-    "backoff_initial_s": ("retry", "backoff_initial_s"),
-    "backoff_max_s": ("retry", "backoff_max_s"),
+    **{name: ("retry", name) for name in ("max_attempts", "backoff_initial_s", "backoff_max_s")},
     "hedge_after_s": ("hedge", "after_s"),
     "hedge_after_min_s": ("hedge", "after_min_s"),
     "max_hedges": ("hedge", "max_hedges"),
-    "max_concurrent": ("bulkhead", "max_concurrent"),
-    "max_concurrent_per_tenant": ("bulkhead", "max_concurrent_per_tenant"),
+    **{
+        name: ("bulkhead", name)
+        for name in ("max_concurrent", "max_concurrent_per_tenant", "adaptive_min", "adaptive_max")
+    },
     "bulkhead_wait_s": ("bulkhead", "wait_s"),
-    "adaptive_min": ("bulkhead", "adaptive_min"),
-    "adaptive_max": ("bulkhead", "adaptive_max"),
     "retry_budget": ("budget", "share"),
     "retry_budget_min_per_s": ("budget", "min_per_s"),
 }
@@ -303,21 +288,23 @@ _CHECKED_NOW = ("isolation", "fallback")
 """Overrides ``ToolRegistry.override`` refuses at once for a tool that cannot have them."""
 
 
-def load_configured_plugins(registry: ToolRegistry, config: Settings) -> list[str]:
+def load_configured_plugins(registry: ToolRegistry, config: Settings) -> dict[str, list[Any]]:
     """Load the enabled ``[plugins.NAME]`` tables, each with its own settings, and apply
-    the ``[tools.NAME]`` overrides."""
+    the ``[tools.NAME]`` overrides; returns the plugin objects each table registered (a
+    reload of ``toolrelay serve`` replaces them by name)."""
     from .loading import load_entry_points, load_plugins
 
-    loaded = []
+    loaded = {}
     for name, table in config.plugins.items():
         if not table.enabled:
             continue
+        before = {id(plugin) for plugin in registry.plugins()}
         if table.entry_point is not None:
             load_entry_points(registry, [table.entry_point], {table.entry_point: table.settings})
         else:
             module = table.module or f"toolrelay_plugins.{name}"
             load_plugins(registry, [module], {module: table.settings})
-        loaded.append(name)
+        loaded[name] = [plugin for plugin in registry.plugins() if id(plugin) not in before]
     where = config.path or "config"
     for tool, override in config.tools.items():
         if not registry.owns(tool):

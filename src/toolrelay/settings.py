@@ -26,30 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import ErrorDetails, core_schema
 
-__all__ = [
-    "DATACLASS",
-    "MODEL",
-    "ConfigError",
-    "Count",
-    "Flag",
-    "MAX_FILE_BYTES",
-    "Name",
-    "Port",
-    "Positive",
-    "Rate",
-    "Seconds",
-    "SettingsError",
-    "Share",
-    "Text",
-    "TomlTable",
-    "diff",
-    "explain",
-    "one_line_errors",
-    "read_bytes",
-    "read_toml",
-    "schema_problems",
-]
-
 DATACLASS = ConfigDict(extra="forbid", allow_inf_nan=False, hide_input_in_errors=True)
 """The pydantic config of every settings dataclass (declared ``frozen=True, slots=True``)."""
 MODEL = ConfigDict(**DATACLASS, frozen=True, defer_build=True)

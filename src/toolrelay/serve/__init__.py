@@ -1,20 +1,9 @@
-"""``toolrelay serve``: the dispatcher's tools behind an MCP server, with an admin API.
-
-* :mod:`~toolrelay.serve.settings` — the ``[serve]`` section of ``toolrelay.toml``, which
-  extends the core config (``GatewaySettings``);
-* :mod:`~toolrelay.serve.gateway` — the MCP server (stdio and streamable HTTP; its HTTP
-  sessions: ``sessions``; plain ``tools/call`` POSTs: ``fast_lane``);
-* :mod:`~toolrelay.serve.answers` — toolrelay answers as MCP tool results;
-* :mod:`~toolrelay.serve.watch` — ``tools/list_changed`` when breakers or plugins change;
-* :mod:`~toolrelay.serve.admin` — the admin API (FastAPI; its bodies: ``admin_models``, its
-  auth, checks and error bodies: ``admin_http``);
-* :mod:`~toolrelay.serve.upstreams` — MCP servers behind the gateway (their resources,
-  prompts and completions: ``resources``);
-* :mod:`~toolrelay.serve.runner` — starting and stopping all of it.
+"""``toolrelay serve``: the dispatcher's tools behind an MCP server, with an admin API (its
+modules: docs/architecture.md; its use: docs/serve.md).
 
 Needs the ``serve`` extra (the MCP SDK 2.x, with starlette and uvicorn). ``settings`` and
 ``errors`` import without it, so ``[serve]`` can be checked anywhere; the rest is imported
-on first use. See docs/serve.md.
+on first use.
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ from ..catalog import Catalog
 from ..dispatcher import Dispatcher
 from . import admin_models as m
 from .admin_http import (
-    MAX_BODY_BYTES,
+    MAX_BODY_BYTES as MAX_BODY_BYTES,
+)
+from .admin_http import (
     AdminRoute,
     ApiError,
     HostCheck,
@@ -39,8 +41,6 @@ from .admin_http import (
 from .errors import ReloadRefused
 from .health import UpstreamHealth
 from .ui import status_ui
-
-__all__ = ["MAX_BODY_BYTES", "MAX_FAULTS", "AdminState", "ApiError", "admin_app", "authorized"]
 
 MAX_FAULTS = m.MAX_FAULTS
 _MAX_SEED = 10**30 - 1
@@ -116,14 +116,15 @@ def _decimal(value: Any) -> Any:
     return value
 
 
-def _known_key(state: AdminState, key: str) -> str:
+def _breaker(
+    state: AdminState, key: str, act: Callable[[Breakers, str], None] | None = None
+) -> m.BreakerWithKey:
     if key not in state.breaker_keys():
         raise ApiError(404, "unknown_breaker", f"no tool uses the breaker key {key!r}")
-    return key
-
-
-def _breaker(state: AdminState, key: str) -> dict[str, Any]:
-    return {"key": key, **state.dispatcher.breakers.get(key).snapshot()}
+    if act is not None:
+        act(state.dispatcher.breakers, key)
+    snapshot = state.dispatcher.breakers.get(key).snapshot()
+    return m.BreakerWithKey.model_validate({"key": key, **snapshot})
 
 
 def _faults(state: AdminState) -> list[dict[str, Any]]:
@@ -181,13 +182,12 @@ async def breakers(state: State) -> m.BreakersView:
 
 @authed.get("/breakers/{key}", summary="One breaker.", responses=_NO_BREAKER)
 async def breaker(state: State, key: str) -> m.BreakerWithKey:
-    return m.BreakerWithKey.model_validate(_breaker(state, _known_key(state, key)))
+    return _breaker(state, key)
 
 
 def _action(name: str, summary: str, act: Callable[[Breakers, str], None]) -> None:
     async def breaker_action(state: State, key: str) -> m.BreakerWithKey:
-        act(state.dispatcher.breakers, _known_key(state, key))
-        return m.BreakerWithKey.model_validate(_breaker(state, key))
+        return _breaker(state, key, act)
 
     authed.post(f"/breakers/{{key}}/{name}", summary=summary, responses=_NO_BREAKER, name=name)(
         breaker_action

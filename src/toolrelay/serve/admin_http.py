@@ -24,17 +24,6 @@ from ..jsonlimits import too_big
 from .admin_models import MAX_FAULTS
 from .auth import token_matches
 
-__all__ = [
-    "MAX_BODY_BYTES",
-    "AdminRoute",
-    "ApiError",
-    "HostCheck",
-    "authorized",
-    "http_error",
-    "invalid_request",
-    "known_query",
-]
-
 MAX_BODY_BYTES = 256 * 1024
 MAX_BODY_DEPTH = 66
 """A list of faults whose outputs are as deep as a fault's output may be (64 levels)."""

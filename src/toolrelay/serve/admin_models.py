@@ -22,26 +22,6 @@ from pydantic import (
 
 from ..faults import Fault
 
-__all__ = [
-    "MAX_FAULTS",
-    "BreakerView",
-    "BreakerWithKey",
-    "BreakersView",
-    "Error",
-    "FaultInForce",
-    "FaultSpec",
-    "Faults",
-    "FaultsAdded",
-    "FaultsBody",
-    "Health",
-    "Readiness",
-    "Reloaded",
-    "Removed",
-    "ToolInfo",
-    "Tools",
-    "UpstreamView",
-]
-
 MAX_FAULTS = 100
 """The most faults in force at once (and in one ``PUT /faults``)."""
 

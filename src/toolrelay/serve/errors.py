@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["ReloadRefused", "ServeError"]
-
 
 class ServeError(Exception):
     """``toolrelay serve`` cannot start as configured; the message is one clear line."""

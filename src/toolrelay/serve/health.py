@@ -1,11 +1,5 @@
-"""Health of the upstream MCP servers: their state, ``/readyz``, metrics, and pings; and
-which config a replica runs (:class:`ConfigInfo`).
-
-An upstream is ``connected``, ``reconnecting`` (an attempt under way) or ``down`` (the next
-attempt comes after the back-off, on a call or a ping). :meth:`UpstreamHealth.run` pings
-every upstream idle for ``ping_interval_s`` (reconnecting one that is down), so a dead or
-hung upstream is noticed, and a recovered one comes back, without a client's call. The
-gateway is ready when every upstream that is not ``optional`` is connected.
+"""Health of the upstream MCP servers: their state, ``/readyz``, metrics and pings (what they
+mean: docs/serve.md, "Upstream health"); and which config a replica runs (:class:`ConfigInfo`).
 """
 
 from __future__ import annotations
@@ -24,8 +18,6 @@ from .admin_models import UpstreamView
 
 if TYPE_CHECKING:
     from ..sources.mcp import McpSource
-
-__all__ = ["ConfigInfo", "UpstreamHealth"]
 
 
 class ConfigInfo(Collector):
@@ -53,8 +45,7 @@ class _Entry:
     name: str
     optional: bool
     source: McpSource | None
-    error: str | None = None  # why an optional upstream was skipped at start
-    error_at: float | None = None
+    skipped: tuple[float, str] | None = None  # when and why an optional one was skipped at start
 
 
 class UpstreamHealth(Collector):
@@ -72,7 +63,7 @@ class UpstreamHealth(Collector):
 
     def skipped(self, name: str, error: str) -> None:
         """An optional upstream that could not be reached at start (down, not retried)."""
-        self._entries[name] = _Entry(name, True, None, error, time.time())
+        self._entries[name] = _Entry(name, True, None, (time.time(), error))
 
     def remove(self, name: str) -> None:
         self._entries.pop(name, None)
@@ -82,22 +73,13 @@ class UpstreamHealth(Collector):
         return [self._status(entry) for _, entry in sorted(self._entries.items())]
 
     def _status(self, entry: _Entry) -> UpstreamView:
-        source = entry.source
-        if source is None:
-            return UpstreamView(
-                name=entry.name,
-                state="down",
-                optional=True,
-                failures=1,
-                last_error=entry.error,
-                last_error_at=entry.error_at,
-            )
-        at, error = source.last_error or (None, None)
+        source = entry.source  # None: skipped at start, down and not retried
+        at, error = (entry.skipped if source is None else source.last_error) or (None, None)
         return UpstreamView(
             name=entry.name,
-            state=source.connection_state,
+            state="down" if source is None else source.connection_state,
             optional=entry.optional,
-            failures=source.connection_failures,
+            failures=1 if source is None else source.connection_failures,
             last_error=error,
             last_error_at=at,
         )

@@ -8,9 +8,7 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from ..telemetry.metrics import UNKNOWN_TOOL
-
-__all__ = ["CANCELLED", "UNKNOWN_TOOL", "GatewayMetrics"]
+from ..telemetry.metrics import UNKNOWN_TOOL as UNKNOWN_TOOL
 
 CANCELLED = "cancelled"
 

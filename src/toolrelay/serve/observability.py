@@ -4,43 +4,36 @@ for scrapers that cannot send one (``docs/serve.md``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from ..telemetry import serve_metrics
+from ..telemetry.otlp import OtlpUnavailable, otlp_meter_provider, otlp_tracer_provider
 from .auth import check_bind
 from .errors import ServeError
-
-__all__ = ["meter_provider", "metrics_endpoint", "tracer_provider"]
 
 
 def tracer_provider(telemetry: Mapping[str, Any]) -> Any:
     """An OpenTelemetry SDK tracer provider exporting to ``otlp_endpoint``, or ``None``."""
-    endpoint = telemetry.get("otlp_endpoint")
-    if not endpoint:
-        return None
-    from ..telemetry.otlp import OtlpUnavailable, otlp_tracer_provider
-
-    try:
-        return otlp_tracer_provider(str(endpoint), "toolrelay-serve")
-    except OtlpUnavailable as exc:
-        raise ServeError(f"telemetry.otlp_endpoint: {exc}") from None
+    return _otlp(telemetry, "otlp_endpoint", otlp_tracer_provider)
 
 
 def meter_provider(telemetry: Mapping[str, Any]) -> Any:
     """An OpenTelemetry SDK meter provider exporting to ``otlp_metrics_endpoint``, or
     ``None`` (then only a global one the host set up records the histograms)."""
-    endpoint = telemetry.get("otlp_metrics_endpoint")
+    return _otlp(telemetry, "otlp_metrics_endpoint", otlp_meter_provider)
+
+
+def _otlp(telemetry: Mapping[str, Any], key: str, provider: Callable[[str, str], Any]) -> Any:
+    endpoint = telemetry.get(key)
     if not endpoint:
         return None
-    from ..telemetry.otlp import OtlpUnavailable, otlp_meter_provider
-
     try:
-        return otlp_meter_provider(str(endpoint), "toolrelay-serve")
+        return provider(str(endpoint), "toolrelay-serve")
     except OtlpUnavailable as exc:
-        raise ServeError(f"telemetry.otlp_metrics_endpoint: {exc}") from None
+        raise ServeError(f"telemetry.{key}: {exc}") from None
 
 
 def metrics_endpoint(

@@ -1,24 +1,12 @@
-"""Hot reload of ``toolrelay serve``: SIGHUP, ``POST /reload`` or a changed file.
+"""Hot reload of ``toolrelay serve``: SIGHUP, ``POST /reload`` or a changed file; what is
+live and what needs a restart: docs/serve.md, "Hot reload".
 
-A reload reads the config file again and applies it **all or nothing**, without dropping a
-session: what can fail (reading and checking the file, resolving client tokens, connecting
-new upstreams, loading plugins, registering their tools) is done first, and any failure
-leaves the old config serving, with one log line. What changed is known from
-:meth:`toolrelay.config.Settings.diff` (``[serve]`` as in force: command-line overrides
-applied), by key path: ``keys.search.breaker.fail_max``, ``serve.http.port``.
-
-Live: ``[profiles]``, ``[keys]`` (breakers keep their state, see
-:meth:`~toolrelay.breakers.KeyBreaker.reconfigure`), ``faults`` (they replace the faults in
-force, admin-added ones included), ``[plugins]``, ``[serve.upstreams]``,
-``[serve.http.clients]`` tokens, profiles and tenants, and ``serve.profile``,
-``serve.watch_interval_s``, ``serve.reload_watch_s``. Everything else needs a restart and is
-refused with the keys named — as are the options a key keeps from its first call (those
-whose class is not ``RELOADABLE``: ``[keys.NAME.bulkhead]``, ``[keys.NAME.budget]``) of a
-breaker key already in use, client limits, and turning client tokens on or off.
-
-A call in flight finishes under the config it started with (its profile, its tool and
-plugin); a removed or replaced upstream or plugin is closed once its breaker keys have no
-call in flight, or after the longest deadline of its tools.
+A reload applies the file **all or nothing**: what can fail (reading and checking it, client
+tokens, connecting new upstreams, loading plugins, registering their tools) is done first.
+What changed is :meth:`toolrelay.config.Settings.diff` of the config in force (``[serve]``
+with the command line's overrides), by key path; :data:`LIVE` says what may change. A call
+in flight finishes under the config it started with; a retired upstream or plugin is closed
+once its breaker keys have no call in flight, or after the longest deadline of its tools.
 """
 
 from __future__ import annotations
@@ -39,7 +27,7 @@ from ..capabilities import Closeable
 from ..config import Settings, load_configured_plugins
 from ..dispatcher import Dispatcher
 from ..loading import PluginLoadError
-from ..registry import RegistrationError, ToolRegistry
+from ..registry import RegistrationError
 from ..settings import ConfigError, read_bytes
 from .admin_models import Reloaded
 from .auth import StaticTokenVerifier
@@ -52,15 +40,6 @@ from .watch import ToolListWatcher
 
 if TYPE_CHECKING:
     from .gateway import Gateway
-
-__all__ = [
-    "LIVE",
-    "ReloadRefused",
-    "ReloadTarget",
-    "Reloader",
-    "ReloadableVerifier",
-    "load_plugins_by_name",
-]
 
 log = logging.getLogger("toolrelay.serve")
 
@@ -101,22 +80,6 @@ class ReloadTarget(Protocol):
     @property
     def settings(self) -> ServeSection:
         """The ``[serve]`` section in force."""
-
-
-def load_plugins_by_name(registry: ToolRegistry, config: Settings) -> dict[str, list[Any]]:
-    """Load the enabled ``[plugins.NAME]`` of ``config`` and apply its ``[tools]``
-    overrides, as :func:`~toolrelay.config.load_configured_plugins` does; returns the
-    plugin objects each table registered (a reload replaces them by name)."""
-    tables = config.plugins.items()
-    owned = {name: _load_plugin(registry, name, table) for name, table in tables if table.enabled}
-    load_configured_plugins(registry, config.model_copy(update={"plugins": {}}))
-    return owned
-
-
-def _load_plugin(registry: ToolRegistry, name: str, table: Any) -> list[Any]:
-    before = {id(plugin) for plugin in registry.plugins()}
-    load_configured_plugins(registry, Settings(plugins={name: table}))
-    return [plugin for plugin in registry.plugins() if id(plugin) not in before]
 
 
 def _names(changed: Iterable[str], table: str) -> set[str]:
@@ -202,16 +165,17 @@ class Reloader:
         changed = list(service.config.diff(config))
         self._check_live(config, settings, changed)
         clients = tuple(settings.http.clients.values()) if settings.transport == "http" else ()
-        verifier = None
-        if clients and _names(changed, "serve.http.clients."):
-            try:
-                verifier = StaticTokenVerifier(clients, service.environ)
-            except ServeError as exc:
-                raise ReloadRefused(400, "reload_failed", str(exc)) from None
-        connected = await self._connect(settings, changed)
-        await service.gateway.offerings.prepare(connected.values())  # for collisions
+        connected: dict[str, Any] = {}  # the added and changed upstreams (not registered yet)
         undo: list[Callable[[], object]] = []
         try:
+            verifier = None
+            if clients and _names(changed, "serve.http.clients."):
+                verifier = StaticTokenVerifier(clients, service.environ)
+            for name in sorted(_names(changed, "serve.upstreams.") & settings.upstreams.keys()):
+                source = await service.upstreams.connect(settings.upstreams[name])
+                if source is not None:
+                    connected[name] = source
+            await service.gateway.offerings.prepare(connected.values())  # for collisions
             retired = self._commit(config, settings, changed, connected, undo)
         except (ServeError, ConfigError, PluginLoadError, RegistrationError) as exc:
             _undo(undo)
@@ -226,8 +190,9 @@ class Reloader:
         service.watcher.interval_s = settings.watch_interval_s
         service.config = config
         self.loaded, self._refused = digest, None
+        assert self._tg is not None, "Reloader.attach() first"
         for closer, keys, grace_s in retired:
-            self._retire(closer, keys, grace_s)
+            self._tg.start_soon(self._drain, closer, keys, grace_s)
         profiles = await service.watcher.reconfigure(before, service.callers.profiles())
         return Reloaded(changed=sorted(changed), breakers=breakers, profiles=profiles)
 
@@ -251,21 +216,6 @@ class Reloader:
         if fixed:
             shown = ", ".join(fixed[:8]) + (", …" if len(fixed) > 8 else "")
             raise ReloadRefused(400, "restart_required", f"these change only at restart: {shown}")
-
-    async def _connect(self, settings: ServeSection, changed: list[str]) -> dict[str, Any]:
-        """Connect the added and changed upstreams (not registered yet)."""
-        service = self.service
-        connected: dict[str, Any] = {}
-        try:
-            for name in sorted(_names(changed, "serve.upstreams.") & settings.upstreams.keys()):
-                source = await service.upstreams.connect(settings.upstreams[name])
-                if source is not None:
-                    connected[name] = source
-        except ServeError as exc:
-            for source in connected.values():
-                service.upstreams.close(source)
-            raise ReloadRefused(400, "reload_failed", str(exc)) from None
-        return connected
 
     def _commit(
         self,
@@ -291,7 +241,7 @@ class Reloader:
                     retired.append((plugin.aclose, keys, grace_s))
             table = config.plugins.get(name)
             if table is not None and table.enabled:
-                new = _load_plugin(registry, name, table)
+                new = load_configured_plugins(registry, Settings(plugins={name: table}))[name]
                 undo.extend(partial(registry.unregister, plugin) for plugin in new)
                 service.plugins[name] = new
         upstreams = service.upstreams
@@ -320,10 +270,6 @@ class Reloader:
                     keys.add(tool.decl.key)
                     longest = max(longest, tool.decl.timeout_s)
         return keys, longest + CLOSE_GRACE_S
-
-    def _retire(self, close: Callable[[], Any], keys: set[str], grace_s: float) -> None:
-        assert self._tg is not None, "Reloader.attach() first"
-        self._tg.start_soon(self._drain, close, keys, grace_s)
 
     async def _drain(self, close: Callable[[], Any], keys: set[str], grace_s: float) -> None:
         in_flight = self.service.dispatcher.bulkhead.in_flight

@@ -10,6 +10,7 @@ everything closed in reverse order within a grace period. SIGHUP reloads the con
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ import anyio.abc
 from prometheus_client import CollectorRegistry
 
 from ..catalog import Catalog, LockError
+from ..config import load_configured_plugins
 from ..dispatcher import Dispatcher
 from ..net import is_loopback
 from ..registry import ToolRegistry
@@ -37,16 +39,13 @@ from .health import ConfigInfo, UpstreamHealth
 from .http import HttpService
 from .metrics import GatewayMetrics
 from .observability import meter_provider, metrics_endpoint, tracer_provider
-from .reload import ReloadableVerifier, Reloader, load_plugins_by_name
+from .reload import ReloadableVerifier, Reloader
 from .settings import GatewaySettings, ServeSection, load
-from .tuning import settle_heap
 from .upstreams import Upstreams
 from .watch import ToolListWatcher
 
 if TYPE_CHECKING:
     from .admin import AdminState
-
-__all__ = ["Service", "main"]
 
 EXIT_GRACE_S = 5.0
 """After a signal, how long a graceful stop may take before the process exits anyway."""
@@ -101,7 +100,7 @@ class Service:
         registry = (
             ToolRegistry() if reserved is None else ToolRegistry(reserved_properties=reserved)
         )
-        self.plugins = load_plugins_by_name(registry, config)
+        self.plugins = load_configured_plugins(registry, config)
         """The plugin objects of each ``[plugins.NAME]`` (a reload replaces them by name)."""
         self.dispatcher = Dispatcher.from_config(
             config.model_copy(update={"plugins": {}, "tools": {}}),  # loaded just above
@@ -112,7 +111,13 @@ class Service:
             approver=self.approvals,
         )
         self.metrics = GatewayMetrics(self.metrics_registry)
-        self.catalog = catalog(config, settings, self.metrics_registry)
+        self.catalog: Catalog | None = None  # the tool lock of [serve.catalog], when it sets one
+        if settings.catalog.active:
+            base = "." if config.path is None else config.path.parent
+            try:
+                self.catalog = Catalog(settings.catalog, base, self.metrics_registry)
+            except LockError as exc:
+                raise ServeError(f"{exc} (write it with: toolrelay lock)") from None
         registry.gate = self.catalog
         self.callers = Callers(settings.profile, clients)
         self.watcher = ToolListWatcher(
@@ -138,6 +143,9 @@ class Service:
         self.health = UpstreamHealth(
             self.metrics_registry, ping_interval_s=settings.ping_interval_s
         )
+        self.upstreams = Upstreams(self.dispatcher.registry, self.environ, self.health)
+        self.reloader = Reloader(self, overrides)
+        ConfigInfo(self.metrics_registry, lambda: self.reloader.loaded)
         self.admin_state: AdminState | None = None
         if self.admin_token is not None:  # FastAPI is imported only for an admin API (~0.3 s)
             from .admin import AdminState
@@ -147,14 +155,10 @@ class Service:
                 self.metrics_registry,
                 self.admin_token,
                 upstreams=self.health,
+                reload=self.reloader.reload,
                 catalog=self.catalog,
+                config_hash=lambda: self.reloader.loaded,
             )
-        self.upstreams = Upstreams(self.dispatcher.registry, self.environ, self.health)
-        self.reloader = Reloader(self, overrides)
-        ConfigInfo(self.metrics_registry, lambda: self.reloader.loaded)
-        if self.admin_state is not None:
-            self.admin_state.reload = self.reloader.reload
-            self.admin_state.config_hash = lambda: self.reloader.loaded
         self._stop: anyio.Event | None = None
 
     @property
@@ -292,7 +296,11 @@ class Service:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 self._say(f"{signal.Signals(signum).name}: stopping")
-                _exit_later(EXIT_GRACE_S + self.settings.drain_s)
+                # the process ends even if a stdio reader thread never returns
+                grace_s = EXIT_GRACE_S + self.settings.drain_s
+                timer = threading.Timer(grace_s, os._exit, args=(0,))
+                timer.daemon = True
+                timer.start()
                 if self.admin_state is not None:  # draining: not ready, still serving
                     self.admin_state.set_ready(False, "shutting down")
                 with anyio.move_on_after(self.settings.drain_s):
@@ -309,29 +317,15 @@ class Service:
                     await self.reloader.reload()
 
 
-def catalog(
-    config: GatewaySettings, settings: ServeSection, metrics: CollectorRegistry
-) -> Catalog | None:
-    """The tool catalog of ``[serve.catalog]`` (``None`` when it sets nothing)."""
-    if not settings.catalog.active:
-        return None
-    base = "." if config.path is None else config.path.parent
-    try:
-        return Catalog(settings.catalog, base, metrics)
-    except LockError as exc:
-        raise ServeError(f"{exc} (write it with: toolrelay lock)") from None
+def settle_heap() -> None:
+    """Collect what start-up left behind, then freeze the rest out of later collections.
 
-
-def _exit_later(delay_s: float) -> None:
-    """Make sure the process ends even if a stdio reader thread never returns."""
-    timer = threading.Timer(delay_s, os._exit, args=(0,))
-    timer.daemon = True
-    timer.start()
-
-
-def _configure_logging() -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
-    logging.getLogger("toolrelay").setLevel(logging.INFO)
+    What start-up built (the SDK, pydantic's validators, uvicorn) lives for the whole run;
+    frozen, the full collections the per-call garbage triggers no longer walk it (tens of
+    milliseconds each, landing on calls in flight: ``bench/gateway.py``). Safe to call
+    again: what was built since is frozen too."""
+    gc.collect()
+    gc.freeze()
 
 
 def main(
@@ -347,7 +341,8 @@ def main(
     """
     config, settings = load(config_path, defaults, **overrides)
     service = Service(config, settings, overrides=overrides)
-    _configure_logging()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+    logging.getLogger("toolrelay").setLevel(logging.INFO)
     try:
         anyio.run(service.run, backend="asyncio")
     except BaseExceptionGroup as group:

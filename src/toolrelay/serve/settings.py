@@ -15,7 +15,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import (
     AfterValidator,
@@ -42,19 +42,6 @@ from ..settings import (
 )
 from ..sources.options import McpSourceOptions
 
-__all__ = [
-    "DEFAULT_ADMIN_TOKEN_ENV",
-    "UNAUTHENTICATED_PROFILE",
-    "AdminSection",
-    "ClientSettings",
-    "GatewaySettings",
-    "HttpSection",
-    "ServeSection",
-    "UpstreamSettings",
-    "load",
-    "parse_serve_section",
-]
-
 DEFAULT_ADMIN_TOKEN_ENV = "TOOLRELAY_ADMIN_TOKEN"
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
 DEFAULT_MAX_SESSIONS = 1000
@@ -63,8 +50,6 @@ UNAUTHENTICATED_PROFILE = "toolrelay:unauthenticated"
 """The profile of an HTTP caller without a valid token when client tokens are configured:
 a name :meth:`ServeSection.check` refuses to see defined, so the dispatcher maps it to
 ``NOTHING`` (no tool listed or run)."""
-ApprovalMode = Literal["elicit", "none"]
-"""``[serve] approvals``: ask the calling MCP client (``elicit``) or nobody (``none``)."""
 DEFAULT_APPROVAL_TIMEOUT_S = 60.0
 
 Label = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
@@ -233,7 +218,7 @@ class ServeSection(BaseModel):
     reload_watch_s: Annotated[float, Strict(), Field(ge=0.1, le=3600)] | None = None
     """Check the config file this often and reload it when it changed (its modification
     time and content); ``None``: reload on SIGHUP or ``POST /reload`` only."""
-    approvals: ApprovalMode = "elicit"
+    approvals: Literal["elicit", "none"] = "elicit"
     """Who approves risky calls: the human behind the calling MCP client, asked through
     elicitation when the client can be asked (``elicit``), or nobody (``none``): such calls
     answer ``needs_approval``. See :mod:`toolrelay.serve.approvals`."""
@@ -291,13 +276,7 @@ class GatewaySettings(Settings):
     serve: ServeSection = ServeSection()
 
 
-extend(GatewaySettings)
-
-
-def _with_serve(config: Settings) -> GatewaySettings:
-    if not isinstance(config, GatewaySettings):  # pragma: no cover - extended on import
-        raise TypeError("toolrelay.config does not read [serve]: import toolrelay.serve")
-    return config
+extend(GatewaySettings)  # from now on every toolrelay.toml is read into a GatewaySettings
 
 
 def parse_serve_section(
@@ -306,7 +285,7 @@ def parse_serve_section(
     """Check a decoded ``[serve]`` table (or take a checked one)."""
     if isinstance(data, ServeSection):
         return data
-    return _with_serve(parse_config({"serve": data}, path)).serve
+    return cast(GatewaySettings, parse_config({"serve": data}, path)).serve
 
 
 def load(
@@ -319,8 +298,8 @@ def load(
     :class:`~toolrelay.config.ConfigError` with one clear line.
     """
     if path is None and not Path("toolrelay.toml").exists():
-        config = _with_serve(parse_config(dict(defaults or {})))
+        config = cast(GatewaySettings, parse_config(dict(defaults or {})))
     else:
-        config = _with_serve(load_config("toolrelay.toml" if path is None else path))
+        config = cast(GatewaySettings, load_config("toolrelay.toml" if path is None else path))
     serve = config.serve.override(**overrides)
     return config.model_copy(update={"serve": serve}), serve

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -25,8 +26,6 @@ from starlette.types import Scope
 
 from .._version import __version__
 from ..telemetry.semconv import mcp_server_duration
-
-__all__ = ["McpServerTelemetry", "Served", "request_attributes"]
 
 _TARGETS = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
 _MAX_TARGET = 128
@@ -164,19 +163,18 @@ class McpServerTelemetry:
             if histogram is None and ended >= durations.next_check:
                 histogram = durations.check(ended)
             if histogram is not None:
-                histogram.record(ended - started, _metric_attributes(attributes))
+                kept = {key: attributes[key] for key in _METRIC_KEYS if key in attributes}
+                histogram.record(ended - started, kept)
 
 
+@dataclass(slots=True)
 class Served:
     """What a request served under :meth:`McpServerTelemetry.serving` turned out to be."""
 
-    __slots__ = ("attributes", "span", "tool_error")
-
-    def __init__(self, span: trace.Span, attributes: dict[str, Any]) -> None:
-        self.span = span
-        self.attributes = attributes
-        self.tool_error = False
-        """Set when a ``tools/call`` is answered with ``isError``."""
+    span: trace.Span
+    attributes: dict[str, Any]
+    tool_error: bool = False
+    """Set when a ``tools/call`` is answered with ``isError``."""
 
     def set(self, key: str, value: Any) -> None:
         """Set an attribute on the span and the duration observation."""
@@ -223,10 +221,6 @@ _METRIC_KEYS = (
     "network.transport", "network.protocol.name", "network.protocol.version",
 )  # fmt: skip
 """What ``mcp.server.operation.duration`` carries (no ids, addresses or ports)."""
-
-
-def _metric_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
-    return {key: attributes[key] for key in _METRIC_KEYS if key in attributes}
 
 
 def _client_context(meta: Any) -> context.Context | None:

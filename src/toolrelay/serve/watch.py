@@ -1,18 +1,10 @@
-"""Tell MCP clients when the tools they are offered change.
+"""Tell MCP clients when the tools they are offered change (docs/serve.md, "List changes").
 
-The list a caller gets is ``dispatcher.specs(profile, format="mcp")``: it shrinks when a
-breaker opens (its tools are hidden), grows back when the breaker is due a trial or closes,
-and follows plugins whose declarations change. :class:`ToolListWatcher` keeps a fingerprint
-of that list per profile and re-checks it whenever a breaker changes state (a breaker
-listener) and every ``interval_s`` (for what no listener reports: a breaker becoming due a
-trial, a plugin or an upstream MCP server changing its tools). When a profile's list
-changed, its clients are told, in the way their protocol era expects:
-
-* handshake-era (2025) connections get ``notifications/tools/list_changed`` on their
-  standalone channel (stdio, or the HTTP GET stream);
-* 2026-era clients get a ``ToolsListChanged`` event on the ``subscriptions/listen``
-  streams they opened (one subscription bus per profile, so a change one profile cannot
-  see is not announced to it).
+A caller's list is ``dispatcher.specs(profile, format="mcp")``: breakers hide and show tools,
+plugins and upstreams change theirs. :class:`ToolListWatcher` fingerprints it per profile,
+re-checks on every breaker change and every ``interval_s``, and tells a changed profile's
+clients: handshake-era (2025) connections with ``notifications/tools/list_changed``,
+2026-era ``subscriptions/listen`` streams with ``ToolsListChanged`` (a bus per profile).
 """
 
 from __future__ import annotations
@@ -39,8 +31,6 @@ from mcp.server.subscriptions import (
 
 from ..dispatcher import Dispatcher
 from .metrics import GatewayMetrics
-
-__all__ = ["ToolListWatcher"]
 
 log = logging.getLogger("toolrelay.serve")
 
@@ -84,7 +74,7 @@ class ToolListWatcher:
         self._wake: anyio.Event | None = None
         self._loop_thread: int | None = None
         self._token: anyio.lowlevel.EventLoopToken | None = None
-        dispatcher.breakers.add_listener(self.breaker_changed)
+        dispatcher.breakers.add_listener(lambda key, old, new: self.wake())
 
     # -- what clients are offered ------------------------------------------------------------
     def fingerprint(self, profile: str | None) -> str:
@@ -120,12 +110,9 @@ class ToolListWatcher:
         return len(self._peers)
 
     # -- triggers --------------------------------------------------------------------------
-    def breaker_changed(self, key: str, old: str, new: str) -> None:
-        """Breaker listener: wake the watcher (from any thread)."""
-        self.wake()
-
     def wake(self) -> None:
-        """Re-check the lists now rather than at the next interval."""
+        """Re-check the lists now rather than at the next interval (from any thread: a
+        breaker listener)."""
         event = self._wake
         if event is None:
             return
@@ -151,13 +138,13 @@ class ToolListWatcher:
     async def check(self) -> list[str | None]:
         """Compare every profile's list with the last one; announce and return the changed."""
         changed = []
-        for profile, before in self._fingerprints.items():
+        for profile in self._buses:
             try:
                 now = self.fingerprint(profile)
             except Exception:
                 log.exception("toolrelay serve: could not list the tools of profile %r", profile)
                 continue
-            if now != before:
+            if now != self._fingerprints.get(profile):
                 self._fingerprints[profile] = now
                 changed.append(profile)
         for profile in changed:
@@ -183,21 +170,10 @@ class ToolListWatcher:
         send = _SENDERS.get(type(event))
         for key, peer in list(self._peers.items()):
             if send is not None and concerns(peer.profile):
-                with anyio.move_on_after(NOTIFY_TIMEOUT_S):
-                    try:
-                        await send(peer.session)
-                    except Exception:
-                        log.debug("toolrelay serve: client %s is gone", key, exc_info=True)
+                await _send(send, key, peer)
 
     async def _notify(self, key: str, peer: _Peer) -> None:
-        delivered = False
-        with anyio.move_on_after(NOTIFY_TIMEOUT_S):
-            try:
-                await peer.session.send_tool_list_changed()
-                delivered = True
-            except Exception:
-                log.debug("toolrelay serve: client %s is gone", key, exc_info=True)
-        if not delivered:
+        if not await _send(ServerSession.send_tool_list_changed, key, peer):
             self._peers.pop(key, None)
 
     # -- hot reload --------------------------------------------------------------------------
@@ -226,14 +202,7 @@ class ToolListWatcher:
             elif after[peer.client] != peer.profile:
                 self._peers[key] = _Peer(peer.session, after[peer.client], peer.client)
                 moved[key] = peer.profile
-        for profile in self._buses:
-            try:
-                self._fingerprints[profile] = self.fingerprint(profile)
-            except Exception:
-                log.exception("toolrelay serve: could not list the tools of profile %r", profile)
-        changed = [p for p in self._buses if self._fingerprints.get(p) != listed.get(p)]
-        for profile in changed:
-            await self.announce(profile)
+        changed = await self.check()
         for key, had in moved.items():
             now = self._peers.get(key)
             if (
@@ -247,3 +216,14 @@ class ToolListWatcher:
             if profile in self._buses:
                 await self._buses[profile].publish(ToolsListChanged())
         return changed
+
+
+async def _send(send: Callable[[ServerSession], Awaitable[None]], key: str, peer: _Peer) -> bool:
+    """Whether ``peer`` accepted the notification within :data:`NOTIFY_TIMEOUT_S`."""
+    with anyio.move_on_after(NOTIFY_TIMEOUT_S):
+        try:
+            await send(peer.session)
+            return True
+        except Exception:
+            log.debug("toolrelay serve: client %s is gone", key, exc_info=True)
+    return False
