@@ -57,22 +57,22 @@ def answer(table: FaultTable, method: str, path: str, query: str, body: bytes) -
     try:
         if path == "/_admin/faults":
             if method == "GET":
-                return json_reply({"faults": [f.to_json() for f in table.listed()]})
+                return json_reply({"faults": [f.to_json() for f in table.faults]})
             if method == "POST":
                 fault = UpstreamFault.parse(_json_object(body))
                 table.put(fault)
                 return json_reply({"fault": fault.to_json()})
             if method == "DELETE":
                 prefix = parse_qs(query).get("path")
-                table.clear(prefix[-1] if prefix else None)
-                return json_reply({"faults": [f.to_json() for f in table.listed()]})
+                table.clear_faults(prefix[-1] if prefix else None)
+                return json_reply({"faults": [f.to_json() for f in table.faults]})
             return _not_allowed("GET, POST, DELETE")
         if path == "/_admin/stats":
             if method == "GET":
-                return json_reply(table.stats())
+                return json_reply(table.stats)
             if method == "DELETE":
                 table.reset_stats()
-                return json_reply(table.stats())
+                return json_reply(table.stats)
             return _not_allowed("GET, DELETE")
         if path == "/_admin/seed":
             if method != "POST":
@@ -80,7 +80,7 @@ def answer(table: FaultTable, method: str, path: str, query: str, body: bytes) -
             seed = _json_object(body).get("seed")
             if not isinstance(seed, int) or isinstance(seed, bool):
                 raise FaultError("'seed' must be an integer")
-            table.reseed(seed)
+            table.seed(seed)
             return json_reply({"seed": seed})
         return json_reply({"error": "no such admin endpoint"}, 404)
     except FaultError as exc:
