@@ -259,14 +259,6 @@ def _checks(run: Run) -> list[Check]:
     ]
 
 
-def _tracer_provider(endpoint: str | None) -> Any:
-    if not endpoint:
-        return None
-    from .telemetry.otlp import otlp_tracer_provider
-
-    return otlp_tracer_provider(endpoint, "toolrelay-demo")
-
-
 async def run_demo(
     options: DemoOptions, out: TextIO = sys.stdout, view: Any | None = None
 ) -> DemoReport:
@@ -277,7 +269,11 @@ async def run_demo(
         require_renderer()  # before the run, not after it
     experiment = demo_experiment(options.duration_s, options.seed)
     report = DemoReport(options.duration_s, options.seed, slot_budget_s=SLOT_BUDGET_S)
-    provider = _tracer_provider(options.otlp_endpoint)
+    provider = None
+    if options.otlp_endpoint:
+        from .telemetry.otlp import otlp_tracer_provider
+
+        provider = otlp_tracer_provider(options.otlp_endpoint, "toolrelay-demo")
     metrics = CollectorRegistry()
     server = None
     if options.metrics_port:

@@ -203,26 +203,6 @@ def answered_ratio(
 
 
 # -- discovery -----------------------------------------------------------------------------
-def _activities(discovery: Any) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = discovery.discover_activities(__name__, "action")
-    activities = []
-    for activity in found:
-        if activity["name"] in PROBES:
-            activity["type"] = "probe"
-        if activity["name"] in ACTIONS + PROBES:
-            activities.append(activity)
-    return activities
-
-
-def _system(configuration: Configuration | None) -> dict[str, Any] | None:
-    try:
-        tools = _json(_request("GET", "/tools", configuration, None))["tools"]
-        breakers = _json(_request("GET", "/breakers", configuration, None))["breakers"]
-    except ToolrelayAdminError:
-        return None
-    return {"tools": tools, "breakers": breakers}
-
-
 def discover(discover_system: bool = True) -> dict[str, Any]:
     """The Chaos Toolkit discovery document: these activities and, with
     ``discover_system`` and a reachable admin API (``TOOLRELAY_ADMIN_URL`` and
@@ -235,7 +215,17 @@ def discover(discover_system: bool = True) -> dict[str, Any]:
     result: dict[str, Any] = discovery.initialize_discovery_result(
         "toolrelay", __version__, "toolrelay"
     )
-    result["activities"].extend(_activities(discovery))
+    for activity in discovery.discover_activities(__name__, "action"):
+        if activity["name"] in PROBES:
+            activity["type"] = "probe"
+        if activity["name"] in ACTIONS + PROBES:
+            result["activities"].append(activity)
     if discover_system:
-        result["system"] = _system(None)
+        try:
+            result["system"] = {
+                "tools": _json(_request("GET", "/tools", None, None))["tools"],
+                "breakers": _json(_request("GET", "/breakers", None, None))["breakers"],
+            }
+        except ToolrelayAdminError:
+            result["system"] = None
     return result
