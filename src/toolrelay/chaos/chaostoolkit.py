@@ -50,9 +50,15 @@ class ToolrelayAdminError(RuntimeError):
 
 
 # -- the admin API -------------------------------------------------------------------------
-def _settings(
-    configuration: Configuration | None, secrets: Secrets | None
-) -> tuple[str, str, float]:
+def _request(
+    method: str,
+    path: str,
+    configuration: Configuration | None,
+    secrets: Secrets | None,
+    *,
+    body: Any = None,
+    params: Mapping[str, str] | None = None,
+) -> httpx.Response:
     config = configuration or {}
     url = str(config.get(URL_KEY) or os.environ.get("TOOLRELAY_ADMIN_URL", "")).rstrip("/")
     token = str((secrets or {}).get(TOKEN_KEY) or os.environ.get("TOOLRELAY_ADMIN_TOKEN", ""))
@@ -64,19 +70,6 @@ def _settings(
         raise ToolrelayAdminError(
             f"no admin token: set secret {TOKEN_KEY!r} or TOOLRELAY_ADMIN_TOKEN"
         )
-    return url, token, float(config.get(TIMEOUT_KEY, 10.0))
-
-
-def _request(
-    method: str,
-    path: str,
-    configuration: Configuration | None,
-    secrets: Secrets | None,
-    *,
-    body: Any = None,
-    params: Mapping[str, str] | None = None,
-) -> httpx.Response:
-    url, token, timeout = _settings(configuration, secrets)
     try:
         response = httpx.request(
             method,
@@ -84,7 +77,7 @@ def _request(
             headers={"Authorization": f"Bearer {token}"},
             json=body,
             params=params,
-            timeout=timeout,
+            timeout=float(config.get(TIMEOUT_KEY, 10.0)),
         )
     except httpx.HTTPError as exc:
         raise ToolrelayAdminError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
