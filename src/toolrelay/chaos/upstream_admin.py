@@ -44,13 +44,10 @@ def _names_us(host: str, port: int) -> bool:
     """Is ``host`` (a Host header) a loopback address with the port we listen on?"""
     parts = urlsplit(f"//{host}")
     try:
-        named_port = parts.port
+        named_port = 80 if parts.port is None else parts.port
     except ValueError:
         return False
-    name = parts.hostname or ""
-    if not name or not is_loopback(name):
-        return False
-    return (named_port if named_port is not None else 80) == port
+    return is_loopback(parts.hostname or "") and named_port == port
 
 
 def answer(table: FaultTable, method: str, path: str, query: str, body: bytes) -> Reply:
