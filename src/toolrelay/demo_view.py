@@ -189,9 +189,7 @@ class RichView:
 
 def pick_view(live: bool | None, duration_s: float, out: TextIO | None = None) -> Any:
     out = sys.stdout if out is None else out
-    if live is None:
-        live = out.isatty()
-    if live:
+    if live or (live is None and out.isatty()):
         try:
             return RichView(duration_s)
         except ImportError:
