@@ -124,33 +124,6 @@ class DemoOptions:
     """Rich live view; ``None`` means: when stdout is a terminal and rich is installed."""
 
 
-class _BlockingCrm:
-    """A sync tool over a legacy client: blocks while its fault window is on."""
-
-    def __init__(self) -> None:
-        self.blocking = threading.Event()
-
-    def __call__(self, args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
-        started = time.monotonic()
-        while self.blocking.is_set() and time.monotonic() - started < 3.0:
-            time.sleep(0.02)
-        return {"customer": args["customer"], "tier": "gold", "open_tickets": 2}
-
-    def register(self, registry: ToolRegistry) -> None:
-        registry.tool(
-            name="crm_lookup",
-            description="Look a customer up in the legacy CRM.",
-            parameters={
-                "type": "object",
-                "properties": {"customer": {"type": "string", "minLength": 1, "maxLength": 64}},
-                "required": ["customer"],
-                "additionalProperties": False,
-            },
-            timeout_s=0.8,
-            breaker_key="legacy-crm",
-        )(self)
-
-
 class ScriptedModel:
     """Picks the tool calls of each turn from what ``specs()`` offers, like a model would."""
 
@@ -192,10 +165,32 @@ def demo_experiment(duration_s: float, seed: int) -> Experiment:
     for item in data["faults"]:
         item["from_s"] *= scale
         item["until_s"] *= scale
-    crm = _BlockingCrm()
+    blocking = threading.Event()
+
+    def crm_lookup(args: dict[str, Any], ctx: AuthContext) -> dict[str, Any]:
+        """A sync tool over a legacy client: blocks while its fault window is on."""
+        started = time.monotonic()
+        while blocking.is_set() and time.monotonic() - started < 3.0:
+            time.sleep(0.02)
+        return {"customer": args["customer"], "tier": "gold", "open_tickets": 2}
+
+    def tools(registry: ToolRegistry) -> None:
+        registry.tool(
+            name="crm_lookup",
+            description="Look a customer up in the legacy CRM.",
+            parameters={
+                "type": "object",
+                "properties": {"customer": {"type": "string", "minLength": 1, "maxLength": 64}},
+                "required": ["customer"],
+                "additionalProperties": False,
+            },
+            timeout_s=0.8,
+            breaker_key="legacy-crm",
+        )(crm_lookup)
+
     extras = Extras(
-        tools=crm.register,
-        switches={"crm": crm.blocking},
+        tools=tools,
+        switches={"crm": blocking},
         model=lambda dispatcher, seed, agent: ScriptedModel(
             data["workload"]["calls"], seed, dispatcher
         ),
@@ -259,14 +254,6 @@ def _checks(run: Run) -> list[Check]:
     ]
 
 
-def _tracer_provider(endpoint: str | None) -> Any:
-    if not endpoint:
-        return None
-    from .telemetry.otlp import otlp_tracer_provider
-
-    return otlp_tracer_provider(endpoint, "toolrelay-demo")
-
-
 async def run_demo(
     options: DemoOptions, out: TextIO = sys.stdout, view: Any | None = None
 ) -> DemoReport:
@@ -277,7 +264,11 @@ async def run_demo(
         require_renderer()  # before the run, not after it
     experiment = demo_experiment(options.duration_s, options.seed)
     report = DemoReport(options.duration_s, options.seed, slot_budget_s=SLOT_BUDGET_S)
-    provider = _tracer_provider(options.otlp_endpoint)
+    provider = None
+    if options.otlp_endpoint:
+        from .telemetry.otlp import otlp_tracer_provider
+
+        provider = otlp_tracer_provider(options.otlp_endpoint, "toolrelay-demo")
     metrics = CollectorRegistry()
     server = None
     if options.metrics_port:

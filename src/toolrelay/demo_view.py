@@ -95,10 +95,7 @@ class DemoReport:
                 {"fault": w.fault, "from_s": round(w.from_s, 2), "to_s": round(w.until_s, 2)}
                 for w in record.windows
             ],
-            "served_by_fallback": {
-                name: sum(1 for _, by, _ in served if by == name)
-                for name in sorted({by for _, by, _ in served})
-            },
+            "served_by_fallback": dict(sorted(Counter(by for _, by, _ in served).items())),
             "hedges": dict(record.hedges),
             "invariants": [v.__dict__ for v in self.verdicts],
             "ok": self.ok,
@@ -192,9 +189,7 @@ class RichView:
 
 def pick_view(live: bool | None, duration_s: float, out: TextIO | None = None) -> Any:
     out = sys.stdout if out is None else out
-    if live is None:
-        live = out.isatty()
-    if live:
+    if live or (live is None and out.isatty()):
         try:
             return RichView(duration_s)
         except ImportError:

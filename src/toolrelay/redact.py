@@ -65,7 +65,6 @@ _DEFAULTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("eyj",), r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
     (("private key-----",), r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----[A-Za-z0-9+/=\s\\]*"),
 )
-DEFAULT_SECRET_PATTERNS: tuple[str, ...] = tuple(pattern for _, pattern in _DEFAULTS)
 _COMPILED_DEFAULTS = tuple((hints, re.compile(pattern)) for hints, pattern in _DEFAULTS)
 
 # What a match keeps of itself: a URL's "://", an Authorization scheme and its whitespace,

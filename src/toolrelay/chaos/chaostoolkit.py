@@ -50,9 +50,15 @@ class ToolrelayAdminError(RuntimeError):
 
 
 # -- the admin API -------------------------------------------------------------------------
-def _settings(
-    configuration: Configuration | None, secrets: Secrets | None
-) -> tuple[str, str, float]:
+def _request(
+    method: str,
+    path: str,
+    configuration: Configuration | None,
+    secrets: Secrets | None,
+    *,
+    body: Any = None,
+    params: Mapping[str, str] | None = None,
+) -> httpx.Response:
     config = configuration or {}
     url = str(config.get(URL_KEY) or os.environ.get("TOOLRELAY_ADMIN_URL", "")).rstrip("/")
     token = str((secrets or {}).get(TOKEN_KEY) or os.environ.get("TOOLRELAY_ADMIN_TOKEN", ""))
@@ -64,19 +70,6 @@ def _settings(
         raise ToolrelayAdminError(
             f"no admin token: set secret {TOKEN_KEY!r} or TOOLRELAY_ADMIN_TOKEN"
         )
-    return url, token, float(config.get(TIMEOUT_KEY, 10.0))
-
-
-def _request(
-    method: str,
-    path: str,
-    configuration: Configuration | None,
-    secrets: Secrets | None,
-    *,
-    body: Any = None,
-    params: Mapping[str, str] | None = None,
-) -> httpx.Response:
-    url, token, timeout = _settings(configuration, secrets)
     try:
         response = httpx.request(
             method,
@@ -84,7 +77,7 @@ def _request(
             headers={"Authorization": f"Bearer {token}"},
             json=body,
             params=params,
-            timeout=timeout,
+            timeout=float(config.get(TIMEOUT_KEY, 10.0)),
         )
     except httpx.HTTPError as exc:
         raise ToolrelayAdminError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
@@ -203,26 +196,6 @@ def answered_ratio(
 
 
 # -- discovery -----------------------------------------------------------------------------
-def _activities(discovery: Any) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = discovery.discover_activities(__name__, "action")
-    activities = []
-    for activity in found:
-        if activity["name"] in PROBES:
-            activity["type"] = "probe"
-        if activity["name"] in ACTIONS + PROBES:
-            activities.append(activity)
-    return activities
-
-
-def _system(configuration: Configuration | None) -> dict[str, Any] | None:
-    try:
-        tools = _json(_request("GET", "/tools", configuration, None))["tools"]
-        breakers = _json(_request("GET", "/breakers", configuration, None))["breakers"]
-    except ToolrelayAdminError:
-        return None
-    return {"tools": tools, "breakers": breakers}
-
-
 def discover(discover_system: bool = True) -> dict[str, Any]:
     """The Chaos Toolkit discovery document: these activities and, with
     ``discover_system`` and a reachable admin API (``TOOLRELAY_ADMIN_URL`` and
@@ -235,7 +208,17 @@ def discover(discover_system: bool = True) -> dict[str, Any]:
     result: dict[str, Any] = discovery.initialize_discovery_result(
         "toolrelay", __version__, "toolrelay"
     )
-    result["activities"].extend(_activities(discovery))
+    for activity in discovery.discover_activities(__name__, "action"):
+        if activity["name"] in PROBES:
+            activity["type"] = "probe"
+        if activity["name"] in ACTIONS + PROBES:
+            result["activities"].append(activity)
     if discover_system:
-        result["system"] = _system(None)
+        try:
+            result["system"] = {
+                "tools": _json(_request("GET", "/tools", None, None))["tools"],
+                "breakers": _json(_request("GET", "/breakers", None, None))["breakers"],
+            }
+        except ToolrelayAdminError:
+            result["system"] = None
     return result

@@ -96,14 +96,10 @@ def _breaker_checks(key: str, run: Run, outage: tuple[float, float] | None) -> l
     # admits at most half_open_max_calls trials.
     leaked = 0
     trials_over = 0
-    for index, move in enumerate(moves):
-        if move[3] == "closed":
-            continue
-        nxt = moves[index + 1] if index + 1 < len(moves) else None
-        admitted_after = nxt[4] if nxt else breakers.get(key).admitted
+    for move, nxt in zip(moves, [*moves[1:], None], strict=False):
         if move[3] == "open":
-            leaked += admitted_after - move[4]
-        if move[3] == "half_open":
+            leaked += (nxt[4] if nxt else breakers.get(key).admitted) - move[4]
+        elif move[3] == "half_open":
             trials = (nxt[5] if nxt else breakers.get(key).trials_admitted) - move[5]
             trials_over += max(0, trials - config.half_open_max_calls)
     rejected = sum(1 for a in run.record.attempts if a[1] == key and a[2] == "circuit_open")

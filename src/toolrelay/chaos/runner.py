@@ -84,7 +84,11 @@ async def play(
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_schedule, experiment, dispatcher, up, record)
                     for agent in range(int(data["workload"].get("agents", 1))):
-                        model = _model(experiment, dispatcher, seed, agent)
+                        model = (
+                            _MenuModel(data["workload"], seed, agent)
+                            if extras.model is None
+                            else extras.model(dispatcher, seed, agent)
+                        )
                         tg.start_soon(_agent, experiment, agent, model, dispatcher, record)
                 outer.cancel_scope.cancel()
             await anyio.sleep(float(data.get("settle_s", 0.5)))
@@ -184,12 +188,6 @@ class _MenuModel:
         if self.honour_retry_after:  # wait as long as asked, or more
             pause = max([pause, *(r.retry_after_s or 0.0 for r in results)])
         return pause
-
-
-def _model(experiment: Experiment, dispatcher: Dispatcher, seed: int, agent: int) -> Model:
-    if experiment.extras.model is not None:
-        return experiment.extras.model(dispatcher, seed, agent)
-    return _MenuModel(experiment.data["workload"], seed, agent)
 
 
 async def _agent(

@@ -57,20 +57,29 @@ class Timeline:
         self.answers.append(Answer(started_s, tool, outcome, latency_s))
         self.deadlines[tool] = round(max(self.deadlines.get(tool, 0.0), deadline_s), 4)
 
-    def end_s(self) -> float:
-        last = max((a.started_s + a.latency_s for a in self.answers), default=0.0)
-        return max(self.duration_s, last, *(w.until_s for w in self.windows))
-
     def to_json(self, max_points: int = MAX_POINTS) -> dict[str, Any]:
-        end = self.end_s()
+        last = max((a.started_s + a.latency_s for a in self.answers), default=0.0)
+        end = max(self.duration_s, last, *(w.until_s for w in self.windows))
         points = _downsample(sorted(self.answers, key=lambda a: a.started_s), max_points)
         tools = sorted({a.tool for a in self.answers})
         keys = sorted({self.breaker_keys[t] for t in tools if t in self.breaker_keys})
         keys += sorted({t[1] for t in self.transitions} - set(keys))
+        n = len(self.answers)
+        ok = sum(a.outcome == "ok" for a in self.answers)
         return {
             "duration_s": self.duration_s,
             "end_s": round(end, 3),
-            "headline": self.headline(),
+            "headline": {
+                "answers": n,
+                "ok_ratio": round(ok / n, 4) if n else None,
+                "p99_latency_s": _round(_p99(self.answers)),
+                "attempts_per_call": round(self.attempts / n, 3) if n else None,
+                "upstream_requests_per_call": (
+                    round(self.upstream_requests / n, 3)
+                    if n and self.upstream_requests is not None
+                    else None
+                ),
+            },
             "tools": {
                 tool: {
                     "breaker_key": self.breaker_keys.get(tool),
@@ -113,21 +122,6 @@ class Timeline:
             ],
             "breaker_transitions": transition_rows(self.transitions),
             "breaker_states": {key: self._states(key, end) for key in keys},
-        }
-
-    def headline(self) -> dict[str, Any]:
-        n = len(self.answers)
-        ok = sum(a.outcome == "ok" for a in self.answers)
-        return {
-            "answers": n,
-            "ok_ratio": round(ok / n, 4) if n else None,
-            "p99_latency_s": _round(_p99(self.answers)),
-            "attempts_per_call": round(self.attempts / n, 3) if n else None,
-            "upstream_requests_per_call": (
-                round(self.upstream_requests / n, 3)
-                if n and self.upstream_requests is not None
-                else None
-            ),
         }
 
     def _states(self, key: str, end: float) -> list[dict[str, Any]]:

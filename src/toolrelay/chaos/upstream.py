@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
@@ -45,8 +44,9 @@ __all__ = ["FAULT_KINDS", "UpstreamFault", "FaultError", "StandInUpstream", "mai
 log = logging.getLogger("toolrelay.chaos")
 
 
-class StandInUpstream:
-    """The stand-in server. Use ``async with StandInUpstream() as up:`` or ``run_in_thread()``.
+class StandInUpstream(FaultTable):
+    """The stand-in server. Use ``async with StandInUpstream() as up:`` or ``run_in_thread()``;
+    its faults and counters are :class:`FaultTable`'s (``set_fault``, ``stats``, …).
 
     ``now`` is the server's clock (a fixed instant by default, so answers are
     reproducible; pass a callable such as ``lambda: datetime.now(UTC)`` for a live one).
@@ -73,7 +73,7 @@ class StandInUpstream:
         self.port = port
         self.keep_alive_s = keep_alive_s
         self._clock = now if callable(now) else (lambda: now)
-        self._table = FaultTable(seed)
+        super().__init__(seed)
         self._static: dict[str, Reply] = {}
         self._loaded: Counter[str] = Counter()
         """Requests in flight under each ``load`` fault's path."""
@@ -87,34 +87,6 @@ class StandInUpstream:
             raise RuntimeError("the upstream is not running")
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
-
-    def set_fault(self, path: str, fault: str, rate: float = 1.0, **params: Any) -> UpstreamFault:
-        """Apply ``fault`` to requests under ``path`` (replacing its previous fault)."""
-        parsed = UpstreamFault.parse({"path": path, "fault": fault, "rate": rate, **params})
-        self._table.put(parsed)
-        return parsed
-
-    def clear_faults(self, path: str | None = None) -> None:
-        """Remove every fault, or the fault of one path prefix."""
-        self._table.clear(path)
-
-    @property
-    def faults(self) -> list[UpstreamFault]:
-        """The faults in force, most specific last."""
-        return self._table.listed()
-
-    def seed(self, seed: int) -> None:
-        """Restart the fault dice: the same seed gives the same sequence again."""
-        self._table.reseed(seed)
-
-    @property
-    def stats(self) -> dict[str, dict[str, int]]:
-        """``{"requests": {path: n}, "faults": {kind: n}}`` since start (or the last reset)."""
-        return self._table.stats()
-
-    def reset_stats(self) -> None:
-        """Start counting requests and faults from zero."""
-        self._table.reset_stats()
 
     def serve_static(self, path: str, body: bytes, content_type: str) -> None:
         """Answer ``GET path`` with exactly ``body`` (e.g. a hostile feed for a test)."""
@@ -200,11 +172,11 @@ class StandInUpstream:
         head = method == "HEAD"
         if path == "/_admin" or path.startswith("/_admin/"):
             refused = admin.refusal(self.host, self.port, method, dict(request.headers), body)
-            reply = refused or admin.answer(self._table, method, path, parts.query, body)
+            reply = refused or admin.answer(self, method, path, parts.query, body)
             await wire.send(conn, stream, reply, head=head)
             return True
         reply = self._route(method, path, parts.query)
-        fault = self._table.draw(path)
+        fault = self.draw(path)
         if fault is None:
             await wire.send(conn, stream, reply, head=head)
             return True
@@ -245,7 +217,7 @@ class StandInUpstream:
             finally:
                 self._loaded[fault.path] -= 1
         elif kind == "slow_tail":
-            slow = self._table.chance(fault.tail)
+            slow = self.chance(fault.tail)
             await anyio.sleep(fault.tail_seconds if slow else fault.seconds)
         elif kind == "slow_body":
             await wire.send(conn, stream, reply, head=head, dribble_s=fault.seconds)

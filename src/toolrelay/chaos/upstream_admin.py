@@ -44,35 +44,32 @@ def _names_us(host: str, port: int) -> bool:
     """Is ``host`` (a Host header) a loopback address with the port we listen on?"""
     parts = urlsplit(f"//{host}")
     try:
-        named_port = parts.port
+        named_port = 80 if parts.port is None else parts.port
     except ValueError:
         return False
-    name = parts.hostname or ""
-    if not name or not is_loopback(name):
-        return False
-    return (named_port if named_port is not None else 80) == port
+    return is_loopback(parts.hostname or "") and named_port == port
 
 
 def answer(table: FaultTable, method: str, path: str, query: str, body: bytes) -> Reply:
     try:
         if path == "/_admin/faults":
             if method == "GET":
-                return json_reply({"faults": [f.to_json() for f in table.listed()]})
+                return json_reply({"faults": [f.to_json() for f in table.faults]})
             if method == "POST":
                 fault = UpstreamFault.parse(_json_object(body))
                 table.put(fault)
                 return json_reply({"fault": fault.to_json()})
             if method == "DELETE":
                 prefix = parse_qs(query).get("path")
-                table.clear(prefix[-1] if prefix else None)
-                return json_reply({"faults": [f.to_json() for f in table.listed()]})
+                table.clear_faults(prefix[-1] if prefix else None)
+                return json_reply({"faults": [f.to_json() for f in table.faults]})
             return _not_allowed("GET, POST, DELETE")
         if path == "/_admin/stats":
             if method == "GET":
-                return json_reply(table.stats())
+                return json_reply(table.stats)
             if method == "DELETE":
                 table.reset_stats()
-                return json_reply(table.stats())
+                return json_reply(table.stats)
             return _not_allowed("GET, DELETE")
         if path == "/_admin/seed":
             if method != "POST":
@@ -80,7 +77,7 @@ def answer(table: FaultTable, method: str, path: str, query: str, body: bytes) -
             seed = _json_object(body).get("seed")
             if not isinstance(seed, int) or isinstance(seed, bool):
                 raise FaultError("'seed' must be an integer")
-            table.reseed(seed)
+            table.seed(seed)
             return json_reply({"seed": seed})
         return json_reply({"error": "no such admin endpoint"}, 404)
     except FaultError as exc:

@@ -59,8 +59,6 @@ class UpstreamFault:
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> UpstreamFault:
         """Check an admin request's fields; raise :class:`FaultError` with a clear reason."""
-        if not isinstance(data, Mapping):
-            raise FaultError("a fault must be a JSON object")
         kind = data.get("fault")
         if not isinstance(kind, str) or kind not in FAULT_KINDS:
             raise FaultError(f"'fault' must be one of {', '.join(sorted(FAULT_KINDS))}")
@@ -119,60 +117,73 @@ def _retry_after(value: Any) -> str | None:
 
 
 class FaultTable:
-    """Faults, dice and counters; shared by the server's loop and other threads."""
+    """The faults in force, their dice (one seeded :class:`random.Random`) and the counters;
+    shared by the server's loop and other threads. :class:`StandInUpstream` is one."""
 
     def __init__(self, seed: int) -> None:
-        self.lock = threading.Lock()
-        self.faults: dict[str, UpstreamFault] = {}
-        self.random = random.Random(seed)
-        self.requests: Counter[str] = Counter()
-        self.applied: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._faults: dict[str, UpstreamFault] = {}
+        self._random = random.Random(seed)
+        self._requests: Counter[str] = Counter()
+        self._applied: Counter[str] = Counter()
+
+    def set_fault(self, path: str, fault: str, rate: float = 1.0, **params: Any) -> UpstreamFault:
+        """Apply ``fault`` to requests under ``path`` (replacing its previous fault)."""
+        return self.put(UpstreamFault.parse({"path": path, "fault": fault, "rate": rate, **params}))
+
+    def put(self, fault: UpstreamFault) -> UpstreamFault:
+        with self._lock:
+            self._faults[fault.path] = fault
+        return fault
+
+    def clear_faults(self, path: str | None = None) -> None:
+        """Remove every fault, or the fault of one path prefix."""
+        with self._lock:
+            if path is None:
+                self._faults.clear()
+            else:
+                self._faults.pop(path, None)
+
+    @property
+    def faults(self) -> list[UpstreamFault]:
+        """The faults in force, most specific last."""
+        with self._lock:
+            return sorted(self._faults.values(), key=lambda f: (len(f.path), f.path))
+
+    def seed(self, seed: int) -> None:
+        """Restart the fault dice: the same seed gives the same sequence again."""
+        with self._lock:
+            self._random.seed(seed)
+
+    @property
+    def stats(self) -> dict[str, dict[str, int]]:
+        """``{"requests": {path: n}, "faults": {kind: n}}`` since start (or the last reset)."""
+        with self._lock:
+            return {"requests": dict(self._requests), "faults": dict(self._applied)}
+
+    def reset_stats(self) -> None:
+        """Start counting requests and faults from zero."""
+        with self._lock:
+            self._requests.clear()
+            self._applied.clear()
 
     def draw(self, path: str) -> UpstreamFault | None:
         """Count the request; return the fault to apply to it, if any."""
-        with self.lock:
-            if path in self.requests or len(self.requests) < MAX_PATHS:
-                self.requests[path] += 1
+        with self._lock:
+            if path in self._requests or len(self._requests) < MAX_PATHS:
+                self._requests[path] += 1
             else:
-                self.requests["<other>"] += 1
-            matches = [p for p in self.faults if path.startswith(p)]
+                self._requests["<other>"] += 1
+            matches = [p for p in self._faults if path.startswith(p)]
             if not matches:
                 return None
-            fault = self.faults[max(matches, key=len)]  # the most specific prefix wins
-            if self.random.random() >= fault.rate:
+            fault = self._faults[max(matches, key=len)]  # the most specific prefix wins
+            if self._random.random() >= fault.rate:
                 return None
-            self.applied[fault.fault] += 1
+            self._applied[fault.fault] += 1
             return fault
-
-    def put(self, fault: UpstreamFault) -> None:
-        with self.lock:
-            self.faults[fault.path] = fault
-
-    def clear(self, path: str | None = None) -> None:
-        with self.lock:
-            if path is None:
-                self.faults.clear()
-            else:
-                self.faults.pop(path, None)
-
-    def listed(self) -> list[UpstreamFault]:
-        with self.lock:
-            return sorted(self.faults.values(), key=lambda f: (len(f.path), f.path))
-
-    def reseed(self, seed: int) -> None:
-        with self.lock:
-            self.random.seed(seed)
 
     def chance(self, share: float) -> bool:
         """A throw of the dice that comes up with probability ``share``."""
-        with self.lock:
-            return self.random.random() < share
-
-    def stats(self) -> dict[str, dict[str, int]]:
-        with self.lock:
-            return {"requests": dict(self.requests), "faults": dict(self.applied)}
-
-    def reset_stats(self) -> None:
-        with self.lock:
-            self.requests.clear()
-            self.applied.clear()
+        with self._lock:
+            return self._random.random() < share
