@@ -47,8 +47,6 @@ from ..sources.relay import CALL_CHANNEL
 from .rounds import HeldCall
 from .settings import DEFAULT_APPROVAL_TIMEOUT_S
 
-__all__ = ["ElicitingApprover"]
-
 log = logging.getLogger("toolrelay.serve")
 
 _FORM: Final[dict[str, Any]] = {"type": "object", "properties": {}}

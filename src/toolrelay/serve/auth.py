@@ -20,15 +20,6 @@ from ..net import is_loopback
 from .errors import ServeError
 from .settings import ClientSettings
 
-__all__ = [
-    "ServeError",
-    "StaticTokenVerifier",
-    "check_bind",
-    "resolve_secret",
-    "token_matches",
-    "transport_security",
-]
-
 
 def _wildcard(host: str) -> bool:
     try:

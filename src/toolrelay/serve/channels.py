@@ -38,8 +38,6 @@ from ..registry import ToolRegistry
 from ..sources.mcp import McpSource
 from ..sources.relay import CALL_CHANNEL, LOG_LEVEL_META, CallChannel, R, level_passes
 
-__all__ = ["LaneChannel", "LogLevels", "SessionChannel"]
-
 _CAPABILITY = {
     "sampling/createMessage": "sampling",
     "elicitation/create": "elicitation",

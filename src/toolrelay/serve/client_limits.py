@@ -23,16 +23,6 @@ from ..result import ToolResult
 from .metrics import GatewayMetrics
 from .settings import ClientSettings, HttpSection, ServeSection
 
-__all__ = [
-    "RATE_LIMITED",
-    "ClientLimit",
-    "ClientLimits",
-    "FleetRates",
-    "Refusal",
-    "TokenBucket",
-    "configured_limits",
-]
-
 RATE_LIMITED = -32000
 """The JSON-RPC error code of a ``tools/list`` over its client's rate (an
 implementation-defined server error)."""

@@ -52,8 +52,6 @@ from .channels import LaneChannel, LogLevels
 from .sessions import HeldCall, SessionManager
 from .tracing import McpServerTelemetry
 
-__all__ = ["FastLane"]
-
 log = logging.getLogger(__name__)
 
 CallTool = Callable[[str, dict[str, Any] | None, types.RequestId], Awaitable[types.CallToolResult]]

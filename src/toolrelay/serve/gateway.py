@@ -65,8 +65,6 @@ from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_S
 from .tracing import McpServerTelemetry
 from .watch import ToolListWatcher
 
-__all__ = ["Gateway"]
-
 INSTRUCTIONS = (
     "Tool calls run through toolrelay. A failed call is an isError result whose first text "
     "content is the answer envelope as JSON {ok: false, error_type, message, retryable, "

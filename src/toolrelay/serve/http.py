@@ -20,8 +20,6 @@ from starlette.types import ASGIApp
 
 from .errors import ServeError
 
-__all__ = ["HttpService"]
-
 GRACEFUL_SHUTDOWN_S = 2
 
 

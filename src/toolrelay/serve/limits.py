@@ -20,8 +20,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..sources.limits import Lines
 from .settings import DEFAULT_MAX_REQUEST_BYTES
 
-__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "BodyLimit", "bounded_stdin", "too_large_error"]
-
 INVALID_REQUEST = -32600
 _CHUNK = 64 * 1024
 _HEAD = 4096  # of a refused request, this much is read to find its id

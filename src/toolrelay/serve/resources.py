@@ -43,7 +43,6 @@ from .watch import ToolListWatcher
 if TYPE_CHECKING:
     from ..sources.mcp import McpSource
 
-__all__ = ["PAGE_SIZE", "RESOURCE_NOT_FOUND", "Offerings"]
 
 log = logging.getLogger("toolrelay.serve")
 

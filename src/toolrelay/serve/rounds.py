@@ -42,8 +42,6 @@ from ..sources.relay import R
 from .channels import Channel, SessionChannel, refused
 from .sessions import client_key
 
-__all__ = ["HELD_PER_CLIENT", "HeldCall", "ReplicaTag", "Rounds"]
-
 HELD_PER_CLIENT = 8
 """The most calls waiting on one client's answers at once."""
 _ASKING = ("sampling", "elicitation", "roots")

@@ -28,8 +28,6 @@ from starlette.types import Message, Receive, Scope, Send
 from .._compat.mcp_server import SdkSessionManager, busy, is_busy, send_to_session
 from .metrics import GatewayMetrics
 
-__all__ = ["HeldCall", "SessionManager"]
-
 log = logging.getLogger("toolrelay.serve.gateway")
 
 

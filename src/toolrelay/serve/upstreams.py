@@ -22,7 +22,6 @@ from .settings import UpstreamSettings
 if TYPE_CHECKING:
     from ..sources.mcp import McpSource
 
-__all__ = ["Upstreams", "build_source"]
 
 log = logging.getLogger("toolrelay.serve")
 
