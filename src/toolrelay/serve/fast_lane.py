@@ -14,7 +14,6 @@ as the SDK answers then. Behaviour and measurements: ``docs/serve.md`` ("fast la
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -51,8 +50,6 @@ from .._compat.mcp_server import (
 from .channels import LaneChannel, LogLevels
 from .sessions import HeldCall, SessionManager
 from .tracing import McpServerTelemetry
-
-log = logging.getLogger(__name__)
 
 CallTool = Callable[[str, dict[str, Any] | None, types.RequestId], Awaitable[types.CallToolResult]]
 _REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
@@ -205,7 +202,7 @@ class FastLane:
                 types.INTERNAL_ERROR,
             )
         self.served += 1
-        await response(scope, _no_receive, send)
+        await response(scope, receive, send)
         return True
 
     async def _call(
@@ -351,7 +348,3 @@ async def _read_body(receive: Receive) -> tuple[bytes | None, Receive]:
         return first.pop() if first else await receive()
 
     return message.get("body", b"") if whole else None, replayed
-
-
-async def _no_receive() -> Message:  # pragma: no cover - a response never reads the body
-    return {"type": "http.disconnect"}

@@ -106,13 +106,6 @@ class _GatewayServer(Server[Any]):
         )
 
 
-def _peer_key(ctx: ServerRequestContext[Any, Any]) -> str:
-    """Names a handshake-era connection: its HTTP session id, or ``stdio``."""
-    headers = getattr(ctx.request, "headers", None)
-    session_id = None if headers is None else headers.get(MCP_SESSION_ID_HEADER)
-    return f"http:{session_id}" if session_id else "stdio"
-
-
 class _PeerTracker:
     """Server middleware: remembers each 2025-era connection once it is initialized, and
     forgets it when the connection's exit stack unwinds."""
@@ -131,14 +124,15 @@ class _PeerTracker:
             ctx.method == "notifications/initialized"
             and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         ):
-            key = _peer_key(ctx)
+            headers = getattr(ctx.request, "headers", None)
+            session_id = None if headers is None else headers.get(MCP_SESSION_ID_HEADER)
+            key = f"http:{session_id}" if session_id else "stdio"  # a handshake-era connection
             caller = self._callers.current()
             self._watcher.add_peer(key, ctx.session, caller.profile, caller.name)
             connection = connection_of(ctx.session)
             if connection is not None:
                 connection.exit_stack.callback(self._watcher.remove_peer, key)
-                if key.startswith("http:"):
-                    session_id = key.removeprefix("http:")
+                if session_id:
                     self.connections[session_id] = connection
                     connection.exit_stack.callback(self.connections.pop, session_id, None)
         return result

@@ -96,9 +96,6 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-Refuse = Callable[[dict[str, Any]], Awaitable[None]]
-
-
 _END: Any = object()
 
 
@@ -116,7 +113,9 @@ def _lines(read: Callable[[], bytes], limit: int, refused: list[Any]) -> Iterato
 
 
 @contextlib.asynccontextmanager
-async def bounded_stdin(limit: int, refuse: Refuse) -> AsyncIterator[AsyncIterator[str]]:
+async def bounded_stdin(
+    limit: int, refuse: Callable[[dict[str, Any]], Awaitable[None]]
+) -> AsyncIterator[AsyncIterator[str]]:
     """This process's stdin as lines of at most ``limit`` bytes, for ``stdio_server(stdin=…)``.
 
     Like the SDK, fd 0 is pointed at the null device while serving (a handler or child

@@ -52,14 +52,6 @@ CallTool = Callable[
 ]
 
 
-def _invalid() -> MCPError:
-    return MCPError(
-        code=types.INVALID_PARAMS,
-        message="Invalid or expired requestState",
-        data={"reason": "invalid_request_state"},
-    )
-
-
 class _Ask:
     """One request of the upstream, waiting for the client's answer."""
 
@@ -247,7 +239,11 @@ class Rounds:
                 or held_call.owner != owner
                 or held_call.call != (params.name, params.arguments or {})
             ):
-                raise _invalid()
+                raise MCPError(
+                    code=types.INVALID_PARAMS,
+                    message="Invalid or expired requestState",
+                    data={"reason": "invalid_request_state"},
+                )
             held = held_call
             held.answer(params.input_responses or {})
         return await held.next(channel)

@@ -22,7 +22,7 @@ from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServ
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import SessionMessage
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from .._compat.mcp_server import SdkSessionManager, busy, is_busy, send_to_session
@@ -139,7 +139,9 @@ class SessionManager(SdkSessionManager):
             reason, status, message = refusal
             log.warning("refusing a new MCP session for %s: %s", client, reason)
             self.metrics.sessions_refused.labels(reason).inc()
-            await _jsonrpc_error(message, status)(scope, receive, send)
+            error = {"code": types.INTERNAL_ERROR, "message": message}
+            body = {"jsonrpc": "2.0", "id": None, "error": error}
+            await JSONResponse(body, status_code=status)(scope, receive, send)
             return
         assert transport is not None
         await self.serve_opening_request(transport, scope, receive, send)
@@ -239,9 +241,3 @@ def client_key(scope: Scope) -> str:
         return f"client:{user.access_token.client_id}"
     peer = scope.get("client")
     return f"peer:{peer[0]}" if peer else "peer:unknown"
-
-
-def _jsonrpc_error(message: str, status: int) -> Response:
-    error = {"code": types.INTERNAL_ERROR, "message": message}
-    body = {"jsonrpc": "2.0", "id": None, "error": error}
-    return JSONResponse(body, status_code=status)
