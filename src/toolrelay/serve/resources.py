@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import mcp.types as types
+from mcp import Client
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
@@ -98,9 +99,7 @@ class Offerings:
         """Read every upstream's lists, refuse a URI, template or prompt name two upstreams
         offer (:class:`ServeError`), and serve the methods some upstream offers."""
         self._upstreams = upstreams
-        listings = self.listings()
-        for listing in listings:
-            await self._refresh(listing)
+        listings = await self._fresh()
         self.check()
         caps, subs = [listing.capabilities for listing in listings], self.subscriptions
         handlers: list[tuple[str, type[Any], Any]] = []
@@ -169,7 +168,7 @@ class Offerings:
                     )
 
     # -- upstream requests ----------------------------------------------------------------
-    async def _ask(self, listing: Listing, call: Callable[[Any], Awaitable[T]]) -> T:
+    async def _ask(self, listing: Listing, call: Callable[[Client], Awaitable[T]]) -> T:
         """One request to the upstream, as a tool call runs: its breaker, its deadline."""
         source = listing.source
         breaker = self.dispatcher.breakers.get(source.options.breaker_key)
@@ -257,12 +256,7 @@ class Offerings:
     async def _read(self, ctx: Ctx, params: types.ReadResourceRequestParams) -> types.Result:
         uri = str(params.uri)
         listing = self._owner(uri)
-
-        async def read(client: Any) -> types.ReadResourceResult:
-            result: types.ReadResourceResult = await client.read_resource(uri)
-            return result
-
-        return self._capped(await self._ask(listing, read))
+        return self._capped(await self._ask(listing, lambda client: client.read_resource(uri)))
 
     # -- prompts --------------------------------------------------------------------------
     def _prompt_name(self, listing: Listing, name: str) -> str:
@@ -294,13 +288,8 @@ class Offerings:
 
     async def _get_prompt(self, ctx: Ctx, params: types.GetPromptRequestParams) -> types.Result:
         listing, remote = self._prompt(params.name)
-        arguments = params.arguments
-
-        async def get(client: Any) -> types.GetPromptResult:
-            result: types.GetPromptResult = await client.get_prompt(remote, arguments)
-            return result
-
-        return self._capped(await self._ask(listing, get))
+        get = self._ask(listing, lambda client: client.get_prompt(remote, params.arguments))
+        return self._capped(await get)
 
     # -- completions ----------------------------------------------------------------------
     async def _complete(
@@ -319,12 +308,7 @@ class Offerings:
             listing = found
         argument = params.argument.model_dump()
         context = None if params.context is None else params.context.arguments
-
-        async def complete(client: Any) -> types.CompleteResult:
-            result: types.CompleteResult = await client.complete(ref, argument, context)
-            return result
-
-        return await self._ask(listing, complete)
+        return await self._ask(listing, lambda client: client.complete(ref, argument, context))
 
     # -- changes --------------------------------------------------------------------------
     async def _changed(self, listing: Listing, event: ServerEvent) -> None:
