@@ -2,12 +2,8 @@
 
 :class:`SessionChannel` (a call the SDK serves) and :class:`LaneChannel` (a call the fast
 lane serves) are the :class:`~toolrelay.sources.relay.CallChannel` the gateway puts around
-``dispatch`` (``with channel:``): an upstream's progress comes back with the client's
-own ``progressToken``, its ``notifications/message`` at the levels the client wants, and its
-``sampling/createMessage``, ``elicitation/create`` and ``roots/list`` go to the client on the
-call's own stream — or, when the client did not declare the capability, cannot be asked on
-this transport (``json_response``, stateless, a 2026-era request) or the call has ended, the
-upstream gets an error at once (``-32601``) instead of waiting.
+``dispatch`` (``with channel:``). What reaches the client, and when an upstream's request
+gets an error at once instead: ``docs/serve.md``, "During a call".
 
 :class:`LogLevels` keeps each 2025-era connection's ``logging/setLevel`` and passes the most
 verbose level any client asked for on to every upstream (a level is the whole upstream's:

@@ -1,16 +1,13 @@
 """The upstream MCP servers' resources, prompts and completions, served to the gateway's
-clients.
+clients (routing, paging and errors: ``docs/serve.md``, "Resources, prompts and
+completions").
 
 :class:`Offerings` merges what every upstream offers (each upstream's lists are kept by a
 :class:`~toolrelay.sources.mcp_lists.Listing`) and routes each request to the upstream that
-owns it: a prompt by its name (prefixed as the upstream's tools are), a resource by its URI
-(kept as it is: an exact URI listed, else the first template that matches it, else the one
-upstream offering resources), a completion by its prompt or template. Each request to an
-upstream runs as a tool call does: within the upstream's ``timeout_s``, admitted and counted
-by the upstream's breaker, its answer under the output cap; the server span already names
-the method (``mcp.method.name``). A caller's profile hides (and refuses) the resources and
-prompts it does not reach (:meth:`~toolrelay.policy.Profile.reaches`). Lists are paged
-(:data:`PAGE_SIZE` items, an opaque cursor). Behaviour: ``docs/serve.md``.
+owns it. Each request to an upstream runs as a tool call does: within the upstream's
+``timeout_s``, admitted and counted by the upstream's breaker, its answer under the output
+cap. A caller's profile hides (and refuses) the resources and prompts it does not reach
+(:meth:`~toolrelay.policy.Profile.reaches`).
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """A 2026-era client's ``tools/call`` whose upstream asks it something: ``InputRequiredResult``
-rounds.
+rounds (what the client sees, the request state's checks and the limits: ``docs/serve.md``,
+"During a call").
 
-A 2026-era request carries no request from the server back to the client: the server
-answers the call with an ``InputRequiredResult`` (its requests) and the client calls again
-with ``input_responses`` and the ``requestState`` it got. For a client that declared
-``sampling``, ``elicitation`` or ``roots``, :class:`Rounds` runs the call's dispatch in a task
-of its own, a :class:`HeldCall` (the call's :class:`~toolrelay.sources.relay.CallChannel`):
-an upstream's request waits there for the client's answer, while the client's request is
-answered with it. The request state is a random token that only the client it was issued to
-(its bearer token's client, else its peer address), calling the same tool with the same
-arguments, may bring back, once per round, while the call runs. The call keeps its own
-deadline: shortly before it, a request the client has not answered gets an error
-(:class:`~toolrelay.sources.relay.Relay`), so the upstream ends the call itself; a request
-still waiting when the call ends gets one too. A client has at most
-:data:`HELD_PER_CLIENT` calls waiting on it; past that an upstream's request is refused at
-once.
-
-The state starts with this process's tag and a dot (``<tag>.<token>``); every HTTP answer
-names the tag (:class:`ReplicaTag`, header ``Toolrelay-Replica``), so a load balancer in
-front of several replicas can learn which one holds a call and send its rounds there
-(deploy/haproxy.cfg). The tag is a prefix: the token's randomness and checks are as above.
+A 2026-era request carries no request from the server back to the client, so :class:`Rounds`
+runs the call's dispatch in a task of its own, a :class:`HeldCall` (the call's
+:class:`~toolrelay.sources.relay.CallChannel`): an upstream's request waits there for the
+client's answer, while the client's request is answered with it. The request state is
+``<tag>.<token>``; every HTTP answer names this process's tag (:class:`ReplicaTag`, header
+``Toolrelay-Replica``), so a load balancer can send a call's rounds back to the replica that
+holds it (deploy/haproxy.cfg).
 """
 
 from __future__ import annotations
