@@ -16,7 +16,7 @@ import base64
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import mcp.types as types
@@ -30,6 +30,7 @@ from ..breakers import REJECT
 from ..dispatcher import Dispatcher
 from ..outcome import Verdict
 from ..policy import Profile
+from ..sources.mcp import McpSource
 from ..sources.mcp_lists import Listing, UpstreamFailure
 from .callers import Callers
 from .client_limits import ClientLimits
@@ -37,10 +38,6 @@ from .errors import ServeError
 from .settings import UpstreamSettings
 from .subscriptions import Subscriptions
 from .watch import ToolListWatcher
-
-if TYPE_CHECKING:
-    from ..sources.mcp import McpSource
-
 
 log = logging.getLogger("toolrelay.serve")
 
