@@ -235,14 +235,18 @@ class ClientLimits:
         self.fleet = FleetRates(self._clients, self._clock)
         link.share(self.fleet)
 
-    def _take(self, name: str, client: _Client, bucket: TokenBucket) -> float:
-        limit, fleet = client.limit, self.fleet
+    def _take(self, name: str, client: _Client) -> Refusal | None:
+        """Take one of ``name``'s tokens (``None``: taken, or no rate to keep)."""
+        bucket, limit, fleet = client.bucket, client.limit, self.fleet
+        if bucket is None:
+            return None
         if fleet is not None and limit.rate_per_s is not None:
             share = fleet.share(name, client)
             bucket.rate_per_s = limit.rate_per_s * share
             burst = limit.burst if limit.burst is not None else math.ceil(limit.rate_per_s)
             bucket.burst = max(1.0, burst * share)
-        return bucket.take()
+        wait = bucket.take()
+        return None if wait == 0.0 else self._refuse(name, "rate", wait)
 
     def limit(self, name: str) -> ClientLimit:
         """The limits of the caller ``name``."""
@@ -265,11 +269,7 @@ class ClientLimits:
 
     def check(self, name: str) -> Refusal | None:
         """Take one of ``name``'s tokens for a request that is not a call (``None``: go)."""
-        client = self._client(name)
-        if client.bucket is None:
-            return None
-        wait = self._take(name, client, client.bucket)
-        return None if wait == 0.0 else self._refuse(name, "rate", wait)
+        return self._take(name, self._client(name))
 
     def enter(self, name: str) -> Refusal | None:
         """Admit one ``tools/call`` of ``name`` (``None``: go, and :meth:`leave` when it
@@ -278,12 +278,10 @@ class ClientLimits:
         most = client.limit.max_concurrent_calls
         if most is not None and client.in_flight >= most:
             return self._refuse(name, "concurrency", None)
-        if client.bucket is not None:
-            wait = self._take(name, client, client.bucket)
-            if wait > 0.0:
-                return self._refuse(name, "rate", wait)
-        client.in_flight += 1
-        return None
+        refusal = self._take(name, client)
+        if refusal is None:
+            client.in_flight += 1
+        return refusal
 
     def leave(self, name: str) -> None:
         """One admitted call of ``name`` ended (answered, failed or cancelled)."""
