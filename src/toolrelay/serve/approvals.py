@@ -16,7 +16,6 @@ same task.
 from __future__ import annotations
 
 import logging
-import math
 from contextvars import ContextVar
 from typing import Any, Final
 
@@ -46,20 +45,17 @@ _REQUEST: ContextVar[ServerRequestContext[Any, Any] | None] = ContextVar(
 class ElicitingApprover:
     """An approver for ``Dispatcher(approver=...)`` that asks the calling MCP client.
 
-    ``timeout_s`` bounds the wait for the human (and so does any enclosing deadline, and
-    the model slot's budget when the host holds one); ``redact`` is the dispatcher's
-    :class:`~toolrelay.redact.Redactor` (default: the default patterns).
+    ``timeout_s`` (``[serve] approval_timeout_s``, checked there) bounds the wait for the
+    human (and so does any enclosing deadline, and the model slot's budget when the host
+    holds one); ``redact`` is the dispatcher's :class:`~toolrelay.redact.Redactor`, which the
+    runner sets (default: the default patterns).
     """
 
     __slots__ = ("redact", "timeout_s")
 
-    def __init__(
-        self, *, timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S, redact: Redactor | None = None
-    ) -> None:
-        if not (timeout_s > 0 and math.isfinite(timeout_s)):
-            raise ValueError("approval timeout_s must be a positive number of seconds")
+    def __init__(self, *, timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
-        self.redact = Redactor() if redact is None else redact
+        self.redact = Redactor()
 
     async def middleware(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
