@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..sources.limits import Lines
@@ -68,7 +69,9 @@ class BodyLimit:
             size += len(body)
             if size > self.limit or (over and (size >= _HEAD or not message.get("more_body"))):
                 # read no further than needed to find the request's id in its first 4 KB
-                await self._refuse(send, (b"".join(chunks) + body)[:_HEAD])
+                head = (b"".join(chunks) + body)[:_HEAD]
+                error = too_large_error(self.limit, _request_id(head))
+                await JSONResponse(error, 413, {"connection": "close"})(scope, receive, send)
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -79,21 +82,6 @@ class BodyLimit:
             return replay.pop() if replay else await receive()
 
         await self.app(scope, replayed, send)
-
-    async def _refuse(self, send: Send, head: bytes) -> None:
-        body = json.dumps(too_large_error(self.limit, _request_id(head))).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
 
 
 _END: Any = object()
