@@ -105,7 +105,7 @@ class SessionChannel(Channel):
         if modern:
             wanted = meta.get(LOG_LEVEL_META)
         else:
-            wanted = levels.of(ctx.session)
+            wanted = levels.of(connection_of(ctx.session))
             if wanted is not None:
                 meta.setdefault(LOG_LEVEL_META, wanted)  # for a 2026-era upstream
         super().__init__(meta, wanted, modern)
@@ -190,13 +190,9 @@ class LogLevels:
         self._registry = registry
         self._levels: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
 
-    def of(self, session: object) -> str | None:
-        """The level the connection of ``session`` asked for (``None``: every message)."""
-        connection = connection_of(session)
+    def of(self, connection: Connection | None) -> str | None:
+        """The level ``connection`` asked for (``None``: every message)."""
         return None if connection is None else self._levels.get(connection)
-
-    def of_connection(self, connection: Connection) -> str | None:
-        return self._levels.get(connection)
 
     async def set(
         self, ctx: ServerRequestContext[Any, Any], params: types.SetLevelRequestParams

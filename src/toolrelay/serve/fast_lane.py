@@ -182,7 +182,7 @@ class FastLane:
             methods.validate_client_request("tools/call", version, params)
         except (ValidationError, KeyError, ValueError):
             return False
-        level = self.levels.of_connection(connection) if sse else None  # JSON: no logs
+        level = self.levels.of(connection) if sse else None  # JSON: no logs
         call = _Call(session_id, transport, request_id, version, params, level)
         if sse:
             await self._stream(scope, receive, send, call)
