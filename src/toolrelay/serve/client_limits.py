@@ -139,12 +139,10 @@ class _Client:
 
 
 class FleetRates:
-    """A fleet's share of each client's rate: every sync of the shared storage, each replica
-    publishes how many requests each client sent it in the last second (its *demand*) and
-    reads the others'; a replica's bucket then refills at ``rate_per_s × mine / (mine +
-    theirs)``, so the replicas together admit a client's rate, split by where its requests
-    go. Without fresh news from the others (no storage, Redis down, others' values older
-    than :data:`FRESH_S`), a replica's share is 1: per replica, as without a fleet."""
+    """A fleet's share of each client's rate: each replica publishes each client's demand
+    (requests in the last second) at every storage sync and reads the others'; its bucket
+    refills at ``rate_per_s × mine / (mine + theirs)`` (``docs/serve.md``, "Across a fleet
+    of replicas"). Without fresh news (older than :data:`FRESH_S`), a share is 1."""
 
     name = "client_demand"
     FRESH_S = 2.0

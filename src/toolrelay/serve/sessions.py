@@ -44,13 +44,12 @@ class HeldCall:
 
 
 class SessionManager(SdkSessionManager):
-    """The SDK's session manager, with sessions shared fairly between clients.
+    """The SDK's session manager, with sessions shared fairly between clients (at most
+    ``per_client`` each; when full, the least recently used idle one closed for a new one:
+    ``docs/serve.md``, "HTTP sessions"). Only the opening of a session changes; the SDK's
+    admission and serving run as they are.
 
-    A client (its token's client name, else its peer address) has at most ``per_client``
-    sessions open (one more: 429). When ``max_sessions`` are open, the least recently used
-    idle session is closed to make room; only when every one is busy is a new one refused
-    (503). Only the opening of a session changes; the SDK's admission and serving run as
-    they are. A client that disconnects mid-POST has that POST's requests cancelled, as its
+    A client that disconnects mid-POST has that POST's requests cancelled, as its
     ``notifications/cancelled`` would: the 2025-era wire has no other signal, and an
     abandoned call would run to its deadline, holding its bulkhead slot.
     """
