@@ -82,12 +82,11 @@ class _GatewayServer(Server[Any]):
     ``instructions`` are the upstreams' (as they are now) followed by the gateway's own.
     """
 
-    registry: ToolRegistry | None = None
+    registry: ToolRegistry  # the gateway's, set right after construction
 
     @property
     def instructions(self) -> str | None:
-        upstream = [] if self.registry is None else upstream_instructions(self.registry)
-        return "\n\n".join([*upstream, INSTRUCTIONS])
+        return "\n\n".join([*upstream_instructions(self.registry), INSTRUCTIONS])
 
     @instructions.setter
     def instructions(self, value: str | None) -> None:
