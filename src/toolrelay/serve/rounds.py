@@ -220,22 +220,21 @@ class Rounds:
             held = HeldCall(self, owner, params, channel)
             self._calls[held.state] = held
             self._tg.start_soon(held.run, call, ctx.request_id)
-        else:
-            held_call = self._calls.get(params.request_state or "")
-            if (
-                held_call is None
-                or not held_call.held
-                or held_call.owner != owner
-                or held_call.call != (params.name, params.arguments or {})
-            ):
-                raise MCPError(
-                    code=types.INVALID_PARAMS,
-                    message="Invalid or expired requestState",
-                    data={"reason": "invalid_request_state"},
-                )
-            held = held_call
-            held.answer(params.input_responses or {})
-        return await held.next(channel)
+            return await held.next(channel)
+        resumed = self._calls.get(params.request_state or "")
+        if (
+            resumed is None
+            or not resumed.held
+            or resumed.owner != owner
+            or resumed.call != (params.name, params.arguments or {})
+        ):
+            raise MCPError(
+                code=types.INVALID_PARAMS,
+                message="Invalid or expired requestState",
+                data={"reason": "invalid_request_state"},
+            )
+        resumed.answer(params.input_responses or {})
+        return await resumed.next(channel)
 
     def held(self, owner: str) -> int:
         """How many calls wait on ``owner``'s answers."""
