@@ -129,11 +129,8 @@ class Offerings:
 
     def listings(self) -> list[Listing]:
         """One :class:`Listing` per open upstream, in the config's order."""
-        listings: dict[int, Listing] = {}
-        for _, source in self._upstreams.values():
-            listings[id(source)] = self._listing(source)
-        self._listings = listings
-        return list(listings.values())
+        self._listings = {id(s): self._listing(s) for _, s in self._upstreams.values()}
+        return list(self._listings.values())
 
     def _listing(self, source: McpSource) -> Listing:
         listing = self._listings.get(id(source)) or self._prepared.get(id(source))
