@@ -44,6 +44,16 @@ _WITHDRAW_S = 1.0  # at most this long, a cancelled call waits to withdraw its r
 _NO_META: Mapping[str, Any] = MappingProxyType({})
 
 
+def may_be_asked(capabilities: types.ClientCapabilities | None) -> bool:
+    """Whether the client declared it can be asked something (``elicitation``: to approve
+    a call, or by an upstream; ``sampling``, ``roots``: by an upstream)."""
+    return capabilities is not None and (
+        capabilities.elicitation is not None
+        or capabilities.sampling is not None
+        or capabilities.roots is not None
+    )
+
+
 def refused(method: str, why: str) -> types.ErrorData:
     return types.ErrorData(code=types.METHOD_NOT_FOUND, message=f"{method}: {why}")
 

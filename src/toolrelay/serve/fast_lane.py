@@ -47,7 +47,7 @@ from .._compat.mcp_server import (
     has_event_store,
     passes_security,
 )
-from .channels import LaneChannel, LogLevels
+from .channels import LaneChannel, LogLevels, may_be_asked
 from .sessions import HeldCall, SessionManager
 from .tracing import McpServerTelemetry
 
@@ -168,7 +168,7 @@ class FastLane:
         has_json, has_sse = check_accept_headers(request)
         if not has_json or (sse and not has_sse) or not check_content_type(transport, request):
             return False
-        if sse and (has_event_store(transport) or _may_be_asked(connection)):
+        if sse and (has_event_store(transport) or may_be_asked(connection.client_capabilities)):
             return False
         if len(body) > manager.max_request_body_size:
             return False
@@ -297,17 +297,6 @@ def _cancelled(request_id: types.RequestId) -> bytes:
     ends a request's stream only with a response for its id)."""
     error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
     return pydantic_core.to_json({"jsonrpc": "2.0", "id": request_id, "error": error})
-
-
-def _may_be_asked(connection: Connection) -> bool:
-    """Whether the client declared it can be asked something (``elicitation``: to approve
-    a call, or by an upstream; ``sampling``, ``roots``: by an upstream)."""
-    capabilities = connection.client_capabilities
-    return capabilities is not None and (
-        capabilities.elicitation is not None
-        or capabilities.sampling is not None
-        or capabilities.roots is not None
-    )
 
 
 def _message(body: bytes) -> dict[str, Any] | None:

@@ -28,12 +28,11 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..sources.relay import R
-from .channels import Channel, SessionChannel, refused
+from .channels import Channel, SessionChannel, may_be_asked, refused
 from .sessions import client_key
 
 HELD_PER_CLIENT = 8
 """The most calls waiting on one client's answers at once."""
-_ASKING = ("sampling", "elicitation", "roots")
 _SETTLE_TURNS = 3  # event-loop turns for requests an upstream makes together to join a round
 
 CallTool = Callable[
@@ -200,10 +199,7 @@ class Rounds:
             return False
         if params.request_state is not None or params.input_responses:
             return True
-        capabilities = ctx.session.client_capabilities
-        return capabilities is not None and any(
-            getattr(capabilities, name) is not None for name in _ASKING
-        )
+        return may_be_asked(ctx.session.client_capabilities)
 
     async def call(
         self,
