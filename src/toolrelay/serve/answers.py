@@ -20,8 +20,6 @@ from ..registry import CompiledTool
 from ..result import ToolResult
 from ..sources.mcp_mapping import upstream_result
 
-__all__ = ["Answer", "answer"]
-
 
 class Answer(NamedTuple):
     """What the client gets, and the outcome it is counted as (``ok`` or an error type)."""

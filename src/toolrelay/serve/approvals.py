@@ -1,24 +1,12 @@
 """Approvals at the gateway: the human behind the calling MCP client decides.
 
-A ``write``/``dangerous`` call that its profile says needs an approval is put to the client
-that made the ``tools/call``, as a form-mode ``elicitation/create`` request on that call
-(``related_request_id``: over streamable HTTP it rides the call's own response stream). The
-message names the tool and its risk, and shows every argument the tool will get
-(:func:`~toolrelay.approval.shown_arguments`: keys sorted, one a line, hidden characters
-escaped); arguments that would need masking are refused (``denied``) and arguments too long
-to show are not asked about (``needs_approval``, with the reason). The form has no fields
-(an MCP form field is an input the human may edit, never a read-only display), so *accept*
-approves and *decline*, *cancel*, an error or no answer within ``timeout_s`` (or before an
-enclosing deadline) deny. The audit line's ``approver`` says who
-decided: ``elicitation:<client>`` (the client's name from its bearer token), or
-``elicitation`` without tokens.
-
-The client is asked only when it can be: it declared the ``elicitation`` capability (form
-mode), and the transport can carry a request to it mid-call (not in ``json_response`` or
-``stateless`` HTTP mode) or, for a 2026-era ``tools/call``, the call is served in
-``InputRequiredResult`` rounds (:mod:`toolrelay.serve.rounds`: the form is one round).
-Otherwise the approver returns :data:`~toolrelay.approval.UNASKED`: ``needs_approval``, as
-without an approver.
+A call that needs an approval is put to the client that made the ``tools/call``, as a
+form-mode ``elicitation/create`` on that call (or, for a 2026-era call served in rounds,
+as one ``InputRequiredResult`` round: :mod:`toolrelay.serve.rounds`). What the message shows,
+when a client is asked, and the audit's ``approver``: ``docs/serve.md``, "Approvals". The
+form has no fields (an MCP form field is an input the human may edit, never a read-only
+display), so *accept* approves and anything else denies; a client that cannot be asked gets
+:data:`~toolrelay.approval.UNASKED` (``needs_approval``, as without an approver).
 
 The gateway's server middleware (:meth:`ElicitingApprover.middleware`) remembers which
 request a dispatch belongs to; the dispatcher's approval stage calls the approver in the
@@ -28,7 +16,6 @@ same task.
 from __future__ import annotations
 
 import logging
-import math
 from contextvars import ContextVar
 from typing import Any, Final
 
@@ -47,8 +34,6 @@ from ..sources.relay import CALL_CHANNEL
 from .rounds import HeldCall
 from .settings import DEFAULT_APPROVAL_TIMEOUT_S
 
-__all__ = ["ElicitingApprover"]
-
 log = logging.getLogger("toolrelay.serve")
 
 _FORM: Final[dict[str, Any]] = {"type": "object", "properties": {}}
@@ -60,20 +45,17 @@ _REQUEST: ContextVar[ServerRequestContext[Any, Any] | None] = ContextVar(
 class ElicitingApprover:
     """An approver for ``Dispatcher(approver=...)`` that asks the calling MCP client.
 
-    ``timeout_s`` bounds the wait for the human (and so does any enclosing deadline, and
-    the model slot's budget when the host holds one); ``redact`` is the dispatcher's
-    :class:`~toolrelay.redact.Redactor` (default: the default patterns).
+    ``timeout_s`` (``[serve] approval_timeout_s``, checked there) bounds the wait for the
+    human (and so does any enclosing deadline, and the model slot's budget when the host
+    holds one); ``redact`` is the dispatcher's :class:`~toolrelay.redact.Redactor`, which the
+    runner sets (default: the default patterns).
     """
 
     __slots__ = ("redact", "timeout_s")
 
-    def __init__(
-        self, *, timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S, redact: Redactor | None = None
-    ) -> None:
-        if not (timeout_s > 0 and math.isfinite(timeout_s)):
-            raise ValueError("approval timeout_s must be a positive number of seconds")
+    def __init__(self, *, timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
-        self.redact = Redactor() if redact is None else redact
+        self.redact = Redactor()
 
     async def middleware(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from mcp.server.auth.provider import AccessToken
 from mcp.server.transport_security import TransportSecuritySettings
@@ -19,15 +18,6 @@ from mcp.server.transport_security import TransportSecuritySettings
 from ..net import is_loopback
 from .errors import ServeError
 from .settings import ClientSettings
-
-__all__ = [
-    "ServeError",
-    "StaticTokenVerifier",
-    "check_bind",
-    "resolve_secret",
-    "token_matches",
-    "transport_security",
-]
 
 
 def _wildcard(host: str) -> bool:
@@ -90,12 +80,6 @@ def token_matches(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
 
 
-@dataclass(frozen=True, slots=True)
-class _Client:
-    name: str
-    token: str
-
-
 class StaticTokenVerifier:
     """The SDK's ``TokenVerifier`` over fixed tokens: one token per configured client.
 
@@ -104,26 +88,23 @@ class StaticTokenVerifier:
     """
 
     def __init__(self, clients: Sequence[ClientSettings], environ: Mapping[str, str]) -> None:
-        seen: dict[str, str] = {}
-        resolved = []
+        self._names: dict[str, str] = {}  # by token
         for client in clients:
             token = resolve_secret(
                 client.token_env, client.token, environ, f"MCP client {client.name!r}"
             )
-            if token in seen:
+            if token in self._names:
                 raise ServeError(
-                    f"MCP clients {seen[token]!r} and {client.name!r} have the same token"
+                    f"MCP clients {self._names[token]!r} and {client.name!r} have the same token"
                 )
-            seen[token] = client.name
-            resolved.append(_Client(client.name, token))
-        self._clients = tuple(resolved)
+            self._names[token] = client.name
 
     async def verify_token(self, token: str) -> AccessToken | None:
         """The client owning ``token``, or ``None``; every candidate is compared in full."""
         found = None
-        for client in self._clients:
-            if token_matches(token, client.token):
-                found = client
+        for expected, name in self._names.items():
+            if token_matches(token, expected):
+                found = name
         if found is None:
             return None
-        return AccessToken(token=token, client_id=found.name, scopes=[])
+        return AccessToken(token=token, client_id=found, scopes=[])

@@ -16,8 +16,6 @@ from mcp.server.auth.middleware.auth_context import get_access_token
 from ..contract import AuthContext
 from .settings import UNAUTHENTICATED_PROFILE, ClientSettings
 
-__all__ = ["UNAUTHENTICATED_PROFILE", "Caller", "Callers"]
-
 
 @dataclass(frozen=True, slots=True)
 class Caller:

@@ -2,12 +2,8 @@
 
 :class:`SessionChannel` (a call the SDK serves) and :class:`LaneChannel` (a call the fast
 lane serves) are the :class:`~toolrelay.sources.relay.CallChannel` the gateway puts around
-``dispatch`` (``with channel:``): an upstream's progress comes back with the client's
-own ``progressToken``, its ``notifications/message`` at the levels the client wants, and its
-``sampling/createMessage``, ``elicitation/create`` and ``roots/list`` go to the client on the
-call's own stream — or, when the client did not declare the capability, cannot be asked on
-this transport (``json_response``, stateless, a 2026-era request) or the call has ended, the
-upstream gets an error at once (``-32601``) instead of waiting.
+``dispatch`` (``with channel:``). What reaches the client, and when an upstream's request
+gets an error at once instead: ``docs/serve.md``, "During a call".
 
 :class:`LogLevels` keeps each 2025-era connection's ``logging/setLevel`` and passes the most
 verbose level any client asked for on to every upstream (a level is the whole upstream's:
@@ -31,14 +27,12 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from .._compat.mcp_server import connection_of
 from ..registry import ToolRegistry
 from ..sources.mcp import McpSource
 from ..sources.relay import CALL_CHANNEL, LOG_LEVEL_META, CallChannel, R, level_passes
-
-__all__ = ["LaneChannel", "LogLevels", "SessionChannel"]
 
 _CAPABILITY = {
     "sampling/createMessage": "sampling",
@@ -50,19 +44,34 @@ _WITHDRAW_S = 1.0  # at most this long, a cancelled call waits to withdraw its r
 _NO_META: Mapping[str, Any] = MappingProxyType({})
 
 
+def may_be_asked(capabilities: types.ClientCapabilities | None) -> bool:
+    """Whether the client declared it can be asked something (``elicitation``: to approve
+    a call, or by an upstream; ``sampling``, ``roots``: by an upstream)."""
+    return capabilities is not None and (
+        capabilities.elicitation is not None
+        or capabilities.sampling is not None
+        or capabilities.roots is not None
+    )
+
+
 def refused(method: str, why: str) -> types.ErrorData:
     return types.ErrorData(code=types.METHOD_NOT_FOUND, message=f"{method}: {why}")
 
 
 class Channel:
-    """What both channels share: the call's ``_meta``, its progress token, its end."""
+    """What both channels share: the call's ``_meta``, its progress token, the log level its
+    client wants (2026-era: an opt-in per request, no messages without one), its end."""
 
-    def __init__(self, meta: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, meta: Mapping[str, Any] | None, wanted: str | None = None, modern: bool = False
+    ) -> None:
         if meta and "progress_token" in meta:  # as the SDK parsed it: the wire's name
             meta = dict(meta)
             meta["progressToken"] = meta.pop("progress_token")
         self.meta: Mapping[str, Any] = meta or _NO_META
         self.token = self.meta.get("progressToken")
+        self._wanted = wanted
+        self._modern = modern
         self.closed = False
         self._serving: Token[CallChannel | None] | None = None
 
@@ -76,6 +85,22 @@ class Channel:
         if self._serving is not None:
             CALL_CHANNEL.reset(self._serving)
 
+    async def _send(self, notification: types.ServerNotification) -> None:
+        raise NotImplementedError
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        if self.token is not None:
+            params = types.ProgressNotificationParams(
+                progress_token=self.token, progress=progress, total=total, message=message
+            )
+            await self._send(types.ProgressNotification(params=params))
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        if (self._wanted is not None or not self._modern) and level_passes(
+            params.level, self._wanted
+        ):
+            await self._send(types.LoggingMessageNotification(params=params))
+
 
 class SessionChannel(Channel):
     """A call the SDK serves: messages go through its server session, on the call's stream."""
@@ -83,17 +108,17 @@ class SessionChannel(Channel):
     def __init__(self, ctx: ServerRequestContext[Any, Any], levels: LogLevels) -> None:
         self._session = ctx.session
         self._request_id = ctx.request_id
-        self._modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         self._asking: set[anyio.CancelScope] = set()
         self._withdrawn = anyio.Event()
         meta: dict[str, Any] = dict(ctx.meta or {})
-        if self._modern:  # 2026-era: an opt-in per request
-            self._wanted: str | None = meta.get(LOG_LEVEL_META)
+        if modern:
+            wanted = meta.get(LOG_LEVEL_META)
         else:
-            self._wanted = levels.of(ctx.session)
-            if self._wanted is not None:
-                meta.setdefault(LOG_LEVEL_META, self._wanted)  # for a 2026-era upstream
-        super().__init__(meta)
+            wanted = levels.of(connection_of(ctx.session))
+            if wanted is not None:
+                meta.setdefault(LOG_LEVEL_META, wanted)  # for a 2026-era upstream
+        super().__init__(meta, wanted, modern)
 
     @asynccontextmanager
     async def relaying(self) -> AsyncIterator[None]:
@@ -113,19 +138,6 @@ class SessionChannel(Channel):
     async def _send(self, notification: types.ServerNotification) -> None:
         if not self.closed:
             await self._session.send_notification(notification, self._request_id)
-
-    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
-        if self.token is not None:
-            params = types.ProgressNotificationParams(
-                progress_token=self.token, progress=progress, total=total, message=message
-            )
-            await self._send(types.ProgressNotification(params=params))
-
-    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
-        if (self._wanted is not None or not self._modern) and level_passes(
-            params.level, self._wanted
-        ):
-            await self._send(types.LoggingMessageNotification(params=params))
 
     def declines(self, method: str) -> types.ErrorData | None:
         """The upstream's error when the client did not declare what ``method`` needs."""
@@ -169,33 +181,16 @@ class LaneChannel(Channel):
         emit: Callable[[bytes], Awaitable[None]] | None,
         wanted: str | None,
     ) -> None:
-        super().__init__(meta)
+        super().__init__(meta, wanted)
         self._emit = emit
-        self._wanted = wanted
 
-    async def _send(self, method: str, params: dict[str, Any]) -> None:
+    async def _send(self, notification: types.ServerNotification) -> None:
         if self._emit is not None and not self.closed:
-            message = {"jsonrpc": "2.0", "method": method, "params": params}
-            await self._emit(pydantic_core.to_json(message))
-
-    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
-        if self.token is not None:
-            params = types.ProgressNotificationParams(
-                progress_token=self.token, progress=progress, total=total, message=message
-            )
-            await self._send("notifications/progress", _wire(params))
-
-    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
-        if level_passes(params.level, self._wanted):
-            await self._send("notifications/message", _wire(params))
+            wire = notification.model_dump(by_alias=True, mode="json", exclude_none=True)
+            await self._emit(pydantic_core.to_json({"jsonrpc": "2.0", **wire}))
 
     async def ask(self, request: types.ServerRequest, result_type: type[R]) -> R | types.ErrorData:
         return refused(request.method, "the client of this call did not declare the capability")
-
-
-def _wire(params: BaseModel) -> dict[str, Any]:
-    dumped: dict[str, Any] = params.model_dump(by_alias=True, mode="json", exclude_none=True)
-    return dumped
 
 
 class LogLevels:
@@ -205,13 +200,9 @@ class LogLevels:
         self._registry = registry
         self._levels: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
 
-    def of(self, session: object) -> str | None:
-        """The level the connection of ``session`` asked for (``None``: every message)."""
-        connection = connection_of(session)
+    def of(self, connection: Connection | None) -> str | None:
+        """The level ``connection`` asked for (``None``: every message)."""
         return None if connection is None else self._levels.get(connection)
-
-    def of_connection(self, connection: Connection) -> str | None:
-        return self._levels.get(connection)
 
     async def set(
         self, ctx: ServerRequestContext[Any, Any], params: types.SetLevelRequestParams

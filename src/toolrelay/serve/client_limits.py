@@ -23,16 +23,6 @@ from ..result import ToolResult
 from .metrics import GatewayMetrics
 from .settings import ClientSettings, HttpSection, ServeSection
 
-__all__ = [
-    "RATE_LIMITED",
-    "ClientLimit",
-    "ClientLimits",
-    "FleetRates",
-    "Refusal",
-    "TokenBucket",
-    "configured_limits",
-]
-
 RATE_LIMITED = -32000
 """The JSON-RPC error code of a ``tools/list`` over its client's rate (an
 implementation-defined server error)."""
@@ -149,12 +139,10 @@ class _Client:
 
 
 class FleetRates:
-    """A fleet's share of each client's rate: every sync of the shared storage, each replica
-    publishes how many requests each client sent it in the last second (its *demand*) and
-    reads the others'; a replica's bucket then refills at ``rate_per_s × mine / (mine +
-    theirs)``, so the replicas together admit a client's rate, split by where its requests
-    go. Without fresh news from the others (no storage, Redis down, others' values older
-    than :data:`FRESH_S`), a replica's share is 1: per replica, as without a fleet."""
+    """A fleet's share of each client's rate: each replica publishes each client's demand
+    (requests in the last second) at every storage sync and reads the others'; its bucket
+    refills at ``rate_per_s × mine / (mine + theirs)`` (``docs/serve.md``, "Across a fleet
+    of replicas"). Without fresh news (older than :data:`FRESH_S`), a share is 1."""
 
     name = "client_demand"
     FRESH_S = 2.0
@@ -245,14 +233,18 @@ class ClientLimits:
         self.fleet = FleetRates(self._clients, self._clock)
         link.share(self.fleet)
 
-    def _take(self, name: str, client: _Client, bucket: TokenBucket) -> float:
-        limit, fleet = client.limit, self.fleet
+    def _take(self, name: str, client: _Client) -> Refusal | None:
+        """Take one of ``name``'s tokens (``None``: taken, or no rate to keep)."""
+        bucket, limit, fleet = client.bucket, client.limit, self.fleet
+        if bucket is None:
+            return None
         if fleet is not None and limit.rate_per_s is not None:
             share = fleet.share(name, client)
             bucket.rate_per_s = limit.rate_per_s * share
             burst = limit.burst if limit.burst is not None else math.ceil(limit.rate_per_s)
             bucket.burst = max(1.0, burst * share)
-        return bucket.take()
+        wait = bucket.take()
+        return None if wait == 0.0 else self._refuse(name, "rate", wait)
 
     def limit(self, name: str) -> ClientLimit:
         """The limits of the caller ``name``."""
@@ -275,11 +267,7 @@ class ClientLimits:
 
     def check(self, name: str) -> Refusal | None:
         """Take one of ``name``'s tokens for a request that is not a call (``None``: go)."""
-        client = self._client(name)
-        if client.bucket is None:
-            return None
-        wait = self._take(name, client, client.bucket)
-        return None if wait == 0.0 else self._refuse(name, "rate", wait)
+        return self._take(name, self._client(name))
 
     def enter(self, name: str) -> Refusal | None:
         """Admit one ``tools/call`` of ``name`` (``None``: go, and :meth:`leave` when it
@@ -288,12 +276,10 @@ class ClientLimits:
         most = client.limit.max_concurrent_calls
         if most is not None and client.in_flight >= most:
             return self._refuse(name, "concurrency", None)
-        if client.bucket is not None:
-            wait = self._take(name, client, client.bucket)
-            if wait > 0.0:
-                return self._refuse(name, "rate", wait)
-        client.in_flight += 1
-        return None
+        refusal = self._take(name, client)
+        if refusal is None:
+            client.in_flight += 1
+        return refusal
 
     def leave(self, name: str) -> None:
         """One admitted call of ``name`` ended (answered, failed or cancelled)."""

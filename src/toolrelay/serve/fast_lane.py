@@ -14,7 +14,6 @@ as the SDK answers then. Behaviour and measurements: ``docs/serve.md`` ("fast la
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,13 +47,9 @@ from .._compat.mcp_server import (
     has_event_store,
     passes_security,
 )
-from .channels import LaneChannel, LogLevels
+from .channels import LaneChannel, LogLevels, may_be_asked
 from .sessions import HeldCall, SessionManager
 from .tracing import McpServerTelemetry
-
-__all__ = ["FastLane"]
-
-log = logging.getLogger(__name__)
 
 CallTool = Callable[[str, dict[str, Any] | None, types.RequestId], Awaitable[types.CallToolResult]]
 _REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
@@ -106,8 +101,7 @@ class FastLane:
         """How many calls the lane has answered."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        manager = self.manager
-        if scope["method"] != "POST" or manager.stateless:
+        if scope["method"] != "POST":  # a stateless app has no lane (Gateway.http_app)
             await self.app(scope, receive, send)
             return
         body, replay = await _read_body(receive)
@@ -174,7 +168,7 @@ class FastLane:
         has_json, has_sse = check_accept_headers(request)
         if not has_json or (sse and not has_sse) or not check_content_type(transport, request):
             return False
-        if sse and (has_event_store(transport) or _may_be_asked(connection)):
+        if sse and (has_event_store(transport) or may_be_asked(connection.client_capabilities)):
             return False
         if len(body) > manager.max_request_body_size:
             return False
@@ -187,7 +181,7 @@ class FastLane:
             methods.validate_client_request("tools/call", version, params)
         except (ValidationError, KeyError, ValueError):
             return False
-        level = self.levels.of_connection(connection) if sse else None  # JSON: no logs
+        level = self.levels.of(connection) if sse else None  # JSON: no logs
         call = _Call(session_id, transport, request_id, version, params, level)
         if sse:
             await self._stream(scope, receive, send, call)
@@ -207,7 +201,7 @@ class FastLane:
                 types.INTERNAL_ERROR,
             )
         self.served += 1
-        await response(scope, _no_receive, send)
+        await response(scope, receive, send)
         return True
 
     async def _call(
@@ -305,17 +299,6 @@ def _cancelled(request_id: types.RequestId) -> bytes:
     return pydantic_core.to_json({"jsonrpc": "2.0", "id": request_id, "error": error})
 
 
-def _may_be_asked(connection: Connection) -> bool:
-    """Whether the client declared it can be asked something (``elicitation``: to approve
-    a call, or by an upstream; ``sampling``, ``roots``: by an upstream)."""
-    capabilities = connection.client_capabilities
-    return capabilities is not None and (
-        capabilities.elicitation is not None
-        or capabilities.sampling is not None
-        or capabilities.roots is not None
-    )
-
-
 def _message(body: bytes) -> dict[str, Any] | None:
     """The one JSON-RPC message of a body that holds exactly one, else None."""
     try:
@@ -353,7 +336,3 @@ async def _read_body(receive: Receive) -> tuple[bytes | None, Receive]:
         return first.pop() if first else await receive()
 
     return message.get("body", b"") if whole else None, replayed
-
-
-async def _no_receive() -> Message:  # pragma: no cover - a response never reads the body
-    return {"type": "http.disconnect"}

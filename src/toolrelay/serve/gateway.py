@@ -65,8 +65,6 @@ from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_S
 from .tracing import McpServerTelemetry
 from .watch import ToolListWatcher
 
-__all__ = ["Gateway"]
-
 INSTRUCTIONS = (
     "Tool calls run through toolrelay. A failed call is an isError result whose first text "
     "content is the answer envelope as JSON {ok: false, error_type, message, retryable, "
@@ -84,12 +82,11 @@ class _GatewayServer(Server[Any]):
     ``instructions`` are the upstreams' (as they are now) followed by the gateway's own.
     """
 
-    registry: ToolRegistry | None = None
+    registry: ToolRegistry  # the gateway's, set right after construction
 
     @property
     def instructions(self) -> str | None:
-        upstream = [] if self.registry is None else upstream_instructions(self.registry)
-        return "\n\n".join([*upstream, INSTRUCTIONS])
+        return "\n\n".join([*upstream_instructions(self.registry), INSTRUCTIONS])
 
     @instructions.setter
     def instructions(self, value: str | None) -> None:
@@ -106,13 +103,6 @@ class _GatewayServer(Server[Any]):
             experimental_capabilities,
             extensions,
         )
-
-
-def _peer_key(ctx: ServerRequestContext[Any, Any]) -> str:
-    """Names a handshake-era connection: its HTTP session id, or ``stdio``."""
-    headers = getattr(ctx.request, "headers", None)
-    session_id = None if headers is None else headers.get(MCP_SESSION_ID_HEADER)
-    return f"http:{session_id}" if session_id else "stdio"
 
 
 class _PeerTracker:
@@ -133,14 +123,15 @@ class _PeerTracker:
             ctx.method == "notifications/initialized"
             and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         ):
-            key = _peer_key(ctx)
+            headers = getattr(ctx.request, "headers", None)
+            session_id = None if headers is None else headers.get(MCP_SESSION_ID_HEADER)
+            key = f"http:{session_id}" if session_id else "stdio"  # a handshake-era connection
             caller = self._callers.current()
             self._watcher.add_peer(key, ctx.session, caller.profile, caller.name)
             connection = connection_of(ctx.session)
             if connection is not None:
                 connection.exit_stack.callback(self._watcher.remove_peer, key)
-                if key.startswith("http:"):
-                    session_id = key.removeprefix("http:")
+                if session_id:
                     self.connections[session_id] = connection
                     connection.exit_stack.callback(self.connections.pop, session_id, None)
         return result

@@ -20,8 +20,6 @@ from starlette.types import ASGIApp
 
 from .errors import ServeError
 
-__all__ = ["HttpService"]
-
 GRACEFUL_SHUTDOWN_S = 2
 
 
@@ -53,7 +51,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class HttpService:
-    """One HTTP server: :meth:`start` binds and serves in a task group, :meth:`stop` ends it."""
+    """One HTTP server: :meth:`start` binds and serves in a task group, :meth:`aclose` ends it."""
 
     def __init__(
         self, app: ASGIApp, host: str, port: int, trusted_proxies: Sequence[str] = ()
@@ -97,13 +95,10 @@ class HttpService:
             self._socket.close()
             done.set()
 
-    def stop(self) -> None:
-        """Ask the server to finish its requests and stop (returns at once)."""
-        self._server.should_exit = True
-
     async def aclose(self) -> None:
-        """Stop and wait until the server has (or a grace period has passed)."""
-        self.stop()
+        """Ask the server to finish its requests and stop; wait until it has (or a grace
+        period has passed)."""
+        self._server.should_exit = True
         if self._done is None:
             self._socket.close()
             return

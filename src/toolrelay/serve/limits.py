@@ -15,12 +15,11 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..sources.limits import Lines
 from .settings import DEFAULT_MAX_REQUEST_BYTES
-
-__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "BodyLimit", "bounded_stdin", "too_large_error"]
 
 INVALID_REQUEST = -32600
 _CHUNK = 64 * 1024
@@ -70,7 +69,9 @@ class BodyLimit:
             size += len(body)
             if size > self.limit or (over and (size >= _HEAD or not message.get("more_body"))):
                 # read no further than needed to find the request's id in its first 4 KB
-                await self._refuse(send, (b"".join(chunks) + body)[:_HEAD])
+                head = (b"".join(chunks) + body)[:_HEAD]
+                error = too_large_error(self.limit, _request_id(head))
+                await JSONResponse(error, 413, {"connection": "close"})(scope, receive, send)
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -81,24 +82,6 @@ class BodyLimit:
             return replay.pop() if replay else await receive()
 
         await self.app(scope, replayed, send)
-
-    async def _refuse(self, send: Send, head: bytes) -> None:
-        body = json.dumps(too_large_error(self.limit, _request_id(head))).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
-Refuse = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 _END: Any = object()
@@ -118,7 +101,9 @@ def _lines(read: Callable[[], bytes], limit: int, refused: list[Any]) -> Iterato
 
 
 @contextlib.asynccontextmanager
-async def bounded_stdin(limit: int, refuse: Refuse) -> AsyncIterator[AsyncIterator[str]]:
+async def bounded_stdin(
+    limit: int, refuse: Callable[[dict[str, Any]], Awaitable[None]]
+) -> AsyncIterator[AsyncIterator[str]]:
     """This process's stdin as lines of at most ``limit`` bytes, for ``stdio_server(stdin=…)``.
 
     Like the SDK, fd 0 is pointed at the null device while serving (a handler or child

@@ -17,8 +17,6 @@ from typing import Any
 from ..registry import ToolRegistry
 from ..sources.mcp import McpSource
 
-__all__ = ["as_stated", "upstream_instructions"]
-
 _STATED = ("title", "annotations", "execution", "icons", "_meta")
 
 

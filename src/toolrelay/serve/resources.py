@@ -1,16 +1,13 @@
 """The upstream MCP servers' resources, prompts and completions, served to the gateway's
-clients.
+clients (routing, paging and errors: ``docs/serve.md``, "Resources, prompts and
+completions").
 
 :class:`Offerings` merges what every upstream offers (each upstream's lists are kept by a
 :class:`~toolrelay.sources.mcp_lists.Listing`) and routes each request to the upstream that
-owns it: a prompt by its name (prefixed as the upstream's tools are), a resource by its URI
-(kept as it is: an exact URI listed, else the first template that matches it, else the one
-upstream offering resources), a completion by its prompt or template. Each request to an
-upstream runs as a tool call does: within the upstream's ``timeout_s``, admitted and counted
-by the upstream's breaker, its answer under the output cap; the server span already names
-the method (``mcp.method.name``). A caller's profile hides (and refuses) the resources and
-prompts it does not reach (:meth:`~toolrelay.policy.Profile.reaches`). Lists are paged
-(:data:`PAGE_SIZE` items, an opaque cursor). Behaviour: ``docs/serve.md``.
+owns it. Each request to an upstream runs as a tool call does: within the upstream's
+``timeout_s``, admitted and counted by the upstream's breaker, its answer under the output
+cap. A caller's profile hides (and refuses) the resources and prompts it does not reach
+(:meth:`~toolrelay.policy.Profile.reaches`).
 """
 
 from __future__ import annotations
@@ -19,10 +16,11 @@ import base64
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import mcp.types as types
+from mcp import Client
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
@@ -32,6 +30,7 @@ from ..breakers import REJECT
 from ..dispatcher import Dispatcher
 from ..outcome import Verdict
 from ..policy import Profile
+from ..sources.mcp import McpSource
 from ..sources.mcp_lists import Listing, UpstreamFailure
 from .callers import Callers
 from .client_limits import ClientLimits
@@ -39,11 +38,6 @@ from .errors import ServeError
 from .settings import UpstreamSettings
 from .subscriptions import Subscriptions
 from .watch import ToolListWatcher
-
-if TYPE_CHECKING:
-    from ..sources.mcp import McpSource
-
-__all__ = ["PAGE_SIZE", "RESOURCE_NOT_FOUND", "Offerings"]
 
 log = logging.getLogger("toolrelay.serve")
 
@@ -99,9 +93,7 @@ class Offerings:
         """Read every upstream's lists, refuse a URI, template or prompt name two upstreams
         offer (:class:`ServeError`), and serve the methods some upstream offers."""
         self._upstreams = upstreams
-        listings = self.listings()
-        for listing in listings:
-            await self._refresh(listing)
+        listings = await self._fresh()
         self.check()
         caps, subs = [listing.capabilities for listing in listings], self.subscriptions
         handlers: list[tuple[str, type[Any], Any]] = []
@@ -137,11 +129,8 @@ class Offerings:
 
     def listings(self) -> list[Listing]:
         """One :class:`Listing` per open upstream, in the config's order."""
-        listings: dict[int, Listing] = {}
-        for _, source in self._upstreams.values():
-            listings[id(source)] = self._listing(source)
-        self._listings = listings
-        return list(listings.values())
+        self._listings = {id(s): self._listing(s) for _, s in self._upstreams.values()}
+        return list(self._listings.values())
 
     def _listing(self, source: McpSource) -> Listing:
         listing = self._listings.get(id(source)) or self._prepared.get(id(source))
@@ -170,7 +159,7 @@ class Offerings:
                     )
 
     # -- upstream requests ----------------------------------------------------------------
-    async def _ask(self, listing: Listing, call: Callable[[Any], Awaitable[T]]) -> T:
+    async def _ask(self, listing: Listing, call: Callable[[Client], Awaitable[T]]) -> T:
         """One request to the upstream, as a tool call runs: its breaker, its deadline."""
         source = listing.source
         breaker = self.dispatcher.breakers.get(source.options.breaker_key)
@@ -258,12 +247,7 @@ class Offerings:
     async def _read(self, ctx: Ctx, params: types.ReadResourceRequestParams) -> types.Result:
         uri = str(params.uri)
         listing = self._owner(uri)
-
-        async def read(client: Any) -> types.ReadResourceResult:
-            result: types.ReadResourceResult = await client.read_resource(uri)
-            return result
-
-        return self._capped(await self._ask(listing, read))
+        return self._capped(await self._ask(listing, lambda client: client.read_resource(uri)))
 
     # -- prompts --------------------------------------------------------------------------
     def _prompt_name(self, listing: Listing, name: str) -> str:
@@ -295,13 +279,8 @@ class Offerings:
 
     async def _get_prompt(self, ctx: Ctx, params: types.GetPromptRequestParams) -> types.Result:
         listing, remote = self._prompt(params.name)
-        arguments = params.arguments
-
-        async def get(client: Any) -> types.GetPromptResult:
-            result: types.GetPromptResult = await client.get_prompt(remote, arguments)
-            return result
-
-        return self._capped(await self._ask(listing, get))
+        get = self._ask(listing, lambda client: client.get_prompt(remote, params.arguments))
+        return self._capped(await get)
 
     # -- completions ----------------------------------------------------------------------
     async def _complete(
@@ -320,12 +299,7 @@ class Offerings:
             listing = found
         argument = params.argument.model_dump()
         context = None if params.context is None else params.context.arguments
-
-        async def complete(client: Any) -> types.CompleteResult:
-            result: types.CompleteResult = await client.complete(ref, argument, context)
-            return result
-
-        return await self._ask(listing, complete)
+        return await self._ask(listing, lambda client: client.complete(ref, argument, context))
 
     # -- changes --------------------------------------------------------------------------
     async def _changed(self, listing: Listing, event: ServerEvent) -> None:

@@ -1,25 +1,14 @@
 """A 2026-era client's ``tools/call`` whose upstream asks it something: ``InputRequiredResult``
-rounds.
+rounds (what the client sees, the request state's checks and the limits: ``docs/serve.md``,
+"During a call").
 
-A 2026-era request carries no request from the server back to the client: the server
-answers the call with an ``InputRequiredResult`` (its requests) and the client calls again
-with ``input_responses`` and the ``requestState`` it got. For a client that declared
-``sampling``, ``elicitation`` or ``roots``, :class:`Rounds` runs the call's dispatch in a task
-of its own, a :class:`HeldCall` (the call's :class:`~toolrelay.sources.relay.CallChannel`):
-an upstream's request waits there for the client's answer, while the client's request is
-answered with it. The request state is a random token that only the client it was issued to
-(its bearer token's client, else its peer address), calling the same tool with the same
-arguments, may bring back, once per round, while the call runs. The call keeps its own
-deadline: shortly before it, a request the client has not answered gets an error
-(:class:`~toolrelay.sources.relay.Relay`), so the upstream ends the call itself; a request
-still waiting when the call ends gets one too. A client has at most
-:data:`HELD_PER_CLIENT` calls waiting on it; past that an upstream's request is refused at
-once.
-
-The state starts with this process's tag and a dot (``<tag>.<token>``); every HTTP answer
-names the tag (:class:`ReplicaTag`, header ``Toolrelay-Replica``), so a load balancer in
-front of several replicas can learn which one holds a call and send its rounds there
-(deploy/haproxy.cfg). The tag is a prefix: the token's randomness and checks are as above.
+A 2026-era request carries no request from the server back to the client, so :class:`Rounds`
+runs the call's dispatch in a task of its own, a :class:`HeldCall` (the call's
+:class:`~toolrelay.sources.relay.CallChannel`): an upstream's request waits there for the
+client's answer, while the client's request is answered with it. The request state is
+``<tag>.<token>``; every HTTP answer names this process's tag (:class:`ReplicaTag`, header
+``Toolrelay-Replica``), so a load balancer can send a call's rounds back to the replica that
+holds it (deploy/haproxy.cfg).
 """
 
 from __future__ import annotations
@@ -39,27 +28,16 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..sources.relay import R
-from .channels import Channel, SessionChannel, refused
+from .channels import Channel, SessionChannel, may_be_asked, refused
 from .sessions import client_key
-
-__all__ = ["HELD_PER_CLIENT", "HeldCall", "ReplicaTag", "Rounds"]
 
 HELD_PER_CLIENT = 8
 """The most calls waiting on one client's answers at once."""
-_ASKING = ("sampling", "elicitation", "roots")
 _SETTLE_TURNS = 3  # event-loop turns for requests an upstream makes together to join a round
 
 CallTool = Callable[
     [str, dict[str, Any] | None, types.RequestId | None], Awaitable[types.CallToolResult]
 ]
-
-
-def _invalid() -> MCPError:
-    return MCPError(
-        code=types.INVALID_PARAMS,
-        message="Invalid or expired requestState",
-        data={"reason": "invalid_request_state"},
-    )
 
 
 class _Ask:
@@ -221,10 +199,7 @@ class Rounds:
             return False
         if params.request_state is not None or params.input_responses:
             return True
-        capabilities = ctx.session.client_capabilities
-        return capabilities is not None and any(
-            getattr(capabilities, name) is not None for name in _ASKING
-        )
+        return may_be_asked(ctx.session.client_capabilities)
 
     async def call(
         self,
@@ -241,18 +216,21 @@ class Rounds:
             held = HeldCall(self, owner, params, channel)
             self._calls[held.state] = held
             self._tg.start_soon(held.run, call, ctx.request_id)
-        else:
-            held_call = self._calls.get(params.request_state or "")
-            if (
-                held_call is None
-                or not held_call.held
-                or held_call.owner != owner
-                or held_call.call != (params.name, params.arguments or {})
-            ):
-                raise _invalid()
-            held = held_call
-            held.answer(params.input_responses or {})
-        return await held.next(channel)
+            return await held.next(channel)
+        resumed = self._calls.get(params.request_state or "")
+        if (
+            resumed is None
+            or not resumed.held
+            or resumed.owner != owner
+            or resumed.call != (params.name, params.arguments or {})
+        ):
+            raise MCPError(
+                code=types.INVALID_PARAMS,
+                message="Invalid or expired requestState",
+                data={"reason": "invalid_request_state"},
+            )
+        resumed.answer(params.input_responses or {})
+        return await resumed.next(channel)
 
     def held(self, owner: str) -> int:
         """How many calls wait on ``owner``'s answers."""

@@ -22,13 +22,11 @@ from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServ
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import SessionMessage
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from .._compat.mcp_server import SdkSessionManager, busy, is_busy, send_to_session
 from .metrics import GatewayMetrics
-
-__all__ = ["HeldCall", "SessionManager"]
 
 log = logging.getLogger("toolrelay.serve.gateway")
 
@@ -46,13 +44,12 @@ class HeldCall:
 
 
 class SessionManager(SdkSessionManager):
-    """The SDK's session manager, with sessions shared fairly between clients.
+    """The SDK's session manager, with sessions shared fairly between clients (at most
+    ``per_client`` each; when full, the least recently used idle one closed for a new one:
+    ``docs/serve.md``, "HTTP sessions"). Only the opening of a session changes; the SDK's
+    admission and serving run as they are.
 
-    A client (its token's client name, else its peer address) has at most ``per_client``
-    sessions open (one more: 429). When ``max_sessions`` are open, the least recently used
-    idle session is closed to make room; only when every one is busy is a new one refused
-    (503). Only the opening of a session changes; the SDK's admission and serving run as
-    they are. A client that disconnects mid-POST has that POST's requests cancelled, as its
+    A client that disconnects mid-POST has that POST's requests cancelled, as its
     ``notifications/cancelled`` would: the 2025-era wire has no other signal, and an
     abandoned call would run to its deadline, holding its bulkhead slot.
     """
@@ -141,7 +138,9 @@ class SessionManager(SdkSessionManager):
             reason, status, message = refusal
             log.warning("refusing a new MCP session for %s: %s", client, reason)
             self.metrics.sessions_refused.labels(reason).inc()
-            await _jsonrpc_error(message, status)(scope, receive, send)
+            error = {"code": types.INTERNAL_ERROR, "message": message}
+            body = {"jsonrpc": "2.0", "id": None, "error": error}
+            await JSONResponse(body, status_code=status)(scope, receive, send)
             return
         assert transport is not None
         await self.serve_opening_request(transport, scope, receive, send)
@@ -241,9 +240,3 @@ def client_key(scope: Scope) -> str:
         return f"client:{user.access_token.client_id}"
     peer = scope.get("client")
     return f"peer:{peer[0]}" if peer else "peer:unknown"
-
-
-def _jsonrpc_error(message: str, status: int) -> Response:
-    error = {"code": types.INTERNAL_ERROR, "message": message}
-    body = {"jsonrpc": "2.0", "id": None, "error": error}
-    return JSONResponse(body, status_code=status)

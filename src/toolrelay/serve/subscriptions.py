@@ -26,8 +26,6 @@ from mcp.shared.exceptions import MCPError
 from .._compat.mcp_server import connection_of
 from ..sources.mcp_lists import Listing
 
-__all__ = ["NOTIFY_TIMEOUT_S", "Subscriptions"]
-
 log = logging.getLogger("toolrelay.serve")
 
 NOTIFY_TIMEOUT_S = 2.0

@@ -8,31 +8,23 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
 
-from ..registry import ToolRegistry
+from ..registry import RegistrationError, ToolRegistry
+from ..sources.mcp import McpConnectError, McpSource
 from .auth import resolve_secret
 from .errors import ServeError
 from .health import UpstreamHealth
 from .settings import UpstreamSettings
-
-if TYPE_CHECKING:
-    from ..sources.mcp import McpSource
-
-__all__ = ["Upstreams", "build_source"]
 
 log = logging.getLogger("toolrelay.serve")
 
 
 def build_source(upstream: UpstreamSettings, environ: Mapping[str, str]) -> McpSource:
     """The (not yet entered) source for one upstream."""
-    try:
-        from ..sources.mcp import McpSource
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ServeError(f"upstream {upstream.name!r}: {exc}") from None
     try:
         if upstream.command is not None:
             return McpSource.stdio(
@@ -96,8 +88,6 @@ class Upstreams:
     async def connect(self, upstream: UpstreamSettings) -> McpSource | None:
         """Connect one upstream (not yet registered); ``None`` when it is optional and
         cannot be reached (logged, reported to ``health``). Raises :class:`ServeError`."""
-        from ..sources.mcp import McpConnectError
-
         assert self._tg is not None, "use Upstreams as an async context manager"
         source = build_source(upstream, self.environ)
         stop = anyio.Event()
@@ -128,8 +118,6 @@ class Upstreams:
 
     def register(self, upstream: UpstreamSettings, source: McpSource) -> None:
         """Put a connected upstream's tools in the registry (raises :class:`ServeError`)."""
-        from ..registry import RegistrationError
-
         try:
             self.registry.register(source)
         except RegistrationError as exc:
