@@ -59,7 +59,7 @@ from .limits import BodyLimit, bounded_stdin
 from .metrics import CANCELLED, UNKNOWN_TOOL, GatewayMetrics
 from .relayed import as_stated, upstream_instructions
 from .resources import Offerings
-from .rounds import ReplicaTag, Rounds
+from .rounds import Rounds
 from .sessions import SessionManager
 from .settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_S
 from .tracing import McpServerTelemetry
@@ -367,6 +367,5 @@ class Gateway:
                 Middleware(AuthContextMiddleware),
             ]
         middleware.insert(0, Middleware(BodyLimit, limit=max_request_bytes))
-        middleware.insert(0, Middleware(ReplicaTag, tag=self.rounds.tag))
         app = Starlette(routes=[Route(path, endpoint=endpoint)], middleware=middleware)
         return app, manager

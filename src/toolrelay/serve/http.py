@@ -54,8 +54,14 @@ class HttpService:
     """One HTTP server: :meth:`start` binds and serves in a task group, :meth:`aclose` ends it."""
 
     def __init__(
-        self, app: ASGIApp, host: str, port: int, trusted_proxies: Sequence[str] = ()
+        self,
+        app: ASGIApp,
+        host: str,
+        port: int,
+        trusted_proxies: Sequence[str] = (),
+        headers: Sequence[tuple[str, str]] = (),
     ) -> None:
+        """``headers``: sent on every answer (uvicorn adds them as it writes the head)."""
         self.host = host
         self._socket = _bind(host, port)
         self.port: int = self._socket.getsockname()[1]
@@ -66,6 +72,7 @@ class HttpService:
             access_log=False,
             lifespan="off",
             server_header=False,
+            headers=list(headers),
             proxy_headers=bool(trusted_proxies),
             forwarded_allow_ips=list(trusted_proxies),
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -6,9 +6,9 @@ A 2026-era request carries no request from the server back to the client, so :cl
 runs the call's dispatch in a task of its own, a :class:`HeldCall` (the call's
 :class:`~toolrelay.sources.relay.CallChannel`): an upstream's request waits there for the
 client's answer, while the client's request is answered with it. The request state is
-``<tag>.<token>``; every HTTP answer names this process's tag (:class:`ReplicaTag`, header
-``Toolrelay-Replica``), so a load balancer can send a call's rounds back to the replica that
-holds it (deploy/haproxy.cfg).
+``<tag>.<token>``; every HTTP answer names this process's tag (header ``Toolrelay-Replica``,
+set by the runner's HTTP server), so a load balancer can send a call's rounds back to the
+replica that holds it (deploy/haproxy.cfg).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..sources.relay import R
 from .channels import Channel, SessionChannel, may_be_asked, refused
@@ -238,20 +237,3 @@ class Rounds:
 
     def forget(self, call: HeldCall) -> None:
         self._calls.pop(call.state, None)
-
-
-class ReplicaTag:
-    """ASGI middleware: every HTTP answer carries ``Toolrelay-Replica: <tag>``, the prefix of
-    this process's request states (a balancer routes a call's rounds by it)."""
-
-    def __init__(self, app: ASGIApp, tag: str) -> None:
-        self.app = app
-        self.header = (b"toolrelay-replica", tag.encode())
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def tagged(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), self.header]
-            await send(message)
-
-        await self.app(scope, receive, tagged if scope["type"] == "http" else send)

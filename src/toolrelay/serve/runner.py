@@ -275,7 +275,8 @@ class Service:
                 f"{anyone} can call the tools)"
             )
         async with manager.run(), anyio.create_task_group() as tg:
-            service = HttpService(app, settings.host, settings.port, proxies)
+            tag = [("Toolrelay-Replica", self.gateway.rounds.tag)]
+            service = HttpService(app, settings.host, settings.port, proxies, tag)
             await service.start(tg)
             self._ready(f"MCP on {service.url}{settings.path}")
             await self._stop.wait()

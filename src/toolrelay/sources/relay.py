@@ -34,6 +34,8 @@ from mcp import Client, MCPError
 from mcp.client.session import ClientRequestContext
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
+from ..contract import CURRENT_ATTEMPT
+
 log = logging.getLogger("toolrelay.sources.mcp")
 
 R = TypeVar("R", bound=mcp_types.Result)
@@ -98,7 +100,9 @@ class _Attempt:
         self.channel = channel
         self.asked = False
         """This attempt relayed a request to the client (it must not be made again)."""
-        self.deadline = anyio.current_effective_deadline()
+        running = CURRENT_ATTEMPT.get(None)  # the pipeline's attempt: its call's deadline
+        deadline = anyio.current_effective_deadline() if running is None else running[0].deadline
+        self.deadline: float = deadline
         """The call's deadline: the client's answer is awaited until shortly before it."""
 
     def __enter__(self) -> _Attempt:
