@@ -85,8 +85,9 @@ class Channel:
         if self._serving is not None:
             CALL_CHANNEL.reset(self._serving)
 
-    async def _send(self, notification: types.ServerNotification) -> None:
-        raise NotImplementedError
+    _send: Callable[[types.ServerNotification], Awaitable[None]]
+    """How a subclass sends the call's client a notification (one that keeps :meth:`progress`
+    and :meth:`log` as they are defines it)."""
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         if self.token is not None:
